@@ -1,0 +1,43 @@
+# DynTree: `make run` (set up, fetch the embedded models, start the app) and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.dyntree-installed
+
+.PHONY: setup browser models run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+	  echo "CUDA found: installing the CUDA build of torch"; $(PIP) install -q "torch>=2.13,<2.16"; \
+	else \
+	  echo "no CUDA: installing the local CPU build torch==2.13.0"; $(PIP) install -q torch==2.13.0; \
+	fi
+	$(PIP) install -q -e ".[test]"
+	@touch $(STAMP)
+
+# Debian's chromium serves Playwright (executable_path) and kaleido's figure export.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium (browser test + figure export)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "WARNING: could not install chromium; browser test and PNG/SVG export will fail"; }
+
+models: setup
+	$(PY) -m dyntree_core fetch
+
+run: setup browser models
+	$(PY) app.py
+
+test: setup browser models
+	@bash scripts/run_tests.sh
+
+bench: setup models
+	$(PY) -m dyntree_core.bench all --pair embedded
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

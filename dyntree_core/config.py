@@ -1,0 +1,164 @@
+"""Validated configuration dataclasses. Every out-of-range value raises ``ConfigError`` with a
+message that names the field, the value and the allowed range."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+METHODS: tuple[str, ...] = (
+    "autoregressive",
+    "chain",
+    "specinfer",
+    "sequoia",
+    "dyspec_greedy",
+    "dyspec_threshold",
+    "opt_tree",
+    "dynatree",
+)
+VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+
+#: tree methods whose sibling draws are stochastic at T>0 (token-level / traversal apply)
+STOCHASTIC_METHODS = frozenset({"chain", "specinfer", "sequoia", "dyspec_greedy", "dyspec_threshold"})
+#: tree methods with deterministic top-k siblings (only point-mass verification is lossless)
+TOPK_METHODS = frozenset({"opt_tree", "dynatree"})
+MAX_BUDGET = 4096
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything that selects and tunes a decoding run.
+
+    Attributes:
+        method: one of ``METHODS``.
+        verifier: one of ``VERIFIERS``; ``auto`` picks greedy at T=0, ``point_mass`` for top-k
+            drafters and ``token_level`` otherwise.
+        temperature: target sampling temperature, >= 0 (0 = greedy).
+        top_p: nucleus mass in (0, 1], applied to the target only.
+        draft_temperature: draft sampling temperature (> 0); None = same as ``temperature``
+            (1.0 at T=0, where drafters are deterministic anyway).
+        budget: tree size cap, root included (tree methods).
+        threshold: method-specific threshold: DySpec-threshold value cut-off, OPT-Tree's δ,
+            DynaTree's branching confidence. In (0, 1).
+        depth: maximum number of drafted levels below the root (chain length k, SpecInfer L,
+            Sequoia depth cap, depth cap of the dynamic methods).
+        width: branching width: SpecInfer k, per-layer width of OPT-Tree / DynaTree.
+        seed: RNG seed for drafting and verification.
+        dtype: model dtype.
+        device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+        attention: tree-attention backend: ``torch`` (SDPA with a 4D mask), ``triton`` or ``auto``
+            (triton on CUDA, torch elsewhere).
+        offload_target: stream the target's decoder layers from pinned host memory (CUDA only).
+        trace_block_counts: compute mask block counts (BFS/DFS/HPD) for every StepTrace.
+        sequoia_acceptance: measured marginal acceptance vector p_k for the Sequoia DP
+            (None = a conservative default; see ``dyntree_core.drafting.sequoia``).
+    """
+
+    method: str = "chain"
+    verifier: str = "auto"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    draft_temperature: Optional[float] = None
+    budget: int = 64
+    threshold: float = 0.05
+    depth: int = 4
+    width: int = 8
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    attention: str = "auto"
+    offload_target: bool = False
+    trace_block_counts: bool = True
+    sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
+
+    def __post_init__(self) -> None:
+        _choice("method", self.method, METHODS)
+        _choice("verifier", self.verifier, VERIFIERS)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("attention", self.attention, ATTENTION_BACKENDS)
+        if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 10.0):
+            raise ConfigError(f"temperature must be in [0, 10] (0 = greedy), got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.draft_temperature is not None and not (0.0 < self.draft_temperature <= 10.0):
+            raise ConfigError(f"draft_temperature must be in (0, 10] or None, got {self.draft_temperature!r}")
+        if not (isinstance(self.budget, int) and 2 <= self.budget <= MAX_BUDGET):
+            raise ConfigError(f"budget (tree size incl. root) must be an integer in [2, {MAX_BUDGET}], got {self.budget!r}")
+        if not (0.0 < self.threshold < 1.0):
+            raise ConfigError(f"threshold must be in (0, 1), got {self.threshold!r}")
+        if not (isinstance(self.depth, int) and 1 <= self.depth <= 256):
+            raise ConfigError(f"depth must be an integer in [1, 256], got {self.depth!r}")
+        if not (isinstance(self.width, int) and 1 <= self.width <= 256):
+            raise ConfigError(f"width must be an integer in [1, 256], got {self.width!r}")
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        if self.sequoia_acceptance is not None:
+            acc = tuple(float(x) for x in self.sequoia_acceptance)
+            if not acc or any(not (0.0 <= x <= 1.0) for x in acc):
+                raise ConfigError("sequoia_acceptance must be a non-empty sequence of values in [0, 1]")
+            object.__setattr__(self, "sequoia_acceptance", acc)
+        self.resolved_verifier()  # raises on incompatible method × verifier
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def effective_draft_temperature(self) -> float:
+        if self.draft_temperature is not None:
+            return float(self.draft_temperature)
+        return float(self.temperature) if self.temperature > 0 else 1.0
+
+    def resolved_verifier(self) -> str:
+        """The verifier actually used; raises ``ConfigError`` for a lossy combination."""
+        v = self.verifier
+        if self.method == "autoregressive":
+            if v not in ("auto", "greedy") or (v == "greedy" and not self.greedy):
+                if v != "auto":
+                    raise ConfigError("the autoregressive baseline has no verifier; use verifier='auto'")
+            return "none"
+        if v == "auto":
+            if self.greedy:
+                return "greedy"
+            return "point_mass" if self.method in TOPK_METHODS else "token_level"
+        if v == "greedy":
+            if not self.greedy:
+                raise ConfigError("the greedy verifier needs temperature 0; at T>0 choose token_level, traversal or point_mass")
+            return v
+        if self.greedy:
+            return "greedy" if v in ("token_level", "traversal", "point_mass") else v
+        if self.method in TOPK_METHODS and v != "point_mass":
+            raise ConfigError(
+                f"method {self.method!r} drafts deterministic top-k siblings; {v!r} is not lossless "
+                "for such trees — use verifier='point_mass'"
+            )
+        return v
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compatible_verifiers(method: str, temperature: float) -> list[str]:
+    """Verifiers that are lossless for ``method`` at ``temperature`` (UI choices)."""
+    _choice("method", method, METHODS)
+    if method == "autoregressive":
+        return ["auto"]
+    if temperature == 0:
+        return ["auto", "greedy"]
+    if method in TOPK_METHODS:
+        return ["auto", "point_mass"]
+    return ["auto", "token_level", "traversal", "point_mass"]
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

@@ -1,0 +1,173 @@
+"""Per-step records the engine yields; the UI and the benchmarks only ever read these."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import numpy as np
+
+from .tree import TokenTree
+
+TokenKind = Literal["accepted", "bonus", "autoregressive", "prompt"]
+NodeStatus = Literal["root", "accepted", "rejected", "unverified"]
+PHASES: tuple[str, ...] = (
+    "draft",
+    "tree_build",
+    "mask",
+    "target_forward",
+    "verify",
+    "kv_compaction",
+    "offload_transfer",
+)
+
+
+@dataclass(frozen=True)
+class TokenProvenance:
+    """Where one committed token came from.
+
+    Attributes:
+        token_id: the token.
+        step: decoding step that committed it (0-based).
+        depth: depth in that step's tree (1 = child of the root); bonus tokens get
+            ``len(accepted path)``; autoregressive tokens get 1.
+        node: tree node id, -1 for bonus / autoregressive tokens.
+        kind: ``accepted`` (a draft token the target accepted), ``bonus`` (sampled from the target
+            or its residual after the last accepted node), ``autoregressive`` (baseline).
+        p_draft: draft probability of the token at its parent (NaN for bonus / AR).
+        p_target: target probability of the token at its parent.
+        accept_prob: probability with which the verifier accepted it (NaN for bonus / AR).
+    """
+
+    token_id: int
+    step: int
+    depth: int
+    node: int
+    kind: TokenKind
+    p_draft: float = math.nan
+    p_target: float = math.nan
+    accept_prob: float = math.nan
+
+
+@dataclass
+class PhaseTimings:
+    """Wall-clock seconds of each phase of one step (0 where a phase did not run)."""
+
+    draft: float = 0.0
+    tree_build: float = 0.0
+    mask: float = 0.0
+    target_forward: float = 0.0
+    verify: float = 0.0
+    kv_compaction: float = 0.0
+    offload_transfer: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, p) for p in PHASES)
+
+    def as_dict(self) -> dict[str, float]:
+        return {p: float(getattr(self, p)) for p in PHASES}
+
+
+@dataclass
+class StepTrace:
+    """One decoding step.
+
+    Attributes:
+        step: 0-based step index.
+        method, verifier: what produced this step.
+        tree: the drafted tree (None for the autoregressive baseline).
+        accepted_nodes: accepted node ids, root first (``[0]`` when nothing was accepted).
+        bonus_token: the target's token after the accepted path.
+        committed: the tokens this step appended to the output, with provenance.
+        node_status: ``[N]`` status per tree node (empty for AR).
+        node_p_target: ``[N]`` float64 target probability of each node's token (NaN root).
+        node_accept_prob: ``[N]`` float64 acceptance probability for tested nodes, else NaN.
+        block_counts: ``{order: {block_size: non-empty blocks}}`` of the tree mask, orders
+            ``bfs``/``dfs``/``hpd``, block sizes 16/32/64 (empty when disabled).
+        timings: per-phase seconds.
+        step_seconds: wall-clock seconds of the whole step.
+        elapsed: seconds since generation started (prefill included).
+        total_new_tokens: tokens generated so far (this step included).
+        tokens_per_s: ``total_new_tokens / elapsed``.
+        finished: True on the last step; ``finish_reason`` is ``eos`` or ``length`` then.
+    """
+
+    step: int
+    method: str
+    verifier: str
+    tree: Optional[TokenTree]
+    accepted_nodes: list[int]
+    bonus_token: int
+    committed: list[TokenProvenance]
+    node_status: list[NodeStatus] = field(default_factory=list)
+    node_p_target: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    node_accept_prob: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    block_counts: dict[str, dict[int, int]] = field(default_factory=dict)
+    timings: PhaseTimings = field(default_factory=PhaseTimings)
+    step_seconds: float = 0.0
+    elapsed: float = 0.0
+    total_new_tokens: int = 0
+    tokens_per_s: float = 0.0
+    finished: bool = False
+    finish_reason: Optional[str] = None
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.committed)
+
+    @property
+    def tree_size(self) -> int:
+        return 0 if self.tree is None else self.tree.size
+
+    def to_dict(self) -> dict:
+        """JSON-ready view (tree as parent/token lists)."""
+        tree = None
+        if self.tree is not None:
+            t = self.tree
+            tree = {
+                "tokens": t.tokens.tolist(),
+                "parents": t.parents.tolist(),
+                "depth": t.depth.tolist(),
+                "child_rank": t.child_rank.tolist(),
+                "draft_logprob": [_f(x) for x in t.draft_logprob.tolist()],
+                "sampled": t.sampled,
+            }
+        return {
+            "step": self.step,
+            "method": self.method,
+            "verifier": self.verifier,
+            "tree": tree,
+            "accepted_nodes": list(self.accepted_nodes),
+            "bonus_token": int(self.bonus_token),
+            "committed": [
+                {
+                    "token_id": c.token_id,
+                    "step": c.step,
+                    "depth": c.depth,
+                    "node": c.node,
+                    "kind": c.kind,
+                    "p_draft": _f(c.p_draft),
+                    "p_target": _f(c.p_target),
+                    "accept_prob": _f(c.accept_prob),
+                }
+                for c in self.committed
+            ],
+            "node_status": list(self.node_status),
+            "node_p_target": [_f(x) for x in np.asarray(self.node_p_target).tolist()],
+            "node_accept_prob": [_f(x) for x in np.asarray(self.node_accept_prob).tolist()],
+            "block_counts": {o: {str(b): n for b, n in d.items()} for o, d in self.block_counts.items()},
+            "timings": self.timings.as_dict(),
+            "step_seconds": self.step_seconds,
+            "elapsed": self.elapsed,
+            "total_new_tokens": self.total_new_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "finished": self.finished,
+            "finish_reason": self.finish_reason,
+        }
+
+
+def _f(x: float) -> Optional[float]:
+    x = float(x)
+    return None if math.isnan(x) else x

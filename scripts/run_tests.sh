@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs the whole suite. Exit code 5 (no tests collected) is a failure here, never a pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export TRITON_INTERPRET=1   # Triton kernels run on CPU through the interpreter (no GPU in CI)
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1
+.venv/bin/python -m pytest -ra --durations=25 "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi
+exit "$rc"
