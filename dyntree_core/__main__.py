@@ -1,0 +1,122 @@
+"""Command line: ``python -m dyntree_core generate|fetch ...``."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Optional
+
+from .config import METHODS, VERIFIERS, ConfigError, DecodeConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dyntree_core", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("fetch", help="fetch and convert the embedded offline model pair (with progress)")
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding")
+    g.add_argument("--prompt", required=True, help="prompt text")
+    g.add_argument("--method", default="chain", choices=METHODS)
+    g.add_argument("--verifier", default="auto", choices=VERIFIERS)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--draft", default="embedded", help="draft model: 'embedded', a preset, a local dir or a hub id")
+    g.add_argument("--target", default="embedded", help="target model: 'embedded', a preset, a local dir or a hub id")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--draft-temperature", type=float, default=None)
+    g.add_argument("--budget", type=int, default=64, help="tree size incl. root")
+    g.add_argument("--depth", type=int, default=4, help="levels below the root (chain length k)")
+    g.add_argument("--width", type=int, default=8)
+    g.add_argument("--threshold", type=float, default=0.05)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    g.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and report the speedup")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "fetch":
+            from .models import ensure_embedded_pair
+
+            draft_dir, target_dir = ensure_embedded_pair()
+            print(f"draft:  {draft_dir}\ntarget: {target_dir}")
+            return 0
+        return _generate(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _generate(args) -> int:
+    from .engine import SpeculativeDecoder
+    from .models import load_pair
+
+    cfg = DecodeConfig(
+        method=args.method,
+        verifier=args.verifier,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        draft_temperature=args.draft_temperature,
+        budget=args.budget,
+        depth=args.depth,
+        width=args.width,
+        threshold=args.threshold,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device)
+    ids = encode_prompt(pair.tokenizer, args.prompt, chat=args.chat)
+    summary = run_once(SpeculativeDecoder(pair.draft, pair.target, cfg), ids, args.max_new_tokens)
+    print(pair.tokenizer.decode(summary["ids"], skip_special_tokens=True))
+    line = (
+        f"[{cfg.method}/{cfg.resolved_verifier()}] {summary['tokens']} tokens in {summary['seconds']:.2f} s "
+        f"= {summary['tokens_per_s']:.2f} tok/s; {summary['steps']} target steps, "
+        f"mean tokens per step (accepted + bonus) {summary['mean_accepted']:.2f}"
+    )
+    if args.compare and cfg.method != "autoregressive":
+        ar_cfg = DecodeConfig(method="autoregressive", temperature=cfg.temperature, top_p=cfg.top_p,
+                              seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+        ar = run_once(SpeculativeDecoder(pair.draft, pair.target, ar_cfg), ids, args.max_new_tokens)
+        speedup = summary["tokens_per_s"] / ar["tokens_per_s"] if ar["tokens_per_s"] else float("nan")
+        line += f"; autoregressive {ar['tokens_per_s']:.2f} tok/s; speedup {speedup:.2f}x"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = False) -> list[int]:
+    if not text or not text.strip():
+        raise ConfigError("the prompt is empty")
+    if chat:
+        msgs = [{"role": "user", "content": text}]
+        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def run_once(decoder, ids: list[int], max_new_tokens: int) -> dict:
+    """Run one generation and summarise it (tokens/s, steps, mean accepted tokens per step)."""
+    out: list[int] = []
+    per_step: list[int] = []
+    last = None
+    for trace in decoder.generate(ids, max_new_tokens):
+        out.extend(c.token_id for c in trace.committed)
+        per_step.append(len(trace.committed))
+        last = trace
+    return {
+        "ids": out,
+        "tokens": len(out),
+        "seconds": last.elapsed,
+        "tokens_per_s": last.tokens_per_s,
+        "steps": len(per_step),
+        "mean_accepted": statistics.fmean(per_step) if per_step else 0.0,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""``ModelDraftSource``: the draft model behind the ``DraftSource`` protocol.
+
+Every ``next_probs`` call is one batched draft forward over the requested nodes and their
+not-yet-cached ancestors, with a tree mask; the KV of every forwarded node stays in the draft
+cache so later calls (deeper layers, lazily evaluated heap nodes) only feed new nodes. After
+verification ``commit_path`` keeps the accepted path's KV and drops the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from .forward import masked_forward
+from .kv import cache_length, compact
+from .sampling import probs_from_logits
+
+
+class ModelDraftSource:
+    """Draft distributions for one decoding step.
+
+    Args:
+        model: the draft HF model.
+        cache: its ``DynamicCache`` holding the first ``cache_length(cache)`` committed tokens.
+        pending: committed tokens not yet in the cache; ``pending[-1]`` is the tree root.
+        temperature: draft temperature (> 0).
+    """
+
+    def __init__(self, model, cache, pending: Sequence[int], temperature: float):
+        if not pending:
+            raise ValueError("the draft source needs at least the root token pending")
+        self.model = model
+        self.cache = cache
+        self.pending = list(pending)
+        self.temperature = temperature
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.base = cache_length(cache)
+        self.slot: dict[int, int] = {}  # tree node -> absolute cache slot
+        self._pre_fed = False
+        self._calls = 0
+        self.forward_seconds = 0.0
+
+    @property
+    def forward_calls(self) -> int:
+        return self._calls
+
+    @property
+    def root_position(self) -> int:
+        return self.base + len(self.pending) - 1
+
+    def next_probs(self, tokens: Sequence[int], parents: Sequence[int], nodes: Sequence[int]) -> torch.Tensor:
+        """``[len(nodes), V]`` float32 CPU draft distributions at ``nodes``."""
+        t0 = time.perf_counter()
+        need: set[int] = set()
+        for n in nodes:
+            v = int(n)
+            while v >= 0 and v not in self.slot and v not in need:
+                need.add(v)
+                v = int(parents[v])
+        new = sorted(need)
+        pre = [] if self._pre_fed else self.pending[:-1]
+        start = cache_length(self.cache)
+        q = len(pre) + len(new)
+        kv_len = start + q
+        visible = torch.zeros(q, kv_len, dtype=torch.bool)
+        prefix_end = self.base + len(self.pending) - 1  # committed tokens before the root
+        positions: list[int] = []
+        feed: list[int] = []
+        for j, tok in enumerate(pre):
+            visible[j, : start + j + 1] = True
+            positions.append(start + j)
+            feed.append(tok)
+        new_slot = {n: start + len(pre) + i for i, n in enumerate(new)}
+        for i, n in enumerate(new):
+            row = len(pre) + i
+            visible[row, :prefix_end] = True
+            v, depth = n, 0
+            while v >= 0:
+                visible[row, self.slot.get(v, new_slot.get(v, -1))] = True
+                v = int(parents[v])
+                depth += 1
+            positions.append(self.root_position + depth - 1)
+            feed.append(int(tokens[n]))
+        self.slot.update(new_slot)
+        self._pre_fed = True
+        rows = [new_slot[int(n)] - start if int(n) in new_slot else None for n in nodes]
+        if any(r is None for r in rows):
+            raise RuntimeError("next_probs asked twice for a node; drafters must cache distributions")
+        logits = masked_forward(self.model, self.cache, feed, positions, visible, logits_rows=rows)
+        probs = probs_from_logits(logits, self.temperature).cpu()
+        self._calls += 1
+        self.forward_seconds += time.perf_counter() - t0
+        return probs
+
+    def commit_path(self, path_source_ids: Sequence[int]) -> int:
+        """Keep the committed prefix and the forwarded nodes of the accepted path.
+
+        Args:
+            path_source_ids: accepted node ids (root first) in this source's numbering.
+        Returns:
+            the number of committed tokens now cached.
+        """
+        keep = self.base + (len(self.pending) - 1 if self._pre_fed else 0)
+        extra: list[int] = []
+        if self._pre_fed:
+            for n in path_source_ids:
+                if n not in self.slot:
+                    break
+                extra.append(self.slot[n])
+        compact(self.cache, keep, extra)
+        return keep + len(extra)

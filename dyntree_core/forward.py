@@ -1,0 +1,66 @@
+"""Model forwards with explicit 4D masks: the one place the engine talks to an HF model."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def masked_forward(
+    model,
+    cache,
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    visible: torch.Tensor,
+    logits_rows: Optional[Sequence[int]] = None,
+) -> torch.Tensor:
+    """Feed ``tokens`` after the cached positions with an explicit visibility mask.
+
+    Args:
+        model: an HF causal LM.
+        cache: its ``DynamicCache`` (extended in place by ``len(tokens)`` slots).
+        tokens: ``[q]`` token ids.
+        positions: ``[q]`` position ids.
+        visible: ``[q, kv_len]`` bool, ``kv_len = cached + q``; True = may attend.
+        logits_rows: rows whose logits are wanted (None = all).
+    Returns:
+        ``[len(logits_rows) or q, V]`` logits (model dtype, model device).
+    """
+    device = model.get_input_embeddings().weight.device
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
+    pos = torch.tensor([list(positions)], dtype=torch.long, device=device)
+    mask = visible.to(device)[None, None]
+    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+        dtype = model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+    kwargs = {}
+    if logits_rows is not None:
+        kwargs["logits_to_keep"] = torch.tensor(list(logits_rows), dtype=torch.long, device=device)
+    with torch.no_grad():
+        out = model(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+    return out.logits[0]
+
+
+def causal_forward(model, cache, tokens: Sequence[int], start: int, logits_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Feed a plain causal run of ``tokens`` at positions ``start, start+1, ...``.
+
+    Returns ``[rows, V]`` logits (all rows when ``logits_rows`` is None).
+    """
+    q = len(tokens)
+    visible = torch.ones(q, start + q, dtype=torch.bool)
+    visible[:, start:] = torch.tril(torch.ones(q, q, dtype=torch.bool))
+    return masked_forward(model, cache, tokens, range(start, start + q), visible, logits_rows)

@@ -1,0 +1,87 @@
+"""Tiny random model pairs for tests and examples (no network, no files).
+
+``tiny_pair`` builds two Llama-architecture HF models that share a vocabulary. The target has a
+*peaked* init (next-token distributions far from uniform, so speculative decoding accepts often
+and distribution tests have power); the draft is the target with fewer layers and perturbed
+weights, so it is correlated with the target but different from it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_config(vocab: int = 64, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                max_positions: int = 512):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=None,
+        attn_implementation="sdpa",
+    )
+
+
+def tiny_pair(
+    vocab: int = 64,
+    seed: int = 0,
+    peak: float = 4.0,
+    draft_noise: float = 0.3,
+    layers: int = 2,
+    hidden: int = 64,
+    eos: bool = False,
+    dtype: torch.dtype = torch.float32,
+):
+    """Return ``(draft, target)``: tiny random Llama models with a shared vocabulary.
+
+    Args:
+        vocab: vocabulary size shared by both models.
+        seed: everything is deterministic given the seed.
+        peak: scale applied to the target's output head (larger = peakier distributions).
+        draft_noise: relative std of the noise added to the draft's copy of the weights.
+        layers: target decoder layers (the draft keeps ``max(1, layers // 2)``).
+        hidden: hidden size.
+        eos: when False the EOS token's logit is pushed down so runs reach ``max_new_tokens``
+            (EOS behaviour is then tested explicitly with ``eos=True``).
+    """
+    from transformers import LlamaForCausalLM
+
+    gen = torch.Generator().manual_seed(seed)
+    tcfg = tiny_config(vocab=vocab, layers=layers, hidden=hidden)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        target = LlamaForCausalLM(tcfg)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 / p.shape[-1] ** 0.5 if p.ndim > 1 else 0.0) + (1.0 if p.ndim == 1 else 0.0))
+        target.model.embed_tokens.weight.mul_(hidden**0.5)
+        target.lm_head.weight.mul_(peak * 2.0)
+        if not eos:
+            target.lm_head.weight[tcfg.eos_token_id].zero_()
+            target.lm_head.bias = None
+    dcfg = tiny_config(vocab=vocab, layers=max(1, layers // 2), hidden=hidden)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        draft = LlamaForCausalLM(dcfg)
+    with torch.no_grad():
+        tstate = target.state_dict()
+        for name, p in draft.named_parameters():
+            src = tstate[name]
+            noise = torch.randn(src.shape, generator=gen) * src.std().clamp(min=1e-3) * draft_noise
+            p.copy_(src + (noise if src.ndim > 1 else 0.0))
+    target = target.to(dtype).eval()
+    draft = draft.to(dtype).eval()
+    for m in (draft, target):
+        m.generation_config.eos_token_id = m.config.eos_token_id
+        m.generation_config.pad_token_id = m.config.eos_token_id
+    return draft, target

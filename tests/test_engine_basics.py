@@ -1,0 +1,110 @@
+"""Engine: autoregressive baseline, input validation, EOS, KV-cache reuse."""
+
+import pytest
+import torch
+
+from dyntree_core import ConfigError, DecodeConfig, SpeculativeDecoder
+from dyntree_core.engine import VocabMismatchError
+from dyntree_core.testing import tiny_pair
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(seed=3)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_autoregressive_greedy_matches_hf_generate(seed):
+    draft, target = tiny_pair(seed=seed)
+    prompt = [5, 9, 2, 7]
+    ours = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive")).generate_ids(prompt, 24)
+    ref = target.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+    assert ours == ref
+
+
+def test_single_token_prompt_and_exact_length(pair):
+    draft, target = pair
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", temperature=0.8, seed=4))
+    assert len(dec.generate_ids([3], 17)) == 17
+
+
+def test_same_seed_same_output_different_seed_differs(pair):
+    draft, target = pair
+    runs = {}
+    for seed in (1, 1, 2):
+        dec = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", temperature=1.0, seed=seed))
+        runs.setdefault(seed, []).append(dec.generate_ids([3, 4], 30))
+    assert runs[1][0] == runs[1][1]
+    assert runs[1][0] != runs[2][0]
+
+
+def test_eos_stops_generation(pair):
+    draft, target = pair
+    greedy = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive")).generate_ids([5, 6], 12)
+    eos = greedy[5]
+    first = greedy.index(eos)
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive"), eos_token_id=eos)
+    traces = list(dec.generate([5, 6], 12))
+    out = [c.token_id for t in traces for c in t.committed]
+    assert out == greedy[: first + 1]
+    assert traces[-1].finished and traces[-1].finish_reason == "eos"
+
+
+def test_trace_bookkeeping(pair):
+    draft, target = pair
+    traces = list(SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive")).generate([1, 2, 3], 5))
+    assert [t.step for t in traces] == list(range(5))
+    assert [t.total_new_tokens for t in traces] == [1, 2, 3, 4, 5]
+    assert traces[-1].finish_reason == "length" and not traces[0].finished
+    assert all(t.tokens_per_s > 0 and t.timings.target_forward > 0 for t in traces)
+    assert all(c.kind == "autoregressive" and 0 < c.p_target <= 1 for t in traces for c in t.committed)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(budget=1), "budget"),
+        (dict(budget=10**6), "budget"),
+        (dict(threshold=1.5), "threshold"),
+        (dict(method="beam"), "method"),
+        (dict(method="opt_tree", verifier="token_level", temperature=0.7), "point_mass"),
+        (dict(verifier="greedy", temperature=0.7), "greedy"),
+    ],
+)
+def test_bad_config_is_refused_clearly(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        DecodeConfig(**kwargs)
+
+
+def test_bad_prompts_and_lengths_are_refused(pair):
+    draft, target = pair
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive"))
+    with pytest.raises(ConfigError, match="empty"):
+        dec.generate_ids([], 4)
+    with pytest.raises(ConfigError, match="context"):
+        dec.generate_ids([3] * target.config.max_position_embeddings, 4)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        dec.generate_ids([3], 0)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        dec.generate_ids([3], -2)
+    with pytest.raises(ConfigError, match="out of range"):
+        dec.generate_ids([10**6], 2)
+
+
+def test_generation_stops_at_model_context(pair):
+    draft, target = pair
+    ctx = target.config.max_position_embeddings
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive"))
+    traces = list(dec.generate([3] * (ctx - 3), 10))
+    assert sum(len(t.committed) for t in traces) == 3
+    assert traces[-1].finish_reason == "context"
+
+
+def test_mismatched_vocab_is_refused_with_both_sizes():
+    draft, _ = tiny_pair(vocab=64)
+    _, target = tiny_pair(vocab=80)
+    with pytest.raises(VocabMismatchError, match="64.*80"):
+        SpeculativeDecoder(draft, target, DecodeConfig())
