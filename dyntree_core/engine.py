@@ -111,6 +111,7 @@ class SpeculativeDecoder:
         input_ids: Sequence[int] | torch.Tensor,
         max_new_tokens: int,
         stop_event: Optional[threading.Event] = None,
+        seed: Optional[int] = None,
     ) -> Iterator[StepTrace]:
         """Decode up to ``max_new_tokens`` new tokens, yielding one ``StepTrace`` per step.
 
@@ -119,14 +120,17 @@ class SpeculativeDecoder:
             max_new_tokens: > 0; exactly this many tokens are produced unless EOS, the model
                 context or ``stop_event`` ends the run first.
             stop_event: set it (from another thread) to stop after the current step.
+            seed: RNG seed for this call (default ``config.seed``).
         """
         prompt = self._validate(input_ids, max_new_tokens)
-        return self._run(prompt, max_new_tokens, stop_event)
+        return self._run(prompt, max_new_tokens, stop_event, self.config.seed if seed is None else int(seed))
 
-    def generate_ids(self, input_ids: Sequence[int] | torch.Tensor, max_new_tokens: int) -> list[int]:
+    def generate_ids(
+        self, input_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, seed: Optional[int] = None
+    ) -> list[int]:
         """The new token ids only (exactly ``max_new_tokens`` unless EOS or context end)."""
         out: list[int] = []
-        for trace in self.generate(input_ids, max_new_tokens):
+        for trace in self.generate(input_ids, max_new_tokens, seed=seed):
             out.extend(c.token_id for c in trace.committed)
         return out
 
@@ -155,11 +159,11 @@ class SpeculativeDecoder:
         return prompt
 
     # ------------------------------------------------------------------ the loop
-    def _run(self, prompt: list[int], max_new_tokens: int, stop_event) -> Iterator[StepTrace]:
+    def _run(self, prompt: list[int], max_new_tokens: int, stop_event, seed: int) -> Iterator[StepTrace]:
         cfg = self.config
         t_start = time.perf_counter()
-        gen = torch.Generator().manual_seed(cfg.seed)
-        rng = np.random.default_rng(cfg.seed)
+        gen = torch.Generator().manual_seed(seed)
+        rng = np.random.default_rng(seed)
         is_ar = cfg.method == "autoregressive"
         drafter = None
         verifier = None
