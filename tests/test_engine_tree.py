@@ -121,7 +121,8 @@ def test_trace_of_tree_step_is_consistent():
     assert sum(len(t.committed) for t in traces) == 30
     for t in traces:
         assert t.accepted_nodes[0] == 0 and t.node_status[0] == "root"
-        assert [c.node for c in t.committed if c.kind == "accepted"] == t.accepted_nodes[1:len(t.committed)]
+        accepted = [c.node for c in t.committed if c.kind == "accepted"]
+        assert accepted == t.accepted_nodes[1 : 1 + len(accepted)]  # the last step may be cut short
         for node in t.accepted_nodes[1:]:
             assert t.node_status[node] == "accepted"
         assert set(t.block_counts) == {"bfs", "dfs", "hpd"}

@@ -1,0 +1,194 @@
+"""Hugging Face glue: tree attention as a transformers ``AttentionInterface`` implementation.
+
+Contract with the engine: the model is called with ``input_ids [1, q]``, ``position_ids [1, q]``,
+``attention_mask`` = a 4D bool tensor ``[1, 1, q, kv_len]`` (True = attend, ``kv_len = cache_len +
+q``) and a ``DynamicCache``. transformers 5.23 returns a 4D mask untouched from
+``create_causal_mask`` (``_preprocess_mask_arguments`` early exit), so the same tensor object
+reaches every layer's attention function.
+
+Registered implementations (``register()`` is idempotent and runs at import):
+
+- ``"dyntree_tree"`` (auto): the Triton kernel when the tensors are on CUDA, SDPA otherwise;
+- ``"dyntree_tree_triton"``: always the Triton kernel (the CPU interpreter without CUDA: slow,
+  for tests);
+- ``"dyntree_tree_torch"``: always SDPA.
+
+Each is also registered in ``AttentionMaskInterface`` with SDPA's mask builder, so ordinary
+calls (prefill with a 2D mask or none) build exactly the masks SDPA would get. Any call the kernel
+does not cover (no/float/per-head mask, batch > 1, dropout, softcap, position bias, sinks)
+delegates to ``sdpa_attention_forward`` unchanged, so the result is always what SDPA gives.
+
+Kernel metadata (dense prefix length, block lists, dead rows) is derived generically from the
+bool mask, once per forward (cached on the mask tensor's identity and version, and the cache
+holds a reference so the identity cannot be reused), or taken from an optional
+``tree_attention_meta=TreeAttnMeta`` keyword argument passed to ``model(...)`` (transformers
+forwards extra keyword arguments down to the attention function).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+
+from dyntree_core.attention.mask import TreeAttnMeta, meta_from_mask
+from dyntree_core.attention.triton_kernel import (
+    HAS_TRITON,
+    default_block_q,
+    interpreter_usable,
+    interpreting,
+    triton_tree_attention,
+)
+
+Backend = Literal["torch", "triton", "auto"]
+IMPL_NAMES: dict[str, str] = {
+    "auto": "dyntree_tree",
+    "triton": "dyntree_tree_triton",
+    "torch": "dyntree_tree_torch",
+}
+META_KWARG = "tree_attention_meta"
+
+
+@dataclass
+class KernelTiles:
+    """Tile sizes used by the HF glue: ``block_m`` packed rows (q tokens x GQA group), ``block_n``."""
+
+    block_m: int = 64
+    block_n: int = 32
+
+
+TILES = KernelTiles()
+_cache: dict[str, Any] = {}
+
+
+def _meta_for(mask2d: torch.Tensor, mask4d: torch.Tensor, block_q: int, block_n: int) -> TreeAttnMeta:
+    key = (mask4d._version, block_q, block_n)
+    if _cache.get("mask") is mask4d and _cache.get("key") == key:
+        return _cache["meta"]
+    meta = meta_from_mask(mask2d, block_q, block_n)
+    _cache.update(mask=mask4d, key=key, meta=meta)
+    return meta
+
+
+def clear_cache() -> None:
+    """Drop the cached metadata (and the reference it holds to the last mask)."""
+    _cache.clear()
+
+
+def _kernel_applicable(
+    backend: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor], dropout: float, kwargs: dict[str, Any],
+) -> bool:
+    if backend == "torch" or not HAS_TRITON:
+        return False
+    if backend == "auto" and not query.is_cuda:
+        return False
+    if backend == "triton" and not (query.is_cuda or interpreting()):
+        return False
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
+        return False
+    if attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
+        return False
+    if attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1 or query.shape[0] != 1:
+        return False
+    if attention_mask.shape[2] != query.shape[2] or attention_mask.shape[3] != key.shape[2]:
+        return False
+    if dropout and dropout > 0.0:
+        return False
+    if key.shape[-1] != value.shape[-1] or key.shape[-1] != query.shape[-1]:
+        return False
+    if query.shape[1] % key.shape[1]:
+        return False
+    for unsupported in ("softcap", "position_bias", "s_aux", "sinks", "cache"):
+        if kwargs.get(unsupported) is not None:
+            return False
+    if kwargs.get("output_attentions"):
+        return False
+    return query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _make_forward(backend: str):
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        dropout: float = 0.0,
+        scaling: Optional[float] = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """query ``[1, Hq, q, D]``, key/value ``[1, Hkv, kv, D]`` -> (``[1, q, Hq, D]``, None)."""
+        meta: Optional[TreeAttnMeta] = kwargs.pop(META_KWARG, None)
+        if not _kernel_applicable(backend, query, key, value, attention_mask, dropout, kwargs):
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        hq, hkv = query.shape[1], key.shape[1]
+        if meta is None:
+            block_q = default_block_q(hq // hkv, TILES.block_m)
+            meta = _meta_for(attention_mask[0, 0], attention_mask, block_q, TILES.block_n)
+        out = torch.empty(1, query.shape[2], hq, query.shape[3], dtype=query.dtype, device=query.device)
+        triton_tree_attention(query[0], key[0], value[0], meta, sm_scale=scaling, out=out[0].transpose(0, 1))
+        return out, None
+
+    forward.__name__ = f"dyntree_tree_attention_{backend}"
+    return forward
+
+
+def register() -> None:
+    """Register the three implementations with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    for backend, name in IMPL_NAMES.items():
+        AttentionInterface.register(name, _make_forward(backend))
+        AttentionMaskInterface.register(name, sdpa_mask)
+
+
+class TreeAttentionHandle:
+    """Undo token returned by ``use_tree_attention``; also a context manager."""
+
+    def __init__(self, model: Any, previous: str) -> None:
+        self.model = model
+        self.previous = previous
+
+    def restore(self) -> None:
+        """Put back the attention implementation the model had before."""
+        self.model.set_attn_implementation(self.previous)
+        clear_cache()
+
+    def __enter__(self) -> "TreeAttentionHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+
+def use_tree_attention(model: Any, backend: Backend = "auto") -> TreeAttentionHandle:
+    """Switch ``model`` (an HF ``PreTrainedModel``) to the tree-attention implementation.
+
+    Returns a handle whose ``restore()`` (or ``with`` exit) reverts to the previous
+    implementation. ``backend``: ``"auto"`` (Triton on CUDA, SDPA otherwise), ``"triton"``
+    (always the kernel; CPU interpreter without CUDA), ``"torch"`` (always SDPA).
+    """
+    if backend not in IMPL_NAMES:
+        raise ValueError(f"backend must be one of {tuple(IMPL_NAMES)}, got {backend!r}")
+    if backend == "triton" and not HAS_TRITON:
+        raise RuntimeError("backend='triton' needs Triton installed")
+    if backend == "triton" and interpreting() and not interpreter_usable():
+        raise RuntimeError(
+            "backend='triton' without CUDA needs the Triton interpreter, but Triton was imported before "
+            "TRITON_INTERPRET=1 was set; set it at process start"
+        )
+    register()
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(IMPL_NAMES[backend])
+    if model.config._attn_implementation != IMPL_NAMES[backend]:
+        raise RuntimeError(f"{type(model).__name__} refused attention implementation {IMPL_NAMES[backend]!r}")
+    return TreeAttentionHandle(model, previous)
+
+
+register()

@@ -1,0 +1,32 @@
+"""The attention benchmark CLI (CPU: block counts only) and the bench dispatcher."""
+
+import json
+
+from dyntree_core.attention.trees import make_tree
+from dyntree_core.bench.__main__ import SUBCOMMANDS, main as bench_main
+
+
+def test_attention_bench_cpu_block_counts(tmp_path, capsys):
+    out = tmp_path / "blocks.json"
+    trees = tmp_path / "trees.json"
+    trees.write_text(json.dumps({"trees": [{"parents": [-1, 0, 0, 1, 1, 2]}, [-1, 0, 1, 2]]}))
+    rc = bench_main(["attention", "--device", "cpu", "--sizes", "64", "96", "--seeds", "2", "--prefixes", "0", "40",
+                     "--block-sizes", "16", "32", "--trees", str(trees), "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["env"]["device"] == "cpu" and data["env"]["torch"] and "date" in data["env"]
+    assert data["dyspec_table5_block32"]["2048"]["reordered"] == 278.7
+    rows = {(r["family"], r["size"], r["scope"], r["order"], r["block"], r["prefix"]): r for r in data["block_counts"]}
+    expect = sum(make_tree("dyspec", 96, s).block_count("dfs", 16) for s in range(2)) / 2
+    assert rows[("dyspec", 96, "tree", "dfs", 16, 0)]["mean_blocks"] == expect
+    assert ("uniform", 64, "full", "bfs", 32, 40) in rows
+    assert rows[("recorded", 6, "tree", "bfs", 16, 0)]["mean_blocks"] == 1
+    assert "gpu_timings" not in data
+    text = capsys.readouterr().out
+    assert "DySpec" in text and "wrote" in text
+
+
+def test_dispatcher_table_and_errors(capsys):
+    assert "attention" in SUBCOMMANDS
+    assert bench_main(["no-such-bench"]) == 2
+    assert bench_main(["attention", "--device", "cpu", "--sizes", "0"]) == 2

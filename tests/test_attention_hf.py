@@ -1,0 +1,134 @@
+"""HF glue: the registered tree-attention implementation on a tiny random Llama (fp32, CPU)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any Triton import (see tests/conftest.py)
+
+import pytest
+import torch
+
+from dyntree_core.attention import hf_backend
+from dyntree_core.attention.hf_backend import IMPL_NAMES, use_tree_attention
+from dyntree_core.attention.mask import meta_from_mask, tree_mask
+from dyntree_core.attention.trees import dyspec_like_tree
+from dyntree_core.attention.triton_kernel import HAS_TRITON
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
+
+PROMPT = 19  # cached prefix
+CAUSAL = 3  # ordinary causal tokens before the tree nodes in the same forward
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def step():
+    """A verify step: prompt ids, then (causal tokens + DFS-ordered tree) ids, positions and 4D mask."""
+    gen = torch.Generator().manual_seed(1)
+    tree = dyspec_like_tree(29, seed=2)
+    order = tree.order("dfs")
+    prompt = torch.randint(0, 64, (1, PROMPT), generator=gen)
+    causal = torch.randint(0, 64, (CAUSAL,), generator=gen)
+    tree_tok = torch.randint(0, 64, (tree.size,), generator=gen)  # token of slot i
+    q = CAUSAL + tree.size
+    ids = torch.cat([causal, tree_tok])[None]
+    pos = torch.cat([torch.arange(PROMPT, PROMPT + CAUSAL), PROMPT + CAUSAL + tree.depth[order]])[None]
+    mask = torch.zeros(q, PROMPT + q, dtype=torch.bool)
+    mask[:, :PROMPT] = True
+    mask[:, PROMPT : PROMPT + CAUSAL] = torch.ones(q, CAUSAL, dtype=torch.bool).tril()
+    mask[CAUSAL:, PROMPT + CAUSAL :] = tree_mask(tree, order)
+    return dict(tree=tree, order=order, prompt=prompt, ids=ids, pos=pos, mask=mask[None, None],
+                causal=causal, tree_tok=tree_tok)
+
+
+def _forward(model, step, backend, **extra):
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=step["prompt"], past_key_values=cache, use_cache=True)
+        with use_tree_attention(model, backend):
+            out = model(input_ids=step["ids"], position_ids=step["pos"], attention_mask=step["mask"],
+                        past_key_values=cache, use_cache=True, **extra)
+    return out.logits[0]
+
+
+@pytest.fixture()
+def kernel_calls(monkeypatch):
+    calls = []
+    real = hf_backend.triton_tree_attention
+
+    def spy(q, k, v, meta, **kw):
+        calls.append(meta)
+        return real(q, k, v, meta, **kw)
+
+    monkeypatch.setattr(hf_backend, "triton_tree_attention", spy)
+    return calls
+
+
+def test_triton_glue_matches_sdpa(model, step, kernel_calls):
+    ref = _forward(model, step, "torch")
+    assert kernel_calls == []
+    got = _forward(model, step, "triton")
+    assert len(kernel_calls) == model.config.num_hidden_layers  # the kernel really ran in every layer
+    assert kernel_calls[0] is kernel_calls[1]  # metadata derived once per forward
+    assert (got - ref).abs().max().item() <= 1e-4
+    assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_tree_logits_match_independent_root_paths(model, step):
+    """Every tree node's logits equal a plain causal forward over prompt + causal + its root path."""
+    got = _forward(model, step, "triton")
+    tree, order = step["tree"], step["order"]
+    slot = torch.empty_like(order)
+    slot[order] = torch.arange(tree.size)
+    for node in (0, int(order[-1]), int(order[tree.size // 2]), tree.size - 1):
+        path = [int(slot[n]) for n in tree.path_to(node)]
+        seq = torch.cat([step["prompt"][0], step["causal"], step["tree_tok"][path]])[None]
+        with torch.no_grad():
+            ref = model(input_ids=seq).logits[0, -1]
+        assert (got[CAUSAL + int(slot[node])] - ref).abs().max().item() <= 1e-4
+
+
+def test_metadata_kwarg_reaches_attention(model, step, kernel_calls):
+    G = model.config.num_attention_heads // model.config.num_key_value_heads
+    meta = meta_from_mask(step["mask"][0, 0], 64 // G, 16)
+    got = _forward(model, step, "triton", tree_attention_meta=meta)
+    assert len(kernel_calls) == 2 and all(m is meta for m in kernel_calls)
+    ref = _forward(model, step, "torch")
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_auto_on_cpu_uses_sdpa(model, step, kernel_calls):
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    got = _forward(model, step, "auto")
+    assert kernel_calls == []
+    assert torch.equal(got, _forward(model, step, "torch"))
+
+
+def test_prefill_without_4d_mask_falls_back(model, step, kernel_calls):
+    """A plain prefill (no mask) under the triton implementation goes through SDPA unchanged."""
+    with torch.no_grad():
+        ref = model(input_ids=step["prompt"]).logits
+        with use_tree_attention(model, "triton"):
+            got = model(input_ids=step["prompt"]).logits
+    assert kernel_calls == []
+    assert torch.equal(got, ref)
+
+
+def test_use_tree_attention_is_reversible_and_validates(model):
+    before = model.config._attn_implementation
+    handle = use_tree_attention(model, "auto")
+    assert model.config._attn_implementation == IMPL_NAMES["auto"]
+    handle.restore()
+    assert model.config._attn_implementation == before
+    with pytest.raises(ValueError):
+        use_tree_attention(model, "cuda")
