@@ -295,7 +295,7 @@ class SpeculativeDecoder:
         if cfg.greedy:
             target_probs = torch.softmax(logits.float(), dim=-1).cpu()
         else:
-            target_probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).double().cpu()
+            target_probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).cpu()  # verifiers widen rows they read
         result = verifier.verify(tree, target_probs, rng)
         timings.verify = time.perf_counter() - t0
 

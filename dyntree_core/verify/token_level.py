@@ -1,0 +1,96 @@
+"""Token-level recursive rejection sampling (SpecInfer / Sequoia Alg. 1 / DySpec Alg. 3).
+
+Top-down from the root: the children of the current node are tested in draw order, child x
+with probability ``min(1, R(x) / D(x))`` where R is the target residual at the node and D the
+distribution that child was drawn from. After a rejection ``R <- norm(max(R - D, 0))`` and, for
+trees sampled without replacement, ``D <- norm(D with D(x) = 0)`` (uniform over undrawn tokens
+once no draft mass is left); for i.i.d. trees D is unchanged. An accepted child becomes the
+current node; when every child is rejected (or the node is a leaf) the bonus token is drawn
+from R, which is the raw target distribution when no child was rejected there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..tree import SampledKind, TokenTree
+from .base import VerifyResult, check_compatible
+from .common import (
+    Decisions,
+    DraftUpdate,
+    NodeInputs,
+    Outcome,
+    RngDecisions,
+    SiblingDraft,
+    check_draft_update,
+    check_new_sibling,
+    ratio_accept,
+    residual_update,
+)
+
+
+class TokenLevelVerifier:
+    """Recursive rejection sampling node by node.
+
+    ``accept_prob[c]`` is ``min(1, R(x)/D(x))`` at the moment child c was tested.
+
+    Args:
+        draft_update: force the draft update (``"swor"`` or ``"iid"``) instead of following
+            ``tree.sampled``. Only the negative-control tests use this: a mismatched update is
+            not lossless.
+    """
+
+    name = "token_level"
+    accepts: frozenset[SampledKind] = frozenset({"swor", "iid"})
+
+    def __init__(self, draft_update: Optional[DraftUpdate] = None):
+        self.draft_update = check_draft_update(draft_update)
+
+    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
+        return self.run(tree, target_probs, RngDecisions(rng))
+
+    def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
+        """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""
+        check_compatible(self, tree)
+        inputs = NodeInputs(self.name, tree, target_probs, need_draft=True)
+        mode: DraftUpdate = self.draft_update or tree.sampled  # type: ignore[assignment]
+        outcome = Outcome(tree.size)
+        path = [0]
+        while True:
+            accepted, residual = self._test_children(inputs, path[-1], mode, outcome, decisions)
+            if accepted is None:
+                break
+            path.append(accepted)
+        bonus = decisions.categorical(residual)
+        return outcome.result(path, bonus, inputs.p_target)
+
+    def _test_children(
+        self, inputs: NodeInputs, node: int, mode: DraftUpdate, outcome: Outcome, decisions: Decisions
+    ) -> tuple[Optional[int], np.ndarray]:
+        """Test ``node``'s children in draw order.
+
+        Returns the accepted child (None if all were rejected) and the ``[V]`` target residual
+        at ``node`` after the rejections.
+        """
+        residual = inputs.target_row(node)
+        kids = inputs.children[node]
+        if not kids:
+            return None, residual
+        draft = SiblingDraft(inputs.draft_row(node), mode)
+        check_distinct = inputs.tree.sampled == "swor"
+        seen: set[int] = set()
+        for child in kids:
+            x = inputs.tokens[child]
+            if check_distinct:
+                check_new_sibling(node, child, x, seen)
+            a = ratio_accept(residual[x], draft.q[x])
+            outcome.record(child, a)
+            if decisions.bernoulli(a):
+                return child, residual
+            _, residual = residual_update(1.0, residual, draft.q)
+            draft.after_draw(x)
+        return None, residual
+
