@@ -172,6 +172,7 @@ class SpeculativeDecoder:
             from .verify import make_verifier
 
             drafter = make_drafter(cfg)
+            drafter.reset()
             verifier = make_verifier(self.verifier_name)
         t_cache = new_cache(self.target)
         d_cache = None if is_ar else new_cache(self.draft)
@@ -301,6 +302,7 @@ class SpeculativeDecoder:
 
         t0 = time.perf_counter()
         path = list(result.path)
+        drafter.observe(tree, len(path) - 1)
         compact(t_cache, cache_len, [cache_len + i for i in path])
         src_ids = tree.source_ids().tolist()
         state.draft_cached = source.commit_path([src_ids[i] for i in path])
