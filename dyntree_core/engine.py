@@ -42,6 +42,20 @@ def check_same_vocab(draft, target) -> None:
         )
 
 
+def place_model(model, device: Optional[torch.device], dtype: torch.dtype):
+    """Move ``model`` in place to ``device`` (None = leave) and ``dtype``, keeping the rotary
+    ``inv_freq`` buffers in float32 (``Module.to(dtype)`` would round them to bf16)."""
+    if next(model.parameters()).dtype != dtype:
+        keep = {name: buf.detach().clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+        model.to(dtype=dtype)
+        for name, buf in keep.items():
+            owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(owner, name.rsplit(".", 1)[-1], buf.to(torch.float32))
+    if device is not None:
+        model.to(device=device)
+    return model.eval()
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -74,18 +88,18 @@ class SpeculativeDecoder:
         self.config = config
         self.device = resolve_device(config.device)
         dtype = _DTYPES[config.dtype]
-        self.draft = draft.to(device=self.device, dtype=dtype).eval()
+        self.draft = place_model(draft, self.device, dtype)
         self.offload = None
         if config.offload_target:
             from .offload import offload_decoder_layers
 
             if self.device.type != "cuda":
                 raise ConfigError("offload_target needs a CUDA device (device='cuda')")
-            target.to(dtype=dtype)
+            place_model(target, None, dtype)
             self.offload = offload_decoder_layers(target, device=str(self.device))
             self.target = target.eval()
         else:
-            self.target = target.to(device=self.device, dtype=dtype).eval()
+            self.target = place_model(target, self.device, dtype)
         if config.attention == "triton" or (config.attention == "auto" and self.device.type == "cuda"):
             from .attention.hf_backend import use_tree_attention
 

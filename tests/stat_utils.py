@@ -26,7 +26,7 @@ def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray, min_expect
     A sample in a cell of probability 0 makes the p-value 0 (an impossible outcome).
     """
     counts = counts.ravel().astype(float)
-    probs = expected_probs.ravel()
+    probs = expected_probs.ravel() / expected_probs.sum()
     n = counts.sum()
     if np.any(counts[probs <= 0] > 0):
         return 0.0

@@ -1,0 +1,87 @@
+"""Smoke test of the embedded Qwen2.5-Coder pair (fetched beforehand by `python -m dyntree_core fetch`).
+
+Checks the shared vocabulary, the EOS ids, that both models' greedy continuations of simple
+prompts are sensible text, and reports the load times. Never fetches: if the pair is not in the
+cache the test fails with the command to run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.realpair
+
+QWEN_VOCAB = 151_936
+IM_END, ENDOFTEXT = 151_645, 151_643
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from dyntree_core.models.fetch import cache_root, converted
+    from dyntree_core.models.load import load_pair
+    from dyntree_core.models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_preset
+
+    for name in (DEFAULT_DRAFT, DEFAULT_TARGET):
+        p = resolve_preset(name)
+        if not converted(cache_root() / "models" / p.name, p.sha256):
+            pytest.fail(f"embedded model {name} is not in {cache_root()}; run `python -m dyntree_core fetch` first")
+    t0 = time.perf_counter()
+    pr = load_pair("embedded", "embedded", dtype="float32", device="cpu")
+    total = time.perf_counter() - t0
+    print(f"\nembedded pair loaded in {total:.1f}s: " + ", ".join(f"{k} {v:.1f}s" for k, v in pr.load_seconds.items()))
+    pr.load_seconds["total"] = total
+    return pr
+
+
+def _greedy(model, tok, prompt: str, n: int) -> str:
+    import torch
+
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out: list[int] = []
+    past = None
+    with torch.no_grad():
+        x = ids
+        for _ in range(n):
+            res = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            nxt = int(res.logits[0, -1].argmax())
+            out.append(nxt)
+            x = torch.tensor([[nxt]])
+    return tok.decode(out)
+
+
+def test_vocab_and_special_tokens(pair) -> None:
+    assert pair.draft_vocab_size == pair.target_vocab_size == QWEN_VOCAB
+    assert pair.tokenizer_size is not None and pair.tokenizer_size <= QWEN_VOCAB
+    assert pair.tokenizer.eos_token_id == IM_END
+    assert IM_END in pair.eos_token_ids and ENDOFTEXT in pair.eos_token_ids
+    assert pair.draft_name == "qwen2.5-coder-0.5b" and pair.target_name == "qwen2.5-coder-1.5b"
+    for m in (pair.draft, pair.target):
+        assert not m.training and m.config._attn_implementation == "sdpa"
+    assert pair.load_seconds["total"] < 300
+
+
+@pytest.mark.parametrize("role", ["draft", "target"])
+def test_greedy_continuations_are_sensible(pair, role: str) -> None:
+    model = getattr(pair, role)
+    tok = pair.tokenizer
+    code = _greedy(model, tok, "def add(a, b):\n    return a", 3)
+    assert code.lstrip().startswith("+ b") or code.lstrip().startswith("+b"), repr(code)
+    text = _greedy(model, tok, "The capital of France is", 4)
+    assert "Paris" in text, repr(text)
+
+
+def test_draft_and_target_mostly_agree(pair) -> None:
+    """The draft is useful only if it often predicts the target's next token."""
+    import torch
+
+    tok = pair.tokenizer
+    ids = tok("def fibonacci(n):\n    if n <= 1:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+              return_tensors="pt").input_ids
+    with torch.no_grad():
+        d = pair.draft(ids).logits[0].argmax(-1)
+        t = pair.target(ids).logits[0].argmax(-1)
+    agree = float((d == t).float().mean())
+    assert agree > 0.5, agree
