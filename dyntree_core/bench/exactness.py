@@ -1,0 +1,116 @@
+"""Greedy exactness and speed check on a real pair: every method's T=0 output must be
+token-identical to plain target greedy decoding; tokens/s and tokens/step are reported
+side by side for each dtype, all in one run.
+
+    python -m dyntree_core.bench exactness --pair embedded --dtypes float32 bfloat16 \
+        --methods chain dyspec_greedy ... --prompts 3 --new-tokens 64 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..config import METHODS, DecodeConfig
+
+TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dyntree_core.bench exactness")
+    p.add_argument("--pair", default="embedded")
+    p.add_argument("--methods", nargs="+", default=list(TREE_METHODS), choices=TREE_METHODS)
+    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--datasets", nargs="+", default=["wiki", "code", "news"])
+    p.add_argument("--prompts", type=int, default=3, help="prompts in total (cycled over datasets)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--budget", type=int, default=64)
+    p.add_argument("--depth", type=int, default=4, help="chain length k / depth cap")
+    p.add_argument("--tree-depth", type=int, default=8, help="depth cap of the tree methods")
+    p.add_argument("--width", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from ..models import load_pair
+    from ..engine import SpeculativeDecoder
+    from ..prompts import load_prompts
+    from .decoding import run_generation
+
+    args = build_parser().parse_args(argv)
+    per_ds = -(-args.prompts // len(args.datasets))
+    prompts = []
+    for ds in args.datasets:
+        prompts += [(ds, p) for p in load_prompts(ds, per_ds, split="eval")]
+    prompts = prompts[: args.prompts]
+    rows = []
+    all_identical = True
+    for dtype in args.dtypes:
+        pair = load_pair(args.pair, args.pair, dtype=dtype, device=args.device)
+        ids = [(ds, p.id, list(pair.tokenizer(p.text, add_special_tokens=False)["input_ids"])[: args.prompt_tokens]) for ds, p in prompts]
+        eos = list(pair.eos_token_ids) if getattr(pair, "eos_token_ids", None) else None
+        reference: dict[str, list[int]] = {}
+        for method in ("autoregressive", *args.methods):
+            depth = args.depth if method in ("chain", "autoregressive") else args.tree_depth
+            cfg = DecodeConfig(method=method, budget=args.budget, depth=depth, width=args.width,
+                               dtype=dtype, device=args.device, trace_block_counts=False)
+            dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos)
+            for ds, pid, prompt in ids:
+                out: list[int] = []
+                t0 = time.perf_counter()
+                res = {"steps": 0}
+                tokens = 0
+                for tr in dec.generate(prompt, args.new_tokens):
+                    out.extend(c.token_id for c in tr.committed)
+                    res["steps"] += 1
+                seconds = time.perf_counter() - t0
+                if method == "autoregressive":
+                    reference[pid] = out
+                identical = out == reference[pid]
+                all_identical &= identical
+                rows.append({
+                    "dtype": dtype, "method": method, "dataset": ds, "prompt_id": pid, "new_tokens": len(out),
+                    "steps": res["steps"], "tokens_per_step": len(out) / max(1, res["steps"]),
+                    "seconds": seconds, "tokens_per_s": len(out) / seconds, "identical_to_ar": identical,
+                })
+                print(f"{dtype:9} {method:17} {pid:14} tokens={len(out):3d} steps={res['steps']:3d} "
+                      f"tok/step={rows[-1]['tokens_per_step']:.2f} tok/s={rows[-1]['tokens_per_s']:.2f} "
+                      f"identical={identical}", file=sys.stderr, flush=True)
+        del pair
+    summary = []
+    for dtype in args.dtypes:
+        for method in ("autoregressive", *args.methods):
+            rs = [r for r in rows if r["dtype"] == dtype and r["method"] == method]
+            summary.append({
+                "dtype": dtype, "method": method,
+                "identical": all(r["identical_to_ar"] for r in rs),
+                "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                "mean_tokens_per_step": statistics.fmean(r["tokens_per_step"] for r in rs),
+            })
+    ar = {s["dtype"]: s["median_tokens_per_s"] for s in summary if s["method"] == "autoregressive"}
+    print(f"\n{'dtype':9} {'method':17} {'identical':>9} {'tok/s':>7} {'speedup':>7} {'tok/step':>8}")
+    for s in summary:
+        print(f"{s['dtype']:9} {s['method']:17} {str(s['identical']):>9} {s['median_tokens_per_s']:7.2f} "
+              f"{s['median_tokens_per_s'] / ar[s['dtype']]:7.2f} {s['mean_tokens_per_step']:8.2f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(), "processor": platform.processor(),
+            "threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
+            "all_identical": all_identical, "summary": summary, "runs": rows}, indent=1))
+    return 0 if all_identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

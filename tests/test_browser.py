@@ -1,0 +1,221 @@
+"""End-to-end: ``app.py --tiny`` in a subprocess, driven by Playwright on Debian's Chromium.
+
+Checks that Run renders and updates the draft tree, the three mask plots, the tokens/s chart and
+the coloured text; that Step advances exactly one step; that Pause/Resume and Stop work and keep
+what was produced; that a bad model id shows an error and leaves the app usable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("DYNTREE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# a fresh profile comes from Playwright's launch() itself (it refuses --user-data-dir in args)
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"]
+PLOTS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("Chromium not installed (make browser)")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = dict(os.environ, DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
+               DYNTREE_UI_STREAM_INTERVAL="1.5")  # slow shared CI CPUs: fewer plot repaints
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--tiny", "--port", str(port)],
+                                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"app did not start in 120 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _status(page) -> str:
+    return page.inner_text("#status")
+
+
+def _wait_status(page, word: str, timeout_s: float = 60) -> None:
+    page.wait_for_function(
+        "w => { const e = document.querySelector('#status'); return e && e.innerText.includes(w); }",
+        arg=word, timeout=timeout_s * 1000)
+
+
+def _tokens(page) -> int:
+    return page.locator("#colored-text .dt-tok").count()
+
+
+def _plot_title(page, elem: str) -> str:
+    return page.locator(f"#{elem} .gtitle").first.text_content() or ""
+
+
+def _set_number(page, elem: str, value: int) -> None:
+    box = page.locator(f"#{elem} input").first
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def _choose(page, elem: str, value: str) -> None:
+    box = page.locator(f"#{elem} input").first
+    box.click()
+    box.fill(value)
+    page.locator("ul[role=listbox] li", has_text=value).first.click()
+
+
+def test_app_end_to_end(app_url, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1800})
+            page.goto(app_url, timeout=60_000)
+            page.wait_for_selector("#run-btn", timeout=60_000)
+
+            # --- Run: every panel renders
+            page.click("#run-btn")
+            _wait_status(page, "finished", 90)
+            for elem in PLOTS:
+                page.wait_for_selector(f"#{elem} .main-svg", timeout=20_000)
+            assert "step " in _plot_title(page, "tree-plot")
+            for elem in ("mask-bfs", "mask-dfs", "mask-hpd"):
+                assert "blocks non-zero" in _plot_title(page, elem)
+            assert page.locator("#tree-plot .scatterlayer .point").count() >= 2
+            assert page.locator("#speed-plot .scatterlayer .point").count() >= 2
+            first_run_tokens = _tokens(page)
+            assert first_run_tokens == 24  # the tiny app's default max new tokens
+            tree_title = _plot_title(page, "tree-plot")
+            page.screenshot(path=str(tmp_path / "after_run.png"), full_page=True)
+
+            # --- Step: a new generation advanced by exactly one step
+            page.click("#step-btn")
+            _wait_status(page, "paused", 60)
+            assert "1 steps" in _status(page)
+            one = _tokens(page)
+            assert 1 <= one <= 5  # depth 4 + bonus
+            assert _plot_title(page, "tree-plot") != tree_title
+            assert _plot_title(page, "tree-plot").startswith("step 0")
+            page.click("#step-btn")
+            page.wait_for_function("() => document.querySelector('#status').innerText.includes('2 steps')",
+                                   timeout=60_000)
+            assert _tokens(page) > one
+            assert _plot_title(page, "tree-plot").startswith("step 1")
+
+            # --- Stop while paused keeps what was produced
+            kept = _tokens(page)
+            page.click("#stop-btn")
+            _wait_status(page, "stopped", 30)
+            assert _tokens(page) == kept
+
+            # --- a long run with big trees (slow steps): live updates, Pause, Resume, Stop
+            _set_number(page, "budget", 192)
+            _set_number(page, "depth", 10)
+            _set_number(page, "max-new-tokens", 480)
+            page.click("#run-btn")
+            _wait_status(page, "running", 60)
+            early = _tokens(page)
+            page.wait_for_function(f"() => document.querySelectorAll('#colored-text .dt-tok').length > {early}",
+                                   timeout=60_000)  # the text grows while the run goes on
+            assert "tree of" in _plot_title(page, "tree-plot")
+            page.click("#pause-btn")
+            _wait_status(page, "paused", 30)
+            page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Resume'",
+                                   timeout=10_000)
+            paused_at = _tokens(page)
+            time.sleep(1.5)
+            assert _tokens(page) == paused_at
+            page.click("#pause-btn")  # Resume
+            page.wait_for_function(f"() => document.querySelectorAll('#colored-text .dt-tok').length > {paused_at}",
+                                   timeout=60_000)
+            page.click("#stop-btn")
+            _wait_status(page, "stopped", 60)
+            stopped_at = _tokens(page)
+            assert paused_at < stopped_at < 480
+            time.sleep(1.0)
+            assert _tokens(page) == stopped_at  # nothing runs after Stop
+
+            # --- the step slider goes back to an earlier step
+            box = page.locator("#step-slider input[type=number]").first
+            box.fill("0")
+            box.press("Tab")  # the slider's number box releases on blur
+            page.wait_for_function(
+                "() => document.querySelector('#tree-plot .gtitle').textContent.startsWith('step 0 ')",
+                timeout=30_000)
+
+            # --- JSON export of the StepTraces
+            page.click("#export")
+            page.click("#export-json")
+            page.wait_for_selector("#export-files a", timeout=30_000)
+            assert "steptraces.json" in (page.locator("#export-files a").first.get_attribute("href") or "")
+
+            # --- compare mode: AR vs chain vs a tree method, same prompt/seed/length
+            _set_number(page, "max-new-tokens", 12)
+            page.get_by_role("tab", name="Compare").click()
+            page.click("#compare-btn")
+            page.wait_for_function(
+                "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=90_000)
+            for i in range(3):
+                assert page.locator(f"#compare-text-{i} .dt-tok").count() == 12
+                assert "tok/s" in page.inner_text(f"#compare-stats-{i}")
+            assert "autoregressive" in page.inner_text("#compare-stats-0")
+            assert "chain" in page.inner_text("#compare-stats-1")
+            page.wait_for_selector("#compare-speed .main-svg", timeout=20_000)
+            assert page.locator("#compare-speed .scatterlayer .trace").count() >= 3
+            page.get_by_role("tab", name="Live").click()
+
+            # --- a bad model id shows an error and the app stays usable
+            page.click("#model-pair")
+            page.locator("#draft-model textarea, #draft-model input").first.fill("no/such-model")
+            _set_number(page, "max-new-tokens", 8)
+            page.click("#run-btn")
+            page.wait_for_function(
+                "() => document.querySelector('#error-box').innerText.includes('Model loading failed')",
+                timeout=30_000)
+            page.locator("#draft-model textarea, #draft-model input").first.fill("tiny")
+            page.click("#run-btn")
+            _wait_status(page, "finished", 60)
+            assert _tokens(page) == 8
+            assert page.inner_text("#error-box").strip() == ""
+            page.screenshot(path=str(tmp_path / "final.png"), full_page=True)
+            assert (tmp_path / "final.png").stat().st_size > 10_000
+        finally:
+            browser.close()
