@@ -95,7 +95,7 @@ def encode_prompt(tokenizer, text: str, chat: bool = False) -> list[int]:
         raise ConfigError("the prompt is empty")
     if chat:
         msgs = [{"role": "user", "content": text}]
-        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

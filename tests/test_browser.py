@@ -163,10 +163,10 @@ def test_app_end_to_end(app_url, tmp_path):
             paused_at = _tokens(page)
             time.sleep(1.5)
             assert _tokens(page) == paused_at
-            page.click("#pause-btn")  # Resume
-            page.wait_for_function(f"() => document.querySelectorAll('#colored-text .dt-tok').length > {paused_at}",
-                                   timeout=60_000)
-            page.click("#stop-btn")
+            page.click("#pause-btn")  # Resume: the worker runs at least one more step ...
+            page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Pause'",
+                                   timeout=30_000)
+            page.click("#stop-btn")  # ... and Stop ends the run after its current step
             _wait_status(page, "stopped", 60)
             stopped_at = _tokens(page)
             assert paused_at < stopped_at < 480
@@ -211,10 +211,25 @@ def test_app_end_to_end(app_url, tmp_path):
                 "() => document.querySelector('#error-box').innerText.includes('Model loading failed')",
                 timeout=30_000)
             page.locator("#draft-model textarea, #draft-model input").first.fill("tiny")
+            page.click("#with-baseline input")  # and overlay an AR baseline run on the charts
             page.click("#run-btn")
             _wait_status(page, "finished", 60)
             assert _tokens(page) == 8
             assert page.inner_text("#error-box").strip() == ""
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#speed-plot .legendtext')]"
+                ".some(e => e.textContent.includes('autoregressive baseline'))", timeout=60_000)
+
+            # --- the verifier menu offers only lossless choices for method x temperature
+            box = page.locator("#temperature input[type=number]").first
+            box.fill("0.8")
+            box.press("Tab")
+            page.locator("#verifier input").first.click()
+            page.wait_for_function("() => document.querySelectorAll('ul[role=listbox] li').length === 4",
+                                   timeout=20_000)
+            offered = " ".join(page.locator("ul[role=listbox] li").all_text_contents())
+            assert "traversal" in offered and "greedy" not in offered
+            page.keyboard.press("Escape")
             page.screenshot(path=str(tmp_path / "final.png"), full_page=True)
             assert (tmp_path / "final.png").stat().st_size > 10_000
         finally:

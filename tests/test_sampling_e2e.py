@@ -23,7 +23,7 @@ def pair():
 
 def decoder_factory(pair, **cfg):
     draft, target = pair
-    return lambda: SpeculativeDecoder(draft, target, DecodeConfig(**cfg))
+    return lambda: SpeculativeDecoder(draft, target, DecodeConfig(**cfg), eos_token_id=())  # EOS is an ordinary token here
 
 
 def test_tiny_pair_is_peaked_and_draft_differs(pair):

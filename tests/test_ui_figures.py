@@ -7,7 +7,6 @@ import html
 import json
 import math
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -372,3 +371,35 @@ def test_build_app_loads_no_model():
     for needed in ("run-btn", "pause-btn", "step-btn", "stop-btn", "tree-plot", "mask-bfs", "mask-dfs", "mask-hpd",
                    "speed-plot", "colored-text", "step-slider", "compare-btn", "export-png"):
         assert needed in ids
+
+
+def test_mask_colour_scale_gives_each_value_its_colour():
+    from ui.mask_figure import _COLORSCALE, MASK_COLORS
+
+    def colour_at(t: float) -> str:
+        # the last band whose start is <= t (plotly's piecewise-constant reading of flat bands)
+        return [c for pos, c in _COLORSCALE if pos <= t + 1e-9][-1]
+
+    for value, expected in enumerate(MASK_COLORS):
+        t = value / (len(MASK_COLORS) - 1)
+        assert colour_at(t) == expected
+        assert colour_at(min(1.0, t + 0.1)) == expected or value == len(MASK_COLORS) - 1
+
+
+def test_encode_prompt_accepts_batch_encoding_from_chat_templates():
+    from ui.runner import encode_prompt
+
+    class ChatTok:
+        chat_template = "x"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            assert messages == [{"role": "user", "content": "hi"}] and add_generation_prompt and tokenize
+            return {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1]}  # transformers 5 style
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [[9, 9]]}
+
+    assert encode_prompt(ChatTok(), "hi", chat=True) == [5, 6, 7]
+    assert encode_prompt(ChatTok(), "hi", chat=False) == [9, 9]
+    with pytest.raises(ConfigError):
+        encode_prompt(ChatTok(), "  ", chat=True)

@@ -1,0 +1,47 @@
+"""Exceptions -> one clear message for the page (the app stays usable after any of them)."""
+
+from __future__ import annotations
+
+import logging
+
+from dyntree_core.config import ConfigError
+
+from .export import ExportError
+from .models import ModelLoadError
+from .session import GenerationBusy
+
+log = logging.getLogger("dyntree.ui")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    return "out of memory" in str(exc).lower()
+
+
+def describe_error(exc: BaseException) -> str:
+    """A user-facing message; unexpected errors are also logged with their traceback."""
+    if isinstance(exc, ConfigError):
+        return f"Invalid settings: {exc}"
+    if isinstance(exc, ModelLoadError):
+        return f"Model loading failed: {exc}"
+    if isinstance(exc, ExportError):
+        return f"Export failed: {exc}"
+    if isinstance(exc, GenerationBusy):
+        return "Busy: a decoding step of this run is still in progress; try again in a moment."
+    if _is_oom(exc):
+        return ("Out of memory: lower the tree budget or max new tokens, use bfloat16, "
+                "or enable target offload on a GPU. The partial run is kept.")
+    log.exception("unexpected error in the UI", exc_info=exc)
+    return f"Unexpected error ({type(exc).__name__}): {exc}"
+
+
+def error_markdown(message: str) -> str:
+    return f"⚠️ **{message}**" if message else ""

@@ -1,0 +1,178 @@
+"""Per-browser-session state: the current run, its live generator, AR baselines, compare runs.
+
+A ``SessionState`` lives in a ``gr.State`` (one per browser tab); nothing here is global.
+``Generation`` wraps the engine's ``Iterator[StepTrace]`` so Run, Step, Pause and Stop can
+advance or end the same generation from different events.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Literal, Optional
+
+from dyntree_core.config import DecodeConfig
+from dyntree_core.trace import StepTrace
+
+from .settings import RunSettings
+from .tokens import TokenTexts
+
+RunStatus = Literal["running", "paused", "finished", "stopped", "error"]
+
+
+@dataclass
+class RunRecord:
+    """One generation: settings, prompt, the StepTraces so far and how it ended."""
+
+    settings: RunSettings
+    config: DecodeConfig
+    prompt_ids: list[int]
+    texts: TokenTexts
+    traces: list[StepTrace] = field(default_factory=list)
+    status: RunStatus = "paused"
+    message: str = ""
+
+    @property
+    def label(self) -> str:
+        v = self.config.resolved_verifier()
+        return self.config.method if v == "none" else f"{self.config.method} / {v}"
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [c.token_id for t in self.traces for c in t.committed]
+
+    def root_token(self, step: int) -> int:
+        """The last committed token before ``step`` (the root of that step's tree)."""
+        for t in reversed(self.traces[:step]):
+            if t.committed:
+                return t.committed[-1].token_id
+        return self.prompt_ids[-1]
+
+    def summary(self) -> dict:
+        n = len(self.traces)
+        per_step = [t.num_committed for t in self.traces]
+        last = self.traces[-1] if self.traces else None
+        return {
+            "steps": n,
+            "tokens": sum(per_step),
+            "seconds": last.elapsed if last else 0.0,
+            "tokens_per_s": last.tokens_per_s if last else math.nan,
+            "mean_tokens_per_step": statistics.fmean(per_step) if per_step else math.nan,
+            "finish_reason": last.finish_reason if last else None,
+        }
+
+
+class GenerationBusy(RuntimeError):
+    """Another event is advancing this generation right now."""
+
+
+class Generation:
+    """The live engine iterator of a ``RunRecord``."""
+
+    def __init__(self, record: RunRecord, steps: Iterator[StepTrace], stop_event: threading.Event) -> None:
+        self.record = record
+        self._steps = steps
+        self.stop_event = stop_event
+        self._lock = threading.Lock()
+        self.done = False
+
+    def advance(self) -> Optional[StepTrace]:
+        """Run exactly one decoding step; None when the generation has ended."""
+        if self.done:
+            return None
+        if not self._lock.acquire(blocking=False):
+            raise GenerationBusy("a step of this generation is already running")
+        try:
+            try:
+                trace = next(self._steps)
+            except StopIteration:
+                self._finish("finished")
+                return None
+            except BaseException:
+                self._finish("error")
+                raise
+            self.record.traces.append(trace)
+            if trace.finished:
+                self._finish("stopped" if trace.finish_reason == "stopped" else "finished")
+            return trace
+        finally:
+            self._lock.release()
+
+    def stop_now(self) -> None:
+        """End the generation without running another step (used while paused)."""
+        self.stop_event.set()
+        if self._lock.acquire(blocking=False):
+            try:
+                close = getattr(self._steps, "close", None)
+                if close is not None:
+                    close()
+            finally:
+                self._lock.release()
+        if not self.done:
+            self._finish("stopped")
+
+    def _finish(self, status: RunStatus) -> None:
+        self.done = True
+        self.record.status = status
+
+
+class SessionState:
+    """Mutable state of one browser session (kept in a ``gr.State``)."""
+
+    def __init__(self) -> None:
+        self.record: Optional[RunRecord] = None
+        self.generation: Optional[Generation] = None
+        self.baselines: dict[tuple, RunRecord] = {}
+        self.compare: list[RunRecord] = []
+        self.compare_stop: Optional[threading.Event] = None
+        self.pause_requested = False
+        self.resume_requested = False
+        self.pause_label = "Pause"  # what the page's Pause/Resume button shows
+        self.timer_active = False  # whether the page's refresh timer ticks
+        self.baseline_running = False  # the worker is running the AR baseline after the run
+        self.baseline_request = None  # RunSettings whose AR baseline should follow the current run
+        self.worker = None  # the DecodeWorker running the current generation, if any
+        self.version = 0  # bumped on every change the page should show
+        self.rendered_version = -1
+        self.error = ""  # message of the last background error, shown once by the next refresh
+        self._export_dir: Optional[Path] = None
+
+    def __deepcopy__(self, memo) -> "SessionState":
+        # gr.State deep-copies its initial value for every new session: start empty
+        return SessionState()
+
+    def bump(self) -> None:
+        self.version += 1
+
+    @property
+    def running(self) -> bool:
+        return self.worker is not None and self.worker.alive
+
+    @property
+    def active(self) -> bool:
+        return self.generation is not None and not self.generation.done
+
+    def baseline_for(self, settings: RunSettings) -> Optional[RunRecord]:
+        rec = self.baselines.get(settings.baseline_key())
+        return rec if rec is not None and rec.traces else None
+
+    def export_dir(self) -> Path:
+        if self._export_dir is None or not self._export_dir.exists():
+            self._export_dir = Path(tempfile.mkdtemp(prefix="dyntree-export-"))
+        return self._export_dir
+
+    def close(self) -> None:
+        """Stop anything running and delete exported files (session ended)."""
+        if self.generation is not None and not self.generation.done:
+            self.generation.stop_event.set()
+        if self.worker is not None:
+            self.worker.request_pause()
+        if self.compare_stop is not None:
+            self.compare_stop.set()
+        if self._export_dir is not None:
+            shutil.rmtree(self._export_dir, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""Form values -> validated run settings (``DecodeConfig`` + what the UI adds around it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from dyntree_core.config import METHODS, ConfigError, DecodeConfig, compatible_verifiers
+
+from .models import PairSpec
+
+MAX_NEW_TOKENS = 2048
+TREE_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("autoregressive", "chain"))
+
+#: which ``DecodeConfig`` knobs each method reads (the others are greyed out in the form)
+METHOD_PARAMS: dict[str, frozenset[str]] = {
+    "autoregressive": frozenset(),
+    "chain": frozenset({"depth"}),
+    "specinfer": frozenset({"depth", "width"}),
+    "sequoia": frozenset({"budget", "depth"}),
+    "dyspec_greedy": frozenset({"budget", "depth"}),
+    "dyspec_threshold": frozenset({"budget", "depth", "threshold"}),
+    "opt_tree": frozenset({"budget", "depth", "threshold", "width"}),
+    "dynatree": frozenset({"budget", "depth", "threshold", "width"}),
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything one Run needs; ``decode_config()`` validates the decoding part."""
+
+    draft: str
+    target: str
+    device: str
+    dtype: str
+    prompt: str
+    chat: bool
+    method: str
+    verifier: str
+    temperature: float
+    top_p: float
+    budget: int
+    depth: int
+    width: int
+    threshold: float
+    max_new_tokens: int
+    seed: int
+    offload: bool = False
+
+    def decode_config(self) -> DecodeConfig:
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ConfigError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens!r}")
+        if not self.prompt or not self.prompt.strip():
+            raise ConfigError("the prompt is empty: type some text first")
+        return DecodeConfig(
+            method=self.method,
+            verifier=self.verifier,
+            temperature=float(self.temperature),
+            top_p=float(self.top_p),
+            budget=self.budget,
+            depth=self.depth,
+            width=self.width,
+            threshold=float(self.threshold),
+            seed=self.seed,
+            dtype=self.dtype,
+            device=self.device,
+            offload_target=self.offload,
+        )
+
+    def pair_spec(self) -> PairSpec:
+        return PairSpec(self.draft.strip(), self.target.strip(), self.device, self.dtype, self.offload)
+
+    def with_method(self, method: str) -> "RunSettings":
+        """The same run with another method; the verifier falls back to ``auto`` if incompatible."""
+        verifier = self.verifier if self.verifier in compatible_verifiers(method, self.temperature) else "auto"
+        return replace(self, method=method, verifier=verifier)
+
+    def baseline_key(self) -> tuple:
+        """Runs with equal keys are comparable (same pair, prompt, seed, length, sampling)."""
+        return (self.pair_spec(), self.prompt, self.chat, self.seed, self.max_new_tokens,
+                float(self.temperature), float(self.top_p))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _int(value, name: str) -> int:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if f != int(f):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    return int(f)
+
+
+def settings_from_form(draft, target, device, dtype, prompt, chat, method, verifier, temperature, top_p,
+                       budget, depth, width, threshold, max_new_tokens, seed, offload) -> RunSettings:
+    """Build ``RunSettings`` from raw component values (numbers may arrive as floats or None)."""
+    return RunSettings(
+        draft=str(draft or ""),
+        target=str(target or ""),
+        device=str(device or "cpu"),
+        dtype=str(dtype or "float32"),
+        prompt=str(prompt or ""),
+        chat=bool(chat),
+        method=str(method),
+        verifier=str(verifier or "auto"),
+        temperature=float(temperature if temperature is not None else 0.0),
+        top_p=float(top_p if top_p is not None else 1.0),
+        budget=_int(budget, "budget"),
+        depth=_int(depth, "depth"),
+        width=_int(width, "width"),
+        threshold=float(threshold if threshold is not None else 0.05),
+        max_new_tokens=_int(max_new_tokens, "max new tokens"),
+        seed=_int(seed, "seed"),
+        offload=bool(offload),
+    )

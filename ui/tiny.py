@@ -1,0 +1,75 @@
+"""TEST-ONLY model provider: ``dyntree_core.testing.tiny_pair`` with a trivial tokenizer.
+
+Used by ``python app.py --tiny`` (or ``DYNTREE_TINY=1``), the browser test and the screenshot
+script, so the whole UI can be exercised in seconds without the real model pair. Token ``i``
+reads as ``"t{i} "``; it is not a language model and its text is not meant to be meaningful.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import zlib
+from typing import Optional, Sequence
+
+from .models import LoadedPair, ModelLoadError, PairSpec
+
+TINY_NAME = "tiny"
+_TOKEN_RE = re.compile(r"t(\d+)")
+
+
+class TinyTokenizer:
+    """Token ``i`` <-> text ``"t{i} "``; other words map to a stable id (crc32 mod vocab)."""
+
+    chat_template = None
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": self.encode(text)}
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for word in text.split():
+            m = _TOKEN_RE.fullmatch(word)
+            if m and int(m.group(1)) < self.vocab:
+                ids.append(int(m.group(1)))
+            else:
+                ids.append(2 + zlib.crc32(word.encode()) % (self.vocab - 2))  # skip bos/eos ids
+        return ids
+
+    def decode(self, ids: Sequence[int], **_: object) -> str:
+        return "".join(f"t{int(i)} " for i in ids)
+
+
+class TinyModelProvider:
+    """Serves the tiny random pair under the model name ``tiny`` (anything else is refused)."""
+
+    default_draft = TINY_NAME
+    default_target = TINY_NAME
+
+    def __init__(self, vocab: int = 64, seed: int = 0) -> None:
+        self.vocab = vocab
+        self.seed = seed
+        self._lock = threading.Lock()
+        self._pair: Optional[LoadedPair] = None
+
+    def is_loaded(self, spec: PairSpec) -> bool:
+        pair = self._pair
+        return pair is not None and pair.spec == spec
+
+    def load(self, spec: PairSpec) -> LoadedPair:
+        if spec.draft != TINY_NAME or spec.target != TINY_NAME:
+            raise ModelLoadError(
+                f"this app was started with --tiny and serves only the test pair 'tiny'; "
+                f"got draft {spec.draft!r}, target {spec.target!r}"
+            )
+        with self._lock:
+            if self._pair is None or self._pair.spec != spec:
+                from dyntree_core.testing import tiny_pair
+
+                draft, target = tiny_pair(vocab=self.vocab, seed=self.seed)
+                self._pair = LoadedPair(draft, target, TinyTokenizer(self.vocab), spec,
+                                        description="tiny random Llama pair (test only)")
+            return self._pair

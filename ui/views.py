@@ -1,0 +1,136 @@
+"""Everything the Live and Compare panels show, computed from RunRecords (pure functions)."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import plotly.graph_objects as go
+
+from .charts import phase_figure, speed_figure, tokens_per_step_figure
+from .colored_text import build_spans, legend_html, render_html
+from .mask_figure import mask_figure, masks_figure
+from .session import RunRecord
+from .text_figure import text_figure
+from .tree_figure import empty_figure, tree_figure
+
+ORDERS: tuple[str, ...] = ("bfs", "dfs", "hpd")
+
+
+@dataclass
+class StepView:
+    """The per-step panels (tree, masks, phase bar) for one selected step."""
+
+    tree: go.Figure
+    masks: tuple[go.Figure, go.Figure, go.Figure]
+    phases: go.Figure
+
+
+@dataclass
+class RunView:
+    """The whole-run panels (text, speed charts) plus a status line."""
+
+    text_html: str
+    speed: go.Figure
+    per_step: go.Figure
+    status: str
+
+
+def clamp_step(record: Optional[RunRecord], step: Optional[float]) -> Optional[int]:
+    if record is None or not record.traces:
+        return None
+    n = len(record.traces)
+    if step is None or (isinstance(step, float) and math.isnan(step)):
+        return n - 1
+    return max(0, min(n - 1, int(step)))
+
+
+def step_view(record: Optional[RunRecord], step: Optional[float], block_size: int) -> StepView:
+    idx = clamp_step(record, step)
+    if record is None or idx is None:
+        note = "press Run (or Step) to decode"
+        return StepView(empty_figure(f"draft tree: {note}"),
+                        tuple(empty_figure(f"{o.upper()} mask", height=360) for o in ORDERS),  # type: ignore[arg-type]
+                        empty_figure("phase timings", height=260))
+    trace = record.traces[idx]
+    return StepView(
+        tree=tree_figure(trace, record.texts, record.root_token(idx)),
+        masks=tuple(mask_figure(trace, o, int(block_size)) for o in ORDERS),  # type: ignore[arg-type]
+        phases=phase_figure(record.traces, idx),
+    )
+
+
+def status_line(record: Optional[RunRecord]) -> str:
+    if record is None:
+        return "Idle. Models load on the first Run."
+    s = record.summary()
+    if not s["steps"]:
+        return f"**{record.label}** · {record.status} · no step yet"
+    reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
+    return (f"**{record.label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
+            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step")
+
+
+def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:
+    if record is None:
+        body = render_html([], placeholder="The generated text appears here, coloured by where each token came from.")
+    else:
+        prompt = record.settings.prompt + ("\n" if record.settings.chat else "")
+        body = render_html(build_spans(record.traces, record.texts), prompt=prompt)
+    return (legend_html() if show_legend else "") + body
+
+
+def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> RunView:
+    if record is None or not record.traces:
+        return RunView(text_html(record), empty_figure("tokens/s"), empty_figure("tokens per step"), status_line(record))
+    runs = [(record.label, record.traces)]
+    base = baseline.traces if baseline is not None and baseline is not record else None
+    return RunView(
+        text_html=text_html(record),
+        speed=speed_figure(runs, base),
+        per_step=tokens_per_step_figure(runs, base),
+        status=status_line(record),
+    )
+
+
+def compare_views(records: Sequence[RunRecord]) -> tuple[list[str], list[str], go.Figure, go.Figure]:
+    """Per-run text + stats, and the shared speed / tokens-per-step charts."""
+    texts, stats = [], []
+    for rec in records:
+        texts.append(text_html(rec, show_legend=False))
+        s = rec.summary()
+        stats.append(
+            f"**{html.escape(rec.label)}** · {rec.status}  \n"
+            f"{s['tokens']} tokens · {s['steps']} target steps · {s['seconds']:.2f} s  \n"
+            f"**{s['tokens_per_s']:.2f} tok/s** · **{s['mean_tokens_per_step']:.2f} tokens/step**"
+            if s["steps"] else f"**{html.escape(rec.label)}** · waiting"
+        )
+    runs = [(r.label, r.traces) for r in records if r.traces]
+    if runs:
+        return texts, stats, speed_figure(runs), tokens_per_step_figure(runs)
+    return texts, stats, empty_figure("tokens/s"), empty_figure("tokens per step")
+
+
+def export_figures(record: RunRecord, step: Optional[float], block_size: int) -> dict[str, go.Figure]:
+    """Figures written by the export buttons (tree and masks of the selected step, whole run)."""
+    idx = clamp_step(record, step)
+    figs: dict[str, go.Figure] = {}
+    if idx is not None:
+        trace = record.traces[idx]
+        tree = tree_figure(trace, record.texts, record.root_token(idx))
+        tree.update_layout(width=1100)
+        figs[f"tree_step{idx}"] = tree
+        figs[f"masks_step{idx}_b{int(block_size)}"] = masks_figure(trace, int(block_size))
+    spans = build_spans(record.traces, record.texts)
+    prompt = record.settings.prompt + ("\n" if record.settings.chat else "")
+    summ = record.summary()
+    title = (f"{record.label} · {summ['tokens']} tokens in {summ['steps']} steps · "
+             f"{summ['mean_tokens_per_step']:.2f} tokens/step" if summ["steps"] else record.label)
+    figs["colored_text"] = text_figure(spans, prompt=prompt, title=title)
+    if record.traces:
+        speed = speed_figure([(record.label, record.traces)])
+        speed.update_layout(width=900)
+        figs["tokens_per_s"] = speed
+    return figs
