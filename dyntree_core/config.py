@@ -44,11 +44,14 @@ class DecodeConfig:
         draft_temperature: draft sampling temperature (> 0); None = same as ``temperature``
             (1.0 at T=0, where drafters are deterministic anyway).
         budget: tree size cap, root included (tree methods).
-        threshold: method-specific threshold: DySpec-threshold value cut-off, OPT-Tree's δ,
-            DynaTree's branching confidence. In (0, 1).
+        threshold: method-specific threshold in (0, 1): DySpec-threshold's value cut-off t
+            (expand while the estimated value >= t), OPT-Tree's stopping δ, DynaTree's pruning
+            and stop confidence τ = ρ_stop (its branching bands τ_h=.9 / τ_l=.4 are fixed).
         depth: maximum number of drafted levels below the root (chain length k, SpecInfer L,
             Sequoia depth cap, depth cap of the dynamic methods).
-        width: branching width: SpecInfer k, per-layer width of OPT-Tree / DynaTree.
+        width: branching width: SpecInfer's k (number of i.i.d. chains); DynaTree's maximum
+            branching (its B = (1, 2, 3) capped by ``width``). OPT-Tree keeps the global top
+            ``budget - 1`` per layer (that is what makes it optimal) and ignores ``width``.
         seed: RNG seed for drafting and verification.
         dtype: model dtype.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
