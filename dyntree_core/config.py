@@ -59,6 +59,8 @@ class DecodeConfig:
             (triton on CUDA, torch elsewhere).
         offload_target: stream the target's decoder layers from pinned host memory (CUDA only).
         trace_block_counts: compute mask block counts (BFS/DFS/HPD) for every StepTrace.
+        adaptive_threshold: dyspec_threshold only: retune the threshold online so the tree
+            size tracks ``budget`` (``hardware.ThresholdController``).
         sequoia_acceptance: measured marginal acceptance vector p_k for the Sequoia DP
             (None = a conservative default; see ``dyntree_core.drafting.sequoia``).
     """
@@ -78,6 +80,7 @@ class DecodeConfig:
     attention: str = "auto"
     offload_target: bool = False
     trace_block_counts: bool = True
+    adaptive_threshold: bool = False
     sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
 
     def __post_init__(self) -> None:

@@ -86,3 +86,34 @@ def test_threshold_controller_rejects_bad_arguments():
         ThresholdController(1, 0.1)
     with pytest.raises(ValueError):
         ThresholdController(64, 1.5)
+
+
+def test_adaptive_dyspec_threshold_tracks_the_budget_on_a_toy_draft():
+    """The drafter's own controller: a too-high fixed threshold under-uses the budget; the
+    adaptive one grows the tree to it (DySpec's stated open problem)."""
+    import torch
+
+    from dyntree_core.config import DecodeConfig
+    from dyntree_core.drafting import make_drafter
+    from dyntree_core.drafting.base import PathFunctionSource
+
+    vocab = 12
+
+    def dist(path):
+        g = torch.Generator().manual_seed(hash(path) % (2**31))
+        return torch.softmax(torch.randn(vocab, generator=g) * 2.0, -1)
+
+    sizes = {}
+    for adaptive in (False, True):
+        cfg = DecodeConfig(method="dyspec_threshold", temperature=1.0, budget=40, depth=6, threshold=0.2,
+                           adaptive_threshold=adaptive)
+        drafter = make_drafter(cfg)
+        drafter.reset()
+        got = []
+        for step in range(30):
+            tree = drafter.draft(PathFunctionSource(dist, vocab), step % vocab, torch.Generator().manual_seed(step))
+            drafter.observe(tree, 0)
+            got.append(tree.size)
+        sizes[adaptive] = sum(got[-10:]) / 10
+    assert sizes[False] < 20
+    assert sizes[True] > 0.8 * 40

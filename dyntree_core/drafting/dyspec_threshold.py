@@ -37,17 +37,38 @@ import heapq
 import torch
 
 from ..tree import TokenTree
+from ..config import DecodeConfig
+from ..hardware import ThresholdController
 from .common import BaseDrafter, CountingSource, SiblingSampler, TreeBuilder, top_children
 
 
 class DySpecThresholdDrafter(BaseDrafter):
+    """With ``cfg.adaptive_threshold`` the threshold is retuned after every step by a
+    ``ThresholdController`` so the tree size tracks ``cfg.budget`` (DySpec's open problem: a
+    fixed threshold under-uses the budget); ``reset()`` restores ``cfg.threshold``."""
+
     name = "dyspec_threshold"
     stochastic_kind = "swor"
+
+    def __init__(self, cfg: DecodeConfig):
+        super().__init__(cfg)
+        self.reset()
+
+    def reset(self) -> None:
+        self.threshold = float(self.cfg.threshold)
+        self.controller = (
+            ThresholdController(self.cfg.budget, self.threshold, cap=self.cfg.budget)
+            if self.cfg.adaptive_threshold else None
+        )
+
+    def observe(self, tree: TokenTree, accepted_nodes: int) -> None:
+        if self.controller is not None:
+            self.threshold = self.controller.update(tree.size)
 
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
     ) -> TokenTree:
-        t, budget, max_depth = float(self.cfg.threshold), self.cfg.budget, self.cfg.depth
+        t, budget, max_depth = self.threshold, self.cfg.budget, self.cfg.depth
         vocab = int(source.vocab_size)
         b = TreeBuilder(root_token)
         w = b.value
