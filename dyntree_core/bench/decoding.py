@@ -235,7 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     plan: list[tuple[str, float, str, str, int]] = []  # (dataset, T, method, verifier, budget)
     for ds in args.datasets:
         for temp in args.temperatures:
-            plan.append((ds, temp, "autoregressive", "auto", 1))
+            if args.mode != "acceptance":  # AR makes 1 token per step by definition; only its latency is news
+                plan.append((ds, temp, "autoregressive", "auto", 1))
             for m in args.methods:
                 verifiers = ["auto"] if temp == 0 else args.verifiers
                 for v in verifiers:
