@@ -139,7 +139,8 @@ def _summaries(records: list[RunRecord]) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict], latency: bool, out=sys.stdout) -> None:
+def print_table(rows: list[dict], latency: bool, out=None) -> None:
+    out = out or sys.stdout
     head = f"{'dataset':8} {'T':>4} {'method':17} {'verifier':12} {'budget':>6} {'n':>3} {'tok/step':>8} {'tree':>6}"
     if latency:
         head += f" {'ms/token':>9} {'speedup':>7}"
@@ -165,10 +166,9 @@ def curve_figure(rows: list[dict], path: Path) -> Optional[Path]:
                       yaxis_title="mean tokens per step", xaxis_type="log", template="plotly_white")
     fig.write_html(path.with_suffix(".html"))
     try:
-        from ui.export import write_figure
+        from ui.export import write_images
 
-        write_figure(fig, path.with_suffix(".png"))
-        return path.with_suffix(".png")
+        return write_images({path.name: fig}, path.parent, formats=("png",))[0]
     except Exception as e:  # noqa: BLE001 - a missing browser must not lose the measurements
         print(f"(PNG export unavailable: {e}; wrote {path.with_suffix('.html')})", file=sys.stderr)
         return path.with_suffix(".html")

@@ -1,0 +1,31 @@
+"""The decoding benchmark CLI end to end on the tiny pair: table, JSON, curve, Sequoia calibration."""
+
+import json
+
+from dyntree_core.bench.decoding import main
+
+
+def test_all_mode_on_tiny_pair_writes_summary_and_curve(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["all", "--pair", "tiny", "--methods", "chain", "sequoia", "dyspec_greedy", "--temperatures", "0", "0.6",
+               "--datasets", "wiki", "--prompts", "2", "--new-tokens", "6", "--budget", "8",
+               "--curve-budgets", "4", "8", "16", "--calib-prompts", "1", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    methods = {(r["method"], r["temperature"]) for r in data["summary"]}
+    assert ("autoregressive", 0.0) in methods and ("dyspec_greedy", 0.6) in methods
+    assert all(r["tokens_per_step"] >= 1.0 for r in data["summary"])
+    ar = [r for r in data["summary"] if r["method"] == "autoregressive"]
+    assert all(r["tokens_per_step"] == 1.0 and r["speedup_vs_ar"] == 1.0 for r in ar)
+    assert {r["budget"] for r in data["curve"] if r["method"] == "chain"} == {4, 8, 16}
+    assert len(data["sequoia_acceptance"]["0.6"]) > 1
+    assert len(data["runs"]) == 2 * (2 * 4 + 3 * 2)
+    assert "tok/step" in capsys.readouterr().out
+
+
+def test_acceptance_mode_skips_the_autoregressive_baseline(tmp_path):
+    out = tmp_path / "a.json"
+    assert main(["acceptance", "--pair", "tiny", "--methods", "chain", "--temperatures", "0", "--datasets", "code",
+                 "--prompts", "1", "--new-tokens", "4", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["summary"]] == ["chain"]
