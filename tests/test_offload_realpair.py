@@ -5,20 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.realpair
+pytestmark = [pytest.mark.realpair, pytest.mark.xdist_group("realpair")]
 
 
-def test_realpair_target_offloaded_bit_exact():
-    try:
-        from dyntree_core.models import load_pair
-    except ImportError as e:  # the model loader is written by another worker
-        pytest.skip(f"dyntree_core.models.load_pair not importable yet: {e}")
+def test_realpair_target_offloaded_bit_exact(embedded_pair):
     from dyntree_core.forward import causal_forward, masked_forward, new_cache
     from dyntree_core.offload import offload_decoder_layers
 
-    pair = load_pair("embedded", "embedded", dtype="float32", device="cpu")
-    target = pair.target
-    del pair  # the draft is not needed
+    target = embedded_pair.target
     n_layers = len(target.model.layers)
 
     def script(model) -> list[torch.Tensor]:
@@ -39,9 +33,13 @@ def test_realpair_target_offloaded_bit_exact():
 
     want = script(target)  # in memory; then the same model is offloaded in place (no second copy)
     h = offload_decoder_layers(target, device="cpu", slots=2, resident_layers=2)
-    got = script(target)
+    try:
+        got = script(target)
+    finally:
+        h.close()  # the session's shared model goes back to plain in-memory layers
     for a, b in zip(want, got):
         assert torch.equal(a, b)
     s = h.stats()
+    assert torch.equal(script(target)[0], want[0])  # unwrapped model still computes the same
     assert s.forwards == 3 and s.layers == 3 * (n_layers - 2)
     assert s.bytes == 3 * h.bytes_per_forward

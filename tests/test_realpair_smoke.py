@@ -7,32 +7,20 @@ cache the test fails with the command to run.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-pytestmark = pytest.mark.realpair
+pytestmark = [pytest.mark.realpair, pytest.mark.xdist_group("realpair")]
 
 QWEN_VOCAB = 151_936
 IM_END, ENDOFTEXT = 151_645, 151_643
 
 
 @pytest.fixture(scope="module")
-def pair():
-    from dyntree_core.models.fetch import cache_root, converted
-    from dyntree_core.models.load import load_pair
-    from dyntree_core.models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_preset
-
-    for name in (DEFAULT_DRAFT, DEFAULT_TARGET):
-        p = resolve_preset(name)
-        if not converted(cache_root() / "models" / p.name, p.sha256):
-            pytest.fail(f"embedded model {name} is not in {cache_root()}; run `python -m dyntree_core fetch` first")
-    t0 = time.perf_counter()
-    pr = load_pair("embedded", "embedded", dtype="float32", device="cpu")
-    total = time.perf_counter() - t0
-    print(f"\nembedded pair loaded in {total:.1f}s: " + ", ".join(f"{k} {v:.1f}s" for k, v in pr.load_seconds.items()))
-    pr.load_seconds["total"] = total
-    return pr
+def pair(embedded_pair):
+    """The session's embedded pair (tests/conftest.py); its load times are in ``load_seconds``."""
+    print("\nembedded pair loaded: " + ", ".join(f"{k} {v:.1f}s" for k, v in embedded_pair.load_seconds.items()))
+    return embedded_pair
 
 
 def _greedy(model, tok, prompt: str, n: int) -> str:
@@ -60,7 +48,7 @@ def test_vocab_and_special_tokens(pair) -> None:
     assert pair.draft_name == "qwen2.5-coder-0.5b" and pair.target_name == "qwen2.5-coder-1.5b"
     for m in (pair.draft, pair.target):
         assert not m.training and m.config._attn_implementation == "sdpa"
-    assert pair.load_seconds["total"] < 300
+    assert sum(pair.load_seconds.values()) < 300
 
 
 @pytest.mark.parametrize("role", ["draft", "target"])

@@ -2,7 +2,6 @@
 distribution for every (drafter, verifier) pair of the DESIGN.md matrix, on a tiny peaked
 random model pair. Seeds are fixed, so every run of this file is deterministic."""
 
-import numpy as np
 import pytest
 import torch
 

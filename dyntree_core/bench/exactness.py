@@ -46,7 +46,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ..models import load_pair
     from ..engine import SpeculativeDecoder
     from ..prompts import load_prompts
-    from .decoding import run_generation
 
     args = build_parser().parse_args(argv)
     per_ds = -(-args.prompts // len(args.datasets))
@@ -70,7 +69,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                 out: list[int] = []
                 t0 = time.perf_counter()
                 res = {"steps": 0}
-                tokens = 0
                 for tr in dec.generate(prompt, args.new_tokens):
                     out.extend(c.token_id for c in tr.committed)
                     res["steps"] += 1

@@ -246,3 +246,19 @@ def target_token_probs(tree: TokenTree, target_probs: torch.Tensor) -> np.ndarra
     tok = tree.tokens[1:].to(dev)
     vals = target_probs.detach()[par, tok].to(torch.float64).cpu().numpy()
     return np.concatenate([[np.nan], vals])
+
+
+class ScriptedVerifier:
+    """Base of the stochastic verifiers: ``verify`` draws through ``RngDecisions``; ``run`` takes
+    any ``Decisions`` (the exact-enumeration tests script it). ``draft_update`` forces the
+    draft update (``"swor"`` or ``"iid"``) instead of following ``tree.sampled``; only the
+    negative-control tests use it, since a mismatched update is not lossless."""
+
+    def __init__(self, draft_update: Optional[DraftUpdate] = None):
+        self.draft_update = check_draft_update(draft_update)
+
+    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
+        return self.run(tree, target_probs, RngDecisions(rng))
+
+    def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
+        raise NotImplementedError

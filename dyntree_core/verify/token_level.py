@@ -23,34 +23,24 @@ from .common import (
     DraftUpdate,
     NodeInputs,
     Outcome,
-    RngDecisions,
+    ScriptedVerifier,
     SiblingDraft,
-    check_draft_update,
     check_new_sibling,
     ratio_accept,
     residual_update,
 )
 
 
-class TokenLevelVerifier:
+class TokenLevelVerifier(ScriptedVerifier):
     """Recursive rejection sampling node by node.
 
     ``accept_prob[c]`` is ``min(1, R(x)/D(x))`` at the moment child c was tested.
 
-    Args:
-        draft_update: force the draft update (``"swor"`` or ``"iid"``) instead of following
-            ``tree.sampled``. Only the negative-control tests use this: a mismatched update is
-            not lossless.
+    ``draft_update``: see ``ScriptedVerifier``.
     """
 
     name = "token_level"
     accepts: frozenset[SampledKind] = frozenset({"swor", "iid"})
-
-    def __init__(self, draft_update: Optional[DraftUpdate] = None):
-        self.draft_update = check_draft_update(draft_update)
-
-    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
-        return self.run(tree, target_probs, RngDecisions(rng))
 
     def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
         """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""

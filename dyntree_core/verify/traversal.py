@@ -28,16 +28,15 @@ from .common import (
     DraftUpdate,
     NodeInputs,
     Outcome,
-    RngDecisions,
+    ScriptedVerifier,
     SiblingDraft,
-    check_draft_update,
     check_new_sibling,
     ratio_accept,
     residual_update,
 )
 
 
-class TraversalVerifier:
+class TraversalVerifier(ScriptedVerifier):
     """Traversal Verification for trees sampled with or without replacement.
 
     ``accept_prob[u]`` is the sequence-level probability ``p_u`` with which u's own test was
@@ -46,20 +45,11 @@ class TraversalVerifier:
     path above the accepted node are accepted through their descendant's sequence-level test
     and carry no test of their own (NaN, ``tested`` False) unless they were tested earlier.
 
-    Args:
-        draft_update: force the draft update (``"swor"`` or ``"iid"``) instead of following
-            ``tree.sampled``. Only the negative-control tests use this: a mismatched update is
-            not lossless.
+    ``draft_update``: see ``ScriptedVerifier``.
     """
 
     name = "traversal"
     accepts: frozenset[SampledKind] = frozenset({"swor", "iid"})
-
-    def __init__(self, draft_update: Optional[DraftUpdate] = None):
-        self.draft_update = check_draft_update(draft_update)
-
-    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
-        return self.run(tree, target_probs, RngDecisions(rng))
 
     def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
         """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""
