@@ -12,7 +12,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 
 from dyntree_core.models import fetch as fetch_mod
 from dyntree_core.models import load as load_mod
@@ -354,21 +353,3 @@ def test_identical_tokenizer_files_loaded_once(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(load_mod, "load_tokenizer", counting)
     pair = load_pair(str(d), str(t))
     assert calls == ["t"] and pair.tokenizer_size == 40
-
-
-def test_misaligned_cpu_parameters_are_copied_into_aligned_memory():
-    """safetensors maps tensors at arbitrary offsets; the loader re-homes them (CPU GEMV kernels
-    differ in the last bits by alignment, which broke bit-exact comparisons)."""
-    from torch import nn
-
-    from dyntree_core.models.load import CPU_PARAM_ALIGN, align_cpu_parameters
-
-    lin = nn.Linear(8, 4)
-    raw = torch.zeros(4 * 8 + 1)
-    lin.weight.data = raw[1:].view(4, 8)  # 4 bytes past an aligned start
-    lin.weight.data.copy_(torch.arange(32.0).view(4, 8))
-    assert lin.weight.data_ptr() % CPU_PARAM_ALIGN
-    assert align_cpu_parameters(lin) == 1
-    assert lin.weight.data_ptr() % CPU_PARAM_ALIGN == 0
-    assert torch.equal(lin.weight, torch.arange(32.0).view(4, 8))
-    assert align_cpu_parameters(lin) == 0

@@ -248,30 +248,7 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu") ->
             delattr(model.config, "quantization_config")
     # only move: from_pretrained already set the dtype, and .to(dtype) would also cast fp32 buffers
     # such as the rotary inv_freq
-    model = model.to(device=tdev).eval()
-    if tdev.type == "cpu":
-        align_cpu_parameters(model)
-    return model
-
-
-#: byte alignment CPU GEMM kernels get for every parameter (oneDNN/MKL pick their kernel by it)
-CPU_PARAM_ALIGN = 64
-
-
-def align_cpu_parameters(model: Any, align: int = CPU_PARAM_ALIGN) -> int:
-    """Copy every CPU parameter whose storage is not ``align``-byte aligned into fresh memory.
-
-    safetensors memory-maps tensors at arbitrary header offsets; on the CPU the matrix-vector
-    kernel then chosen differs from the one used for aligned memory in the last bits, so the same
-    weights gave different logits once they were copied anywhere (the offload engine's packed
-    buffers, a ``.to(dtype)`` round trip). Returns the number of parameters copied.
-    """
-    moved = 0
-    for p in model.parameters():
-        if p.device.type == "cpu" and p.data_ptr() % align:
-            p.data = p.data.clone()
-            moved += 1
-    return moved
+    return model.to(device=tdev).eval()
 
 
 def _has_tokenizer(src: ModelSource) -> bool:
