@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--draft-temperature", type=float, default=None)
-    g.add_argument("--budget", type=int, default=64, help="tree size incl. root")
+    g.add_argument("--budget", type=_budget_arg, default=64,
+                   help="tree size incl. root, or 'auto': profile this machine and tune budget/depth "
+                        "(and DySpec's threshold) for the method (cached per pair, device, dtype)")
+    g.add_argument("--retune", action="store_true", help="with --budget auto: re-profile and re-tune")
     g.add_argument("--depth", type=int, default=4, help="levels below the root (chain length k)")
     g.add_argument("--width", type=int, default=8)
     g.add_argument("--threshold", type=float, default=0.05)
@@ -53,17 +56,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
 
+def _budget_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budget must be an integer or 'auto', got {text!r}") from None
+
+
 def _generate(args) -> int:
     from .engine import SpeculativeDecoder
     from .models import load_pair
 
+    auto = args.budget == "auto"
     cfg = DecodeConfig(
         method=args.method,
         verifier=args.verifier,
         temperature=args.temperature,
         top_p=args.top_p,
         draft_temperature=args.draft_temperature,
-        budget=args.budget,
+        budget=64 if auto else args.budget,
         depth=args.depth,
         width=args.width,
         threshold=args.threshold,
@@ -73,6 +86,8 @@ def _generate(args) -> int:
     )
     pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device)
     ids = encode_prompt(pair.tokenizer, args.prompt, chat=args.chat)
+    if auto and cfg.method != "autoregressive":
+        cfg = tuned_config(pair, cfg, f"{args.draft},{args.target}", refresh=args.retune)
     summary = run_once(SpeculativeDecoder(pair.draft, pair.target, cfg), ids, args.max_new_tokens)
     print(pair.tokenizer.decode(summary["ids"], skip_special_tokens=True))
     line = (
@@ -88,6 +103,30 @@ def _generate(args) -> int:
         line += f"; autoregressive {ar['tokens_per_s']:.2f} tok/s; speedup {speedup:.2f}x"
     print(line, file=sys.stderr)
     return 0
+
+
+def tuned_config(pair, cfg: DecodeConfig, pair_name: str, refresh: bool = False) -> DecodeConfig:
+    """``cfg`` with the budget/depth (and DySpec threshold control) tuned for this machine."""
+    from .hardware import load_or_profile, profile_key
+    from .prompts import load_prompts
+    from .tuning import load_or_tune
+
+    def say(msg: str) -> None:
+        print("  " + msg, file=sys.stderr)
+
+    key = profile_key(pair_name, cfg.device, cfg.dtype)
+    print(f"hardware profile {key} (measured once, then cached)", file=sys.stderr)
+    profile = load_or_profile(pair.draft, pair.target, key, refresh=refresh, progress=say)
+    calib = [list(pair.tokenizer(p.text, add_special_tokens=False)["input_ids"])[:128]
+             for ds in ("wiki", "code") for p in load_prompts(ds, 2, split="calib")]
+    print(f"tuning {cfg.method} at T={cfg.temperature} (cached)", file=sys.stderr)
+    res = load_or_tune(pair.draft, pair.target, cfg, profile, refresh=refresh, prompts=calib, new_tokens=32,
+                       eos_token_id=list(pair.eos_token_ids) or None, progress=say)
+    b = res.best
+    print(f"tuned: budget {b.budget}, depth {b.depth}, width {b.width} "
+          f"(predicted {b.predicted_seconds_per_token * 1e3:.1f} ms/token, {b.tokens_per_step:.2f} tokens/step)",
+          file=sys.stderr)
+    return res.apply(cfg)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = False) -> list[int]:

@@ -85,3 +85,25 @@ def tiny_pair(
         m.generation_config.eos_token_id = m.config.eos_token_id
         m.generation_config.pad_token_id = m.config.eos_token_id
     return draft, target
+
+
+#: byte alignment CPU GEMM kernels get from torch's allocator (oneDNN/MKL pick kernels by it)
+CPU_PARAM_ALIGN = 64
+
+
+def align_cpu_parameters(module: torch.nn.Module, align: int = CPU_PARAM_ALIGN) -> int:
+    """Copy every CPU parameter of ``module`` whose storage is not ``align``-byte aligned into
+    fresh (aligned) memory; returns how many were copied.
+
+    safetensors memory-maps tensors at arbitrary header offsets, and on the CPU the
+    matrix-vector kernel chosen for such memory differs from the aligned one in the last bits.
+    Bit-for-bit comparisons against a copy of the weights (the offload engine's packed buffers)
+    therefore align the reference first. The loader keeps the mapping on purpose: file-backed
+    pages are reclaimable, anonymous copies of an fp32 pair are not.
+    """
+    moved = 0
+    for p in module.parameters():
+        if p.device.type == "cpu" and p.data_ptr() % align:
+            p.data = p.data.clone()
+            moved += 1
+    return moved

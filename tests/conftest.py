@@ -12,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Each pytest-xdist worker gets its share of the cores: two workers with torch's default of one
+# thread per core oversubscribe the CPU, and OpenMP's spinning threads then slow both down.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // max(1, _workers)))
+
 
 import pytest  # noqa: E402
 

@@ -30,3 +30,22 @@ def test_dispatcher_table_and_errors(capsys):
     assert "attention" in SUBCOMMANDS
     assert bench_main(["no-such-bench"]) == 2
     assert bench_main(["attention", "--device", "cpu", "--sizes", "0"]) == 2
+
+
+def test_recorded_engine_trees_feed_the_block_count_table(tmp_path, capsys):
+    from dyntree_core.bench.attention import main as attention_main
+    from dyntree_core.bench.record_trees import main as record_main
+
+    rec = tmp_path / "trees.json"
+    assert record_main(["--pair", "tiny", "--budgets", "16", "40", "--depth", "6", "--prompts", "1", "--steps", "2",
+                        "--dtype", "float32", "--json", str(rec)]) == 0
+    data = json.loads(rec.read_text())
+    assert len(data["trees"]) == 4
+    for t in data["trees"]:
+        assert t["size"] == len(t["parents"]) <= t["budget"] and t["parents"][0] == -1
+        assert all(0 <= p < i for i, p in enumerate(t["parents"]) if i)
+    out = tmp_path / "blocks.json"
+    assert attention_main(["--device", "cpu", "--sizes", "16", "--seeds", "1", "--prefixes", "0", "--block-sizes", "16",
+                           "--trees", str(rec), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["block_counts"]
+    assert {r["family"] for r in rows} >= {"recorded"}

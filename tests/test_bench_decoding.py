@@ -9,7 +9,7 @@ def test_all_mode_on_tiny_pair_writes_summary_and_curve(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = main(["all", "--pair", "tiny", "--methods", "chain", "sequoia", "dyspec_greedy", "--temperatures", "0", "0.6",
                "--datasets", "wiki", "--prompts", "2", "--new-tokens", "6", "--budget", "8",
-               "--curve-budgets", "4", "8", "16", "--calib-prompts", "1", "--json", str(out)])
+               "--curve-budgets", "4", "8", "16", "--calib-prompts", "1", "--tune-methods", "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
     methods = {(r["method"], r["temperature"]) for r in data["summary"]}
@@ -29,3 +29,33 @@ def test_acceptance_mode_skips_the_autoregressive_baseline(tmp_path):
                  "--prompts", "1", "--new-tokens", "4", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert [r["method"] for r in data["summary"]] == ["chain"]
+
+
+def test_tuned_configuration_is_compared_with_fixed_budgets_in_the_same_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "t.json"
+    rc = main(["latency", "--pair", "tiny", "--methods", "dyspec_greedy", "--temperatures", "0", "--datasets", "wiki",
+               "--prompts", "2", "--new-tokens", "6", "--tune-methods", "dyspec_greedy", "sequoia",
+               "--tune-fixed-budgets", "4", "8", "--tune-calib-prompts", "1", "--tune-new-tokens", "6",
+               "--calib-prompts", "1", "--dtype", "float32", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    rows = data["tuned_vs_fixed"]
+    for m in ("dyspec_greedy", "sequoia"):
+        mine = [r for r in rows if r["method"] == m]
+        assert sorted(r["budget"] for r in mine if r["label"] == "fixed") == [4, 8]
+        tuned = [r for r in mine if r["label"] == "tuned"]
+        assert len(tuned) == 1 and tuned[0]["prompts"] == 2
+    assert [r["label"] for r in rows if r["method"] == "autoregressive"] == [""]
+    assert {t["method"] for t in data["tuning"]} == {"dyspec_greedy", "sequoia"}
+    for t in data["tuning"]:
+        assert t["verdict"]["beats_all_fixed"] in (True, False)
+        best = t["result"]["best"]
+        assert [r for r in rows if r["label"] == "tuned" and r["method"] == t["method"]][0]["budget"] == best["budget"]
+    assert list((tmp_path / "cache" / "profiles").glob("*.json")) and list((tmp_path / "cache" / "tuning").glob("*.json"))
+    assert "hardware-tuned vs fixed budgets" in capsys.readouterr().out
+
+
+def test_tuning_needs_a_latency_mode(tmp_path):
+    assert main(["acceptance", "--pair", "tiny", "--methods", "chain", "--datasets", "wiki", "--prompts", "1",
+                 "--tune-methods", "dyspec_greedy"]) == 2

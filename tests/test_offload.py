@@ -305,3 +305,19 @@ def test_drop_prefetch_recopies(reference, monkeypatch):
     assert copies_in_forward() == streamed  # steady state: two were already in flight
     model._dyntree_offload.drop_prefetch()
     assert copies_in_forward() == streamed + ahead  # cold again: everything re-copied
+
+
+def test_align_cpu_parameters_rehomes_misaligned_storage():
+    from torch import nn
+
+    from dyntree_core.testing import CPU_PARAM_ALIGN, align_cpu_parameters
+
+    lin = nn.Linear(8, 4)
+    raw = torch.zeros(4 * 8 + 1)
+    lin.weight.data = raw[1:].view(4, 8)  # 4 bytes past an aligned start, like a mapped file
+    lin.weight.data.copy_(torch.arange(32.0).view(4, 8))
+    assert lin.weight.data_ptr() % CPU_PARAM_ALIGN
+    assert align_cpu_parameters(lin) == 1
+    assert lin.weight.data_ptr() % CPU_PARAM_ALIGN == 0
+    assert torch.equal(lin.weight, torch.arange(32.0).view(4, 8))
+    assert align_cpu_parameters(lin) == 0

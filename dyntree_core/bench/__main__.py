@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "acceptance": Subcommand("dyntree_core.bench.decoding", True, "accepted tokens per step"),
     "latency": Subcommand("dyntree_core.bench.decoding", True, "seconds per token"),
     "all": Subcommand("dyntree_core.bench.decoding", True, "acceptance + latency + tree-size curve"),
+    "record-trees": Subcommand("dyntree_core.bench.record_trees", False,
+                               "record real draft trees from the engine (input of attention --trees)"),
     "exactness": Subcommand("dyntree_core.bench.exactness", False,
                             "greedy token-identity of every method vs the target, tokens/s per dtype"),
 }

@@ -7,7 +7,9 @@ tree-size curve.
         --new-tokens 128 --budget 64 --json out.json
 
 ``acceptance`` reports tokens/step only; ``latency`` adds seconds per token (bf16 by default);
-``all`` also sweeps budgets for the curve. Ctrl-C stops early and still writes what was measured.
+``all`` also sweeps budgets for the curve and compares the hardware-tuned configuration
+(``dyntree_core.tuning``) of ``--tune-methods`` with fixed budgets ``--tune-fixed-budgets`` on the
+same prompts in the same run. Ctrl-C stops early and still writes what was measured.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class RunRecord:
     verifier: str
     temperature: float
     budget: int
+    depth: int
+    label: str
     new_tokens: int
     steps: int
     seconds: float
@@ -52,6 +56,24 @@ class RunRecord:
     @property
     def seconds_per_token(self) -> float:
         return self.seconds / max(1, self.new_tokens)
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One configuration to run on every prompt of ``dataset`` (``section:dataset`` for the curve
+    and tuning sections). ``config`` overrides the configuration built from the other fields."""
+
+    dataset: str
+    temperature: float
+    method: str
+    verifier: str
+    budget: int
+    label: str = ""
+    config: Optional[DecodeConfig] = None
+
+    @property
+    def prompt_set(self) -> str:
+        return self.dataset.rpartition(":")[2]
 
 
 def run_generation(decoder, prompt_ids: list[int], new_tokens: int, seed: int) -> dict:
@@ -118,17 +140,19 @@ def _encode(tokenizer, text: str, n_tokens: int) -> list[int]:
 def _summaries(records: list[RunRecord]) -> list[dict]:
     groups: dict[tuple, list[RunRecord]] = {}
     for r in records:
-        groups.setdefault((r.dataset, r.temperature, r.method, r.verifier, r.budget), []).append(r)
+        groups.setdefault((r.dataset, r.temperature, r.method, r.verifier, r.budget, r.depth, r.label), []).append(r)
     rows = []
     ar_latency = {
         (k[0], k[1]): statistics.median(x.seconds_per_token for x in v)
         for k, v in groups.items() if k[2] == "autoregressive"
     }
-    for (ds, temp, method, verifier, budget), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][4])):
+    for (ds, temp, method, verifier, budget, depth, label), rs in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][6], kv[0][4], kv[0][5])):
         lat = statistics.median(r.seconds_per_token for r in rs)
         base = ar_latency.get((ds, temp))
         rows.append({
             "dataset": ds, "temperature": temp, "method": method, "verifier": verifier, "budget": budget,
+            "depth": depth, "label": label,
             "prompts": len(rs),
             "tokens_per_step": statistics.fmean(r.tokens_per_step for r in rs),
             "mean_tree_size": statistics.fmean(r.mean_tree_size for r in rs),
@@ -141,16 +165,17 @@ def _summaries(records: list[RunRecord]) -> list[dict]:
 
 def print_table(rows: list[dict], latency: bool, out=None) -> None:
     out = out or sys.stdout
-    head = f"{'dataset':8} {'T':>4} {'method':17} {'verifier':12} {'budget':>6} {'n':>3} {'tok/step':>8} {'tree':>6}"
+    head = f"{'dataset':8} {'T':>4} {'method':17} {'verifier':12} {'budget':>6} {'depth':>5} {'n':>3} {'tok/step':>8} {'tree':>6}"
     if latency:
         head += f" {'ms/token':>9} {'speedup':>7}"
     print(head, file=out)
     for r in rows:
-        line = (f"{r['dataset']:8} {r['temperature']:4.1f} {r['method']:17} {r['verifier']:12} {r['budget']:6d} "
-                f"{r['prompts']:3d} {r['tokens_per_step']:8.2f} {r['mean_tree_size']:6.1f}")
+        method = r["method"] + (f" [{r['label']}]" if r.get("label") else "")
+        line = (f"{r['dataset'].rpartition(':')[2]:8} {r['temperature']:4.1f} {method:17} {r['verifier']:12} {r['budget']:6d} "
+                f"{r['depth']:5d} {r['prompts']:3d} {r['tokens_per_step']:8.2f} {r['mean_tree_size']:6.1f}")
         if latency:
             sp = r["speedup_vs_ar"]
-            line += f" {r['median_seconds_per_token'] * 1e3:9.1f} {sp if sp is None else f'{sp:7.2f}'}"
+            line += f" {r['median_seconds_per_token'] * 1e3:9.1f} {'-' if sp is None else f'{sp:7.2f}'}"
         print(line, file=out)
 
 
@@ -194,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="default bfloat16 for latency/all, float32 for acceptance")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tune-methods", nargs="*", default=None, choices=TREE_METHODS,
+                   help="methods whose hardware-tuned configuration is compared with fixed budgets "
+                        "(default: dyspec_greedy in 'all' mode, none otherwise)")
+    p.add_argument("--tune-fixed-budgets", nargs="+", type=int, default=[16, 32, 64, 128])
+    p.add_argument("--tune-prompts", type=int, default=None, help="evaluation prompts of the tuning comparison (default --prompts)")
+    p.add_argument("--tune-calib-prompts", type=int, default=4, help="calibration prompts per tuned point (calib split)")
+    p.add_argument("--tune-new-tokens", type=int, default=32, help="tokens decoded per calibration prompt")
+    p.add_argument("--retune", action="store_true", help="ignore cached hardware profiles and tunings")
+    p.add_argument("--curve-prompts", type=int, default=None, help="prompts per point of the budget curve (default --prompts)")
     p.add_argument("--json", type=Path, default=None)
     return p
 
@@ -227,69 +261,106 @@ def main(argv: Optional[list[str]] = None) -> int:
     dtype = args.dtype or ("float32" if args.mode == "acceptance" else "bfloat16")
     pair = _load(args.pair, dtype, args.device)
     torch.manual_seed(args.seed)
+    tune_methods = args.tune_methods if args.tune_methods is not None else (["dyspec_greedy"] if args.mode == "all" else [])
+    if tune_methods and args.mode == "acceptance":
+        print("--tune-methods compares latency: use the latency or all mode", file=sys.stderr)
+        return 2
 
     prompts = {ds: [(p.id, _encode(pair.tokenizer, p.text, args.prompt_tokens)) for p in load_prompts(ds, args.prompts, split="eval")]
                for ds in args.datasets}
     calib_texts = [_encode(pair.tokenizer, p.text, 256) for ds in args.datasets for p in load_prompts(ds, args.calib_prompts, split="calib")]
+    section_prompts = {"curve": args.curve_prompts or args.prompts, "tune": args.tune_prompts or args.prompts}
 
-    plan: list[tuple[str, float, str, str, int]] = []  # (dataset, T, method, verifier, budget)
+    def prompts_of(item: PlanItem) -> list[tuple[str, list[int]]]:
+        section = item.dataset.partition(":")[0] if ":" in item.dataset else None
+        ps = prompts[item.prompt_set]
+        return ps[: section_prompts[section]] if section else ps
+
+    plan: list[PlanItem] = []
     for ds in args.datasets:
         for temp in args.temperatures:
             if args.mode != "acceptance":  # AR makes 1 token per step by definition; only its latency is news
-                plan.append((ds, temp, "autoregressive", "auto", 1))
+                plan.append(PlanItem(ds, temp, "autoregressive", "auto", 1))
             for m in args.methods:
-                verifiers = ["auto"] if temp == 0 else args.verifiers
-                for v in verifiers:
-                    plan.append((ds, temp, m, v, args.budget))
+                for v in (["auto"] if temp == 0 else args.verifiers):
+                    plan.append(PlanItem(ds, temp, m, v, args.budget))
     if args.mode == "all":
         for m in args.methods:
             for b in args.curve_budgets:
                 if b != args.budget:
-                    plan.append(("curve:" + args.datasets[0], 0.0, m, "auto", b))
+                    plan.append(PlanItem("curve:" + args.datasets[0], 0.0, m, "auto", b))
 
     sequoia_acc: dict[float, tuple[float, ...]] = {}
-    records: list[RunRecord] = []
+
+    def sequoia_vector(temp: float) -> tuple[float, ...]:
+        if temp not in sequoia_acc:
+            sequoia_acc[temp] = calibrate_sequoia(pair, calib_texts, temp)
+        return sequoia_acc[temp]
+
+    def make_cfg(item: PlanItem) -> DecodeConfig:
+        if item.config is not None:
+            return item.config
+        return DecodeConfig(
+            method=item.method, verifier=item.verifier, temperature=item.temperature, budget=max(2, item.budget),
+            depth=args.depth, width=args.width, threshold=args.threshold or min(0.5, 1.0 / max(2, item.budget)),
+            seed=args.seed, dtype=dtype, device=args.device,
+            sequoia_acceptance=sequoia_vector(item.temperature) if item.method == "sequoia" else None,
+            trace_block_counts=False,
+        )
+
+    tunings: list[dict] = []
     started = time.time()
     partial = False
-    total = sum(len(prompts[ds.removeprefix("curve:")]) for ds, *_ in plan)
-    bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr)
+    records: list[RunRecord] = []
     try:
-        for ds, temp, method, verifier, budget in plan:
-            if method == "sequoia" and temp not in sequoia_acc:
-                bar.set_postfix_str(f"calibrating Sequoia acceptance at T={temp}")
-                sequoia_acc[temp] = calibrate_sequoia(pair, calib_texts, temp)
-            try:
-                cfg = DecodeConfig(
-                    method=method, verifier=verifier, temperature=temp, budget=max(2, budget), depth=args.depth,
-                    width=args.width, threshold=args.threshold or min(0.5, 1.0 / max(2, budget)),
-                    seed=args.seed, dtype=dtype, device=args.device,
-                    sequoia_acceptance=sequoia_acc.get(temp) if method == "sequoia" else None,
-                    trace_block_counts=False,
-                )
-            except ValueError as e:
-                print(f"skipping {method}/{verifier} at T={temp}: {e}", file=sys.stderr)
-                bar.update(len(prompts[ds.removeprefix('curve:')]))
-                continue
-            decoder = SpeculativeDecoder(pair.draft, pair.target, cfg)
-            for i, (pid, ids) in enumerate(prompts[ds.removeprefix("curve:")]):
-                bar.set_postfix_str(f"{ds} T={temp} {method}/{verifier} b={budget}")
-                res = run_generation(decoder, ids, args.new_tokens, seed=args.seed + i)
-                records.append(RunRecord(ds, pid, method, cfg.resolved_verifier() if method != "autoregressive" else "none",
-                                         temp, budget, **res))
-                bar.update(1)
+        if tune_methods:
+            plan += _tuning_plan(args, pair, dtype, tune_methods, make_cfg, tunings)
+        total = sum(len(prompts_of(item)) for item in plan)
+        bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr)
+        try:
+            for item in plan:
+                if item.method == "sequoia" and item.temperature not in sequoia_acc and item.config is None:
+                    bar.set_postfix_str(f"calibrating Sequoia acceptance at T={item.temperature}")
+                try:
+                    cfg = make_cfg(item)
+                except ValueError as e:
+                    print(f"skipping {item.method}/{item.verifier} at T={item.temperature}: {e}", file=sys.stderr)
+                    bar.update(len(prompts_of(item)))
+                    continue
+                decoder = SpeculativeDecoder(pair.draft, pair.target, cfg)
+                verifier = cfg.resolved_verifier() if item.method != "autoregressive" else "none"
+                for i, (pid, ids) in enumerate(prompts_of(item)):
+                    bar.set_postfix_str(f"{item.dataset} T={item.temperature} {item.method}/{item.verifier} "
+                                        f"b={cfg.budget} d={cfg.depth} {item.label}")
+                    res = run_generation(decoder, ids, args.new_tokens, seed=args.seed + i)
+                    records.append(RunRecord(item.dataset, pid, item.method, verifier, item.temperature,
+                                             cfg.budget if item.method != "autoregressive" else 1,
+                                             cfg.depth if item.method != "autoregressive" else 0, item.label, **res))
+                    bar.update(1)
+        finally:
+            bar.close()
     except KeyboardInterrupt:
         partial = True
         print("\ninterrupted: keeping the partial results", file=sys.stderr)
-    finally:
-        bar.close()
 
-    main_rows = _summaries([r for r in records if not r.dataset.startswith("curve:")])
-    curve_rows = _summaries([r for r in records if r.dataset.startswith("curve:") or
+    def section(r: RunRecord) -> str:
+        return r.dataset.partition(":")[0] if ":" in r.dataset else "main"
+
+    main_rows = _summaries([r for r in records if section(r) == "main"])
+    curve_rows = _summaries([r for r in records if section(r) == "curve" or
                              (r.temperature == 0 and r.dataset == args.datasets[0] and r.method != "autoregressive")])
+    tune_rows = _summaries([r for r in records if section(r) == "tune"])
     print_table(main_rows, latency=args.mode != "acceptance")
     if args.mode == "all":
         print("\ntokens/step vs budget (T=0, " + args.datasets[0] + ")")
-        print_table([r for r in curve_rows], latency=True)
+        print_table(curve_rows, latency=True)
+    if tune_rows:
+        print(f"\nhardware-tuned vs fixed budgets ({args.datasets[0]}, same prompts, same run)")
+        print_table(tune_rows, latency=True)
+        for t in tunings:
+            verdict = _tuned_verdict(tune_rows, t["method"], t["temperature"])
+            t["verdict"] = verdict
+            print(f"  {t['method']} T={t['temperature']}: {verdict['text']}")
     result = {
         "mode": args.mode, "partial": partial, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "dtype": dtype, "machine": {"platform": platform.platform(), "processor": platform.processor(),
@@ -299,6 +370,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_seconds": time.time() - started,
         "sequoia_acceptance": {str(k): v for k, v in sequoia_acc.items()},
         "summary": main_rows, "curve": curve_rows if args.mode == "all" else [],
+        "tuning": tunings, "tuned_vs_fixed": tune_rows,
         "runs": [asdict(r) | {"seconds_per_token": r.seconds_per_token} for r in records],
     }
     if args.json:
@@ -308,6 +380,66 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.mode == "all" and curve_rows:
             curve_figure(curve_rows, args.json.with_name(args.json.stem + "_curve"))
     return 130 if partial else 0
+
+
+def _tuning_plan(args, pair, dtype: str, methods: Sequence[str], make_cfg, tunings: list[dict]) -> list[PlanItem]:
+    """Profile this machine, tune each method at each temperature on the calibration split, and
+    plan the comparison: AR, every fixed budget, the tuned configuration (same prompts)."""
+    import dataclasses
+
+    from ..hardware import load_or_profile, profile_key
+    from ..prompts import load_prompts
+    from ..tuning import load_or_tune
+
+    ds = args.datasets[0]
+    key = profile_key(f"{args.pair}", args.device, dtype)
+    print(f"profiling target/draft forward costs on this machine ({key}; cached)", file=sys.stderr)
+    profile = load_or_profile(pair.draft, pair.target, key, refresh=args.retune,
+                              progress=lambda m: print("  " + m, file=sys.stderr))
+    calib = [_encode(pair.tokenizer, p.text, args.prompt_tokens)
+             for p in load_prompts(ds, args.tune_calib_prompts, split="calib")]
+    plan: list[PlanItem] = []
+    for temp in args.temperatures:
+        plan.append(PlanItem("tune:" + ds, temp, "autoregressive", "auto", 1))
+        for m in methods:
+            base = make_cfg(PlanItem(ds, temp, m, "auto", args.budget))
+            print(f"tuning {m} at T={temp} ({len(calib)} calibration prompts x {args.tune_new_tokens} tokens)",
+                  file=sys.stderr)
+            res = load_or_tune(pair.draft, pair.target, base, profile, refresh=args.retune, prompts=calib,
+                               new_tokens=args.tune_new_tokens, eos_token_id=list(getattr(pair, "eos_token_ids", ())) or None,
+                               progress=lambda msg: print("  " + msg, file=sys.stderr))
+            best = res.best
+            print(f"  -> budget {best.budget}, depth {best.depth}, width {best.width}: predicted "
+                  f"{best.predicted_seconds_per_token * 1e3:.1f} ms/token ({len(res.points)} points, {res.seconds:.0f} s)",
+                  file=sys.stderr)
+            tunings.append({"method": m, "temperature": temp, "profile": dataclasses.asdict(profile),
+                            "result": json.loads(res.to_json())})
+            for b in args.tune_fixed_budgets:
+                plan.append(PlanItem("tune:" + ds, temp, m, "auto", b, "fixed",
+                                     make_cfg(PlanItem(ds, temp, m, "auto", b))))
+            plan.append(PlanItem("tune:" + ds, temp, m, "auto", best.budget, "tuned", res.apply(base)))
+    return plan
+
+
+def _tuned_verdict(rows: list[dict], method: str, temperature: float) -> dict:
+    """Does the tuned row beat every fixed-budget row of the same method and temperature?"""
+    mine = [r for r in rows if r["method"] == method and r["temperature"] == temperature]
+    tuned = [r for r in mine if r["label"] == "tuned"]
+    fixed = [r for r in mine if r["label"] == "fixed"]
+    if not tuned or not fixed:
+        return {"beats_all_fixed": None, "text": "incomplete (interrupted?)"}
+    t = tuned[0]["median_seconds_per_token"]
+    best_fixed = min(fixed, key=lambda r: r["median_seconds_per_token"])
+    beats = all(t < r["median_seconds_per_token"] for r in fixed)
+    return {
+        "beats_all_fixed": beats,
+        "tuned_ms_per_token": t * 1e3,
+        "best_fixed_budget": best_fixed["budget"],
+        "best_fixed_ms_per_token": best_fixed["median_seconds_per_token"] * 1e3,
+        "text": (f"tuned {t * 1e3:.1f} ms/token vs best fixed budget {best_fixed['budget']} "
+                 f"{best_fixed['median_seconds_per_token'] * 1e3:.1f} ms/token: "
+                 + ("beats every fixed budget" if beats else "does NOT beat every fixed budget")),
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,324 @@
+"""Hardware-aware choice of a tree configuration: the decoder picks its own tree size, depth
+and (DySpec-threshold) threshold for this machine instead of the user guessing.
+
+Latency per token of a tree method is ``(t(n) + overhead) / tokens_per_step``: ``t(n)`` the
+target forward of an n-node tree on this machine (``hardware.HardwareProfile``), ``overhead``
+everything else a step costs (draft forwards, tree construction, verification, KV work), and
+``tokens_per_step`` the acceptance the method reaches with this pair.
+
+* ``sequoia``: Sequoia's optimizer. The DP gives G(n, d) for the measured acceptance vector and
+  the level widths of each optimal tree; the profile prices the target forward and one batched
+  draft forward per level; no decoding is needed.
+* every other tree method: acceptance and overhead are not known in closed form, so candidate
+  (budget, depth) points are *calibrated*: short decodes on prompts disjoint from any
+  evaluation (the ``calib`` slice), recording tokens/step, tree sizes and the measured
+  overhead; the target part comes from the profile at each step's tree size. A coordinate
+  search over a (budget × depth) grid starts at a middle point and moves to the best
+  neighbour until none improves (typically 5-9 calibrated points instead of the whole grid).
+  ``chain`` searches its length only, ``specinfer`` its width × depth.
+* ``dyspec_threshold``: the chosen budget is enforced by the online ``ThresholdController``
+  (``adaptive_threshold=True``), so the threshold is picked too, and keeps adapting per prompt.
+
+Results are cached as JSON per (pair, device, dtype, method, temperature) next to the profiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .config import DecodeConfig
+from .hardware import HardwareProfile, sequoia_choose
+
+BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+DEPTH_GRID: tuple[int, ...] = (2, 3, 4, 6, 8)
+WIDTH_GRID: tuple[int, ...] = (1, 2, 4, 8)
+CHAIN_GRID: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
+
+
+@dataclass(frozen=True)
+class TuningPoint:
+    """One calibrated (or, for Sequoia, modelled) configuration.
+
+    Attributes:
+        budget, depth, width: the configuration (``DecodeConfig`` fields).
+        tokens_per_step: mean committed tokens per step (accepted + bonus).
+        mean_tree_size: mean drafted tree size (root included).
+        target_seconds: mean profiled target forward per step, ``t(tree size)``.
+        overhead_seconds: mean measured (Sequoia: profiled) seconds per step outside the target
+            forward: draft forwards, tree construction, verification, KV compaction.
+        measured_seconds_per_token: wall seconds per token of the calibration decodes (NaN for
+            modelled points).
+    """
+
+    budget: int
+    depth: int
+    width: int
+    tokens_per_step: float
+    mean_tree_size: float
+    target_seconds: float
+    overhead_seconds: float
+    measured_seconds_per_token: float = float("nan")
+
+    @property
+    def predicted_seconds_per_token(self) -> float:
+        return (self.target_seconds + self.overhead_seconds) / self.tokens_per_step
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """The chosen configuration and every point that was evaluated to choose it."""
+
+    method: str
+    temperature: float
+    profile_key: str
+    strategy: str
+    best: TuningPoint
+    points: tuple[TuningPoint, ...]
+    calib_prompts: int = 0
+    calib_tokens: int = 0
+    seconds: float = 0.0
+    created: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def apply(self, cfg: DecodeConfig) -> DecodeConfig:
+        """``cfg`` with the tuned budget / depth / width (and threshold control for DySpec-threshold)."""
+        if cfg.method != self.method:
+            raise ValueError(f"tuned for {self.method!r}, not {cfg.method!r}")
+        extra = {}
+        if cfg.method == "dyspec_threshold":
+            extra = {"adaptive_threshold": True, "threshold": min(0.5, 1.0 / self.best.budget)}
+        return dataclasses.replace(cfg, budget=self.best.budget, depth=self.best.depth, width=self.best.width, **extra)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["best"]["predicted_seconds_per_token"] = self.best.predicted_seconds_per_token
+        return json.dumps(d, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TuningResult":
+        d = json.loads(text)
+        d["best"].pop("predicted_seconds_per_token", None)
+        d["best"] = TuningPoint(**d["best"])
+        d["points"] = tuple(TuningPoint(**p) for p in d["points"])
+        return cls(**d)
+
+
+Evaluate = Callable[[int, int, int], TuningPoint]
+
+
+def coordinate_search(
+    evaluate: Evaluate,
+    axes: dict[str, Sequence[int]],
+    start: dict[str, int],
+    fixed: Optional[dict[str, int]] = None,
+    max_points: int = 24,
+) -> tuple[TuningPoint, list[TuningPoint]]:
+    """Minimise ``predicted_seconds_per_token`` over a grid by moving to the best neighbour.
+
+    Args:
+        evaluate: ``(budget, depth, width) -> TuningPoint`` (called at most once per point).
+        axes: the searched axes among ``budget``, ``depth``, ``width``, each a sorted grid.
+        start: a grid point to start from (one value per searched axis).
+        fixed: values of the axes that are not searched.
+        max_points: evaluation cap.
+    Returns:
+        (best point, every evaluated point in evaluation order).
+    """
+    names = list(axes)
+    fixed = dict(fixed or {})
+    seen: dict[tuple[int, ...], TuningPoint] = {}
+    order: list[TuningPoint] = []
+
+    def at(idx: tuple[int, ...]) -> TuningPoint:
+        if idx not in seen:
+            args = dict(fixed)
+            args.update({n: axes[n][i] for n, i in zip(names, idx)})
+            seen[idx] = evaluate(args.get("budget", 0), args.get("depth", 0), args.get("width", 0))
+            order.append(seen[idx])
+        return seen[idx]
+
+    cur = tuple(list(axes[n]).index(start[n]) for n in names)
+    best = at(cur)
+    while len(seen) < max_points:
+        moves = []
+        for a in range(len(names)):
+            for step in (-1, 1):
+                j = cur[a] + step
+                if 0 <= j < len(axes[names[a]]):
+                    moves.append(cur[:a] + (j,) + cur[a + 1:])
+        evaluated = [at(m) for m in moves if m in seen or len(seen) < max_points]
+        cand = min(evaluated, key=lambda p: p.predicted_seconds_per_token, default=None)
+        if cand is None or cand.predicted_seconds_per_token >= best.predicted_seconds_per_token:
+            break
+        best = cand
+        cur = next(k for k, v in seen.items() if v is cand)
+    return best, order
+
+
+def calibrate_point(
+    draft,
+    target,
+    cfg: DecodeConfig,
+    profile: HardwareProfile,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    eos_token_id=None,
+) -> TuningPoint:
+    """Decode ``new_tokens`` after each prompt with ``cfg`` and summarise the steps."""
+    from .engine import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(draft, target, cfg, eos_token_id=eos_token_id)
+    steps = tokens = 0
+    sizes: list[int] = []
+    target_s = overhead_s = wall = 0.0
+    for i, ids in enumerate(prompts):
+        for tr in decoder.generate(list(ids), new_tokens, seed=cfg.seed + i):
+            steps += 1
+            tokens += len(tr.committed)
+            sizes.append(tr.tree_size)
+            target_s += profile.target_time(tr.tree_size)
+            overhead_s += max(0.0, tr.step_seconds - tr.timings.target_forward)
+            wall += tr.step_seconds
+    if not steps or not tokens:
+        raise ValueError("calibration produced no steps: give non-empty prompts and new_tokens > 0")
+    return TuningPoint(
+        budget=cfg.budget, depth=cfg.depth, width=cfg.width,
+        tokens_per_step=tokens / steps, mean_tree_size=statistics.fmean(sizes),
+        target_seconds=target_s / steps, overhead_seconds=overhead_s / steps,
+        measured_seconds_per_token=wall / tokens,
+    )
+
+
+def tune(
+    draft,
+    target,
+    cfg: DecodeConfig,
+    profile: HardwareProfile,
+    prompts: Sequence[Sequence[int]] = (),
+    new_tokens: int = 32,
+    budgets: Sequence[int] = BUDGET_GRID,
+    depths: Sequence[int] = DEPTH_GRID,
+    widths: Sequence[int] = WIDTH_GRID,
+    eos_token_id=None,
+    progress: Optional[Callable[[str], None]] = None,
+) -> TuningResult:
+    """Choose ``cfg.method``'s tree configuration for this machine (see the module docstring).
+
+    Args:
+        cfg: the base configuration (method, temperature, verifier, dtype, device, seed...).
+        profile: this machine's measured forward costs for the pair (``hardware.load_or_profile``).
+        prompts: calibration prompts (token ids), disjoint from any evaluation; unused by Sequoia.
+        new_tokens: tokens decoded per calibration prompt.
+    """
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    budgets, depths = sorted(set(budgets)), sorted(set(depths))
+    if cfg.method == "autoregressive":
+        raise ValueError("the autoregressive baseline has nothing to tune")
+    if cfg.method == "sequoia":
+        best, points = _tune_sequoia(cfg, profile, budgets, depths)
+        strategy = "sequoia optimizer: argmin (t(n) + sum_levels draft(width)) / G(n, d) over the DP"
+        n_prompts = 0
+    else:
+        if not prompts:
+            raise ValueError(f"tuning {cfg.method!r} needs calibration prompts")
+
+        def evaluate(budget: int, depth: int, width: int) -> TuningPoint:
+            c = dataclasses.replace(
+                cfg, budget=max(2, budget), depth=depth, width=width or cfg.width, trace_block_counts=False,
+                **({"adaptive_threshold": True, "threshold": min(0.5, 1.0 / max(2, budget))}
+                   if cfg.method == "dyspec_threshold" else {}),
+            )
+            p = calibrate_point(draft, target, c, profile, prompts, new_tokens, eos_token_id)
+            say(f"{cfg.method} budget={c.budget} depth={depth} width={c.width}: {p.tokens_per_step:.2f} tok/step, "
+                f"tree {p.mean_tree_size:.1f}, predicted {p.predicted_seconds_per_token * 1e3:.1f} ms/token "
+                f"(measured {p.measured_seconds_per_token * 1e3:.1f})")
+            return p
+
+        if cfg.method == "chain":
+            grid = sorted(set(CHAIN_GRID) | {cfg.depth})
+            best, points = coordinate_search(
+                lambda b, d, w: evaluate(d + 1, d, cfg.width), {"depth": grid}, {"depth": _middle(grid, 4)})
+            strategy = "calibrated coordinate search over the chain length"
+        elif cfg.method == "specinfer":
+            wgrid = sorted(set(widths))
+            best, points = coordinate_search(
+                lambda b, d, w: evaluate(w * d + 1, d, w), {"width": wgrid, "depth": depths},
+                {"width": _middle(wgrid, 4), "depth": _middle(depths, 4)})
+            strategy = "calibrated coordinate search over width x depth"
+        else:
+            best, points = coordinate_search(
+                evaluate, {"budget": budgets, "depth": depths},
+                {"budget": _middle(budgets, 32), "depth": _middle(depths, 4)}, fixed={"width": cfg.width})
+            strategy = "calibrated coordinate search over budget x depth"
+        n_prompts = len(prompts)
+    return TuningResult(
+        method=cfg.method, temperature=float(cfg.temperature), profile_key=profile.key, strategy=strategy,
+        best=best, points=tuple(points), calib_prompts=n_prompts, calib_tokens=n_prompts * new_tokens,
+        seconds=time.perf_counter() - t0, created=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+
+
+def _middle(grid: Sequence[int], preferred: int) -> int:
+    """``preferred`` if on the grid, else the grid value closest to it."""
+    return min(grid, key=lambda g: (abs(g - preferred), g))
+
+
+def _tune_sequoia(cfg: DecodeConfig, profile: HardwareProfile, budgets: Sequence[int], depths: Sequence[int]):
+    from .drafting.sequoia import default_acceptance_vector, sequoia_dp, sequoia_tree
+
+    acc = cfg.sequoia_acceptance or default_acceptance_vector()
+    table = sequoia_dp(acc, max(budgets), max(depths) + 1)
+
+    def shape(n: int, d: int):
+        from .drafting.sequoia import best_size
+
+        return sequoia_tree(table, best_size(table, n, d + 1), d + 1)
+
+    def level_sizes(n: int, d: int) -> list[int]:
+        """Nodes fed to each batched draft forward: the internal nodes of each level."""
+        s = shape(n, d)
+        depth = s.depths()
+        internal = {p for p in s.parents if p >= 0}
+        counts: dict[int, int] = {}
+        for v in internal:
+            counts[depth[v]] = counts.get(depth[v], 0) + 1
+        return [counts[k] for k in sorted(counts)]
+
+    best, cands = sequoia_choose(lambda n, d: table.G(shape(n, d).size, d + 1), level_sizes, profile, budgets, depths)
+    points = [
+        TuningPoint(budget=c.budget, depth=c.depth, width=cfg.width, tokens_per_step=c.expected_tokens,
+                    mean_tree_size=float(shape(c.budget, c.depth).size), target_seconds=c.verify_seconds,
+                    overhead_seconds=c.draft_seconds)
+        for c in cands
+    ]
+    best_point = min(points, key=lambda p: p.predicted_seconds_per_token)
+    assert (best_point.budget, best_point.depth) == (best.budget, best.depth)
+    return best_point, points
+
+
+# ------------------------------------------------------------------------------------- cache
+
+
+def tuning_cache_path(profile_key: str, method: str, temperature: float) -> Path:
+    root = Path(os.environ.get("DYNTREE_CACHE", Path.home() / ".cache" / "dyntree"))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{profile_key}|{method}|T{temperature:g}")
+    return root / "tuning" / f"{safe}.json"
+
+
+def load_or_tune(draft, target, cfg: DecodeConfig, profile: HardwareProfile, refresh: bool = False, **kwargs) -> TuningResult:
+    """The cached tuning for (profile, method, temperature), computed and cached when missing."""
+    path = tuning_cache_path(profile.key, cfg.method, cfg.temperature)
+    if path.exists() and not refresh:
+        return TuningResult.from_json(path.read_text())
+    res = tune(draft, target, cfg, profile, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(res.to_json())
+    return res

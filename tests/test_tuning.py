@@ -1,0 +1,141 @@
+"""Hardware-aware tuning: the coordinate search on functions with a known optimum, Sequoia's
+optimizer on a synthetic profile, and calibrated tuning of real drafters on the tiny pair."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+
+from dyntree_core.config import DecodeConfig
+from dyntree_core.hardware import HardwareProfile
+from dyntree_core.testing import tiny_pair
+from dyntree_core.tuning import (
+    TuningPoint,
+    TuningResult,
+    coordinate_search,
+    load_or_tune,
+    tune,
+    tuning_cache_path,
+)
+
+
+def point(budget: int, depth: int, width: int, latency: float) -> TuningPoint:
+    return TuningPoint(budget, depth, width, tokens_per_step=1.0, mean_tree_size=float(budget),
+                       target_seconds=latency, overhead_seconds=0.0)
+
+
+def knee_profile(knee: int) -> HardwareProfile:
+    ns = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    return HardwareProfile("synthetic", 128, ns, [1.0 if n <= knee else n / knee for n in ns],
+                           [1, 1024], [0.05, 0.05 + 1023 * 1e-4])
+
+
+@pytest.mark.parametrize("opt", [(8, 2), (64, 4), (256, 8), (32, 6)])
+def test_coordinate_search_finds_the_optimum_of_a_separable_bowl(opt):
+    budgets, depths = (8, 16, 32, 64, 128, 256), (2, 3, 4, 6, 8)
+    calls = []
+
+    def evaluate(b, d, w):
+        calls.append((b, d))
+        return point(b, d, w, 1.0 + (math.log2(b) - math.log2(opt[0])) ** 2 + 0.3 * (d - opt[1]) ** 2)
+
+    best, order = coordinate_search(evaluate, {"budget": budgets, "depth": depths}, {"budget": 32, "depth": 4},
+                                    fixed={"width": 8})
+    assert (best.budget, best.depth) == opt
+    assert len(calls) == len(set(calls)) == len(order)  # each point calibrated once
+    assert len(calls) < len(budgets) * len(depths)
+    assert best.width == 8
+
+
+def test_coordinate_search_respects_the_evaluation_cap():
+    best, order = coordinate_search(lambda b, d, w: point(b, d, w, -b - d), {"budget": (8, 16, 32, 64, 128, 256),
+                                    "depth": (2, 3, 4, 6, 8)}, {"budget": 8, "depth": 2}, max_points=4)
+    assert len(order) <= 4
+    assert best.predicted_seconds_per_token == min(p.predicted_seconds_per_token for p in order)
+
+
+def test_sequoia_tuning_is_the_brute_force_optimum_of_its_model():
+    """Flat target cost up to the knee: Sequoia's optimizer never verifies a bigger tree than
+    the knee, and its choice is the argmin of the same model over the whole grid."""
+    prof = knee_profile(knee=32)
+    cfg = DecodeConfig(method="sequoia", temperature=0.6)
+    res = tune(None, None, cfg, prof, budgets=(8, 16, 32, 64, 128), depths=(2, 3, 4, 6))
+    assert res.best.budget <= 32
+    assert res.best.predicted_seconds_per_token == min(p.predicted_seconds_per_token for p in res.points)
+    assert len(res.points) == 5 * 4
+    # more budget never lowers G: the DP value grows with the budget at a fixed depth
+    by_depth = {}
+    for p in res.points:
+        by_depth.setdefault(p.depth, []).append((p.budget, p.tokens_per_step))
+    for pts in by_depth.values():
+        g = [t for _, t in sorted(pts)]
+        assert all(a <= b + 1e-12 for a, b in itertools.pairwise(g))
+
+
+def test_sequoia_prices_one_draft_forward_per_level_with_internal_nodes():
+    prof = knee_profile(knee=1024)
+    cfg = DecodeConfig(method="sequoia", temperature=0.6, sequoia_acceptance=(0.8, 0.1, 0.05))
+    res = tune(None, None, cfg, prof, budgets=(4,), depths=(3,))
+    # p_1 = .8 dominates: the 4-node tree is a chain of 4, three internal levels, one node each
+    assert res.best.mean_tree_size == 4
+    assert res.best.overhead_seconds == pytest.approx(3 * prof.draft_time(1))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(seed=3)
+
+
+def prompts(n=2, length=6):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(2, 60, (length,), generator=g).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("method", ["dyspec_greedy", "dyspec_threshold", "chain", "specinfer"])
+def test_calibrated_tuning_on_the_tiny_pair(pair, method):
+    draft, target = pair
+    prof = knee_profile(knee=16)  # verifying more than 16 nodes costs proportionally more
+    cfg = DecodeConfig(method=method, temperature=0.0, budget=64, depth=4, width=4)
+    res = tune(draft, target, cfg, prof, prompts(), new_tokens=12, budgets=(8, 16, 32, 64), depths=(2, 3, 4))
+    assert res.best in res.points
+    assert res.best.predicted_seconds_per_token == min(p.predicted_seconds_per_token for p in res.points)
+    for p in res.points:
+        assert p.tokens_per_step >= 1.0 and p.mean_tree_size >= 2 and p.overhead_seconds > 0
+        assert math.isfinite(p.measured_seconds_per_token)
+    tuned = res.apply(cfg)
+    assert (tuned.budget, tuned.depth) == (res.best.budget, res.best.depth)
+    if method == "dyspec_threshold":
+        assert tuned.adaptive_threshold and tuned.threshold == pytest.approx(1.0 / res.best.budget)
+    if method == "chain":
+        assert all(p.budget == p.depth + 1 for p in res.points)
+    if method == "specinfer":
+        assert all(p.budget == p.width * p.depth + 1 for p in res.points)
+    with pytest.raises(ValueError):
+        res.apply(dataclasses.replace(cfg, method="opt_tree"))
+
+
+def test_tuning_needs_calibration_prompts_and_a_tree_method(pair):
+    draft, target = pair
+    with pytest.raises(ValueError, match="calibration prompts"):
+        tune(draft, target, DecodeConfig(method="dyspec_greedy"), knee_profile(16), [])
+    with pytest.raises(ValueError, match="nothing to tune"):
+        tune(draft, target, DecodeConfig(method="autoregressive"), knee_profile(16), prompts())
+
+
+def test_tuning_is_cached_per_profile_method_and_temperature(pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    draft, target = pair
+    prof = knee_profile(16)
+    cfg = DecodeConfig(method="dyspec_greedy", temperature=0.0, depth=3)
+    kw = dict(prompts=prompts(1), new_tokens=6, budgets=(8, 16), depths=(2, 3))
+    first = load_or_tune(draft, target, cfg, prof, **kw)
+    path = tuning_cache_path(prof.key, "dyspec_greedy", 0.0)
+    assert path.exists() and str(tmp_path) in str(path)
+    again = load_or_tune(None, None, cfg, prof, **kw)  # from the cache: no model needed
+    assert again == first
+    assert TuningResult.from_json(first.to_json()) == first
+    assert tuning_cache_path(prof.key, "dyspec_greedy", 0.6) != path
