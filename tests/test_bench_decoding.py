@@ -19,7 +19,7 @@ def test_all_mode_on_tiny_pair_writes_summary_and_curve(tmp_path, capsys):
     assert all(r["tokens_per_step"] == 1.0 and r["speedup_vs_ar"] == 1.0 for r in ar)
     assert {r["budget"] for r in data["curve"] if r["method"] == "chain"} == {4, 8, 16}
     assert len(data["sequoia_acceptance"]["0.6"]) > 1
-    assert len(data["runs"]) == 2 * (2 * 4 + 3 * 2)
+    assert len(data["runs"]) == 2 * (2 * 4 + 3 * 3)
     assert "tok/step" in capsys.readouterr().out
 
 
@@ -59,3 +59,13 @@ def test_tuned_configuration_is_compared_with_fixed_budgets_in_the_same_run(tmp_
 def test_tuning_needs_a_latency_mode(tmp_path):
     assert main(["acceptance", "--pair", "tiny", "--methods", "chain", "--datasets", "wiki", "--prompts", "1",
                  "--tune-methods", "dyspec_greedy"]) == 2
+
+
+def test_curve_methods_and_prompts_are_their_own_section(tmp_path):
+    out = tmp_path / "c.json"
+    assert main(["all", "--pair", "tiny", "--methods", "--curve-methods", "dyspec_greedy", "--curve-budgets", "4", "8",
+                 "--curve-prompts", "1", "--temperatures", "0", "--datasets", "wiki", "--prompts", "2",
+                 "--new-tokens", "4", "--tune-methods", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["summary"]] == ["autoregressive"]
+    assert [(r["method"], r["budget"], r["prompts"]) for r in data["curve"]] == [("dyspec_greedy", 4, 1), ("dyspec_greedy", 8, 1)]

@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dyntree_core.bench acceptance|latency|all")
     p.add_argument("mode", choices=("acceptance", "latency", "all"))
     p.add_argument("--pair", default="embedded", help="'embedded', 'tiny' (random test pair) or draft_spec,target_spec")
-    p.add_argument("--methods", nargs="+", default=list(TREE_METHODS), choices=TREE_METHODS)
+    p.add_argument("--methods", nargs="*", default=list(TREE_METHODS), choices=TREE_METHODS,
+                   help="tree methods of the main table (none: only the AR baseline and the other sections)")
     p.add_argument("--verifiers", nargs="+", default=["auto"], help="verifiers to run at T>0 for each stochastic method")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.6])
     p.add_argument("--datasets", nargs="+", default=["wiki", "news", "code"])
@@ -228,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-new-tokens", type=int, default=32, help="tokens decoded per calibration prompt")
     p.add_argument("--retune", action="store_true", help="ignore cached hardware profiles and tunings")
     p.add_argument("--curve-prompts", type=int, default=None, help="prompts per point of the budget curve (default --prompts)")
+    p.add_argument("--curve-methods", nargs="*", default=None, choices=TREE_METHODS,
+                   help="methods of the budget curve (default --methods)")
     p.add_argument("--json", type=Path, default=None)
     return p
 
@@ -285,10 +288,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for v in (["auto"] if temp == 0 else args.verifiers):
                     plan.append(PlanItem(ds, temp, m, v, args.budget))
     if args.mode == "all":
-        for m in args.methods:
+        for m in (args.methods if args.curve_methods is None else args.curve_methods):
             for b in args.curve_budgets:
-                if b != args.budget:
-                    plan.append(PlanItem("curve:" + args.datasets[0], 0.0, m, "auto", b))
+                plan.append(PlanItem("curve:" + args.datasets[0], 0.0, m, "auto", b))
 
     sequoia_acc: dict[float, tuple[float, ...]] = {}
 
@@ -347,8 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return r.dataset.partition(":")[0] if ":" in r.dataset else "main"
 
     main_rows = _summaries([r for r in records if section(r) == "main"])
-    curve_rows = _summaries([r for r in records if section(r) == "curve" or
-                             (r.temperature == 0 and r.dataset == args.datasets[0] and r.method != "autoregressive")])
+    curve_rows = _summaries([r for r in records if section(r) == "curve"])
     tune_rows = _summaries([r for r in records if section(r) == "tune"])
     print_table(main_rows, latency=args.mode != "acceptance")
     if args.mode == "all":
