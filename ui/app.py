@@ -42,7 +42,7 @@ METHOD_HINTS: dict[str, str] = {
     "sequoia": "Sequoia: static DP-optimal tree of `budget` nodes (depth-capped), SWOR siblings.",
     "dyspec_greedy": "DySpec greedy heap: expand the most probable node until `budget` nodes.",
     "dyspec_threshold": "DySpec threshold: layer by layer, keep nodes whose value exceeds `threshold`.",
-    "opt_tree": "OPT-Tree: per-layer top-k (`width`) maximising expected acceptance; stop at gain < `threshold`.",
+    "opt_tree": "OPT-Tree: per layer, the global top `budget`-1 nodes by path probability; stop when the gain < `threshold`.",
     "dynatree": "DynaTree: top-k (`width`) branching where the draft's confidence is below `threshold`.",
 }
 

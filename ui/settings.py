@@ -19,7 +19,7 @@ METHOD_PARAMS: dict[str, frozenset[str]] = {
     "sequoia": frozenset({"budget", "depth"}),
     "dyspec_greedy": frozenset({"budget", "depth"}),
     "dyspec_threshold": frozenset({"budget", "depth", "threshold"}),
-    "opt_tree": frozenset({"budget", "depth", "threshold", "width"}),
+    "opt_tree": frozenset({"budget", "depth", "threshold"}),  # layer width = budget - 1 (global top-n)
     "dynatree": frozenset({"budget", "depth", "threshold", "width"}),
 }
 

@@ -100,8 +100,9 @@ def load_recorded_trees(path: Path) -> list[TokenTree]:
     return trees
 
 
-def print_block_table(rows: list[dict], out=sys.stdout) -> None:
+def print_block_table(rows: list[dict], out=None) -> None:
     """Tree-part counts at block 32 next to DySpec's Table 5, then other block sizes and prefixes."""
+    out = sys.stdout if out is None else out  # resolved per call: pytest swaps sys.stdout between tests
     def get(family, size, order, b, scope="tree", pre=0):
         for r in rows:
             if (r["family"], r["size"], r["order"], r["block"], r["scope"], r["prefix"]) == (family, size, order, b, scope, pre):
