@@ -120,7 +120,8 @@ def tuned_config(pair, cfg: DecodeConfig, pair_name: str, refresh: bool = False)
     calib = [list(pair.tokenizer(p.text, add_special_tokens=False)["input_ids"])[:128]
              for ds in ("wiki", "code") for p in load_prompts(ds, 2, split="calib")]
     print(f"tuning {cfg.method} at T={cfg.temperature} (cached)", file=sys.stderr)
-    res = load_or_tune(pair.draft, pair.target, cfg, profile, refresh=refresh, prompts=calib, new_tokens=32,
+    res = load_or_tune(pair.draft, pair.target, cfg, profile, refresh=refresh, same_calibration=False,
+                       prompts=calib, new_tokens=32,
                        eos_token_id=list(pair.eos_token_ids) or None, progress=say)
     b = res.best
     print(f"tuned: budget {b.budget}, depth {b.depth}, width {b.width} "

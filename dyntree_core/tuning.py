@@ -15,7 +15,10 @@ everything else a step costs (draft forwards, tree construction, verification, K
   overhead; the target part comes from the profile at each step's tree size. A coordinate
   search over a (budget × depth) grid starts at a middle point and moves to the best
   neighbour until none improves (typically 5-9 calibrated points instead of the whole grid).
-  ``chain`` searches its length only, ``specinfer`` its width × depth.
+  ``chain`` searches its length only, ``specinfer`` its width × depth. Calibration is noisy
+  (a few prompts, sampled drafts at T > 0), so the final pick follows the one-standard-error
+  rule: the smallest tree whose predicted latency is within one paired standard error (over the
+  calibration prompts) of the best point's (``select_within_noise``).
 * ``dyspec_threshold``: the chosen budget is enforced by the online ``ThresholdController``
   (``adaptive_threshold=True``), so the threshold is picked too, and keeps adapting per prompt.
 
@@ -25,7 +28,10 @@ Results are cached as JSON per (pair, device, dtype, method, temperature) next t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import inspect
 import json
+import math
 import os
 import statistics
 import time
@@ -40,6 +46,7 @@ BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
 DEPTH_GRID: tuple[int, ...] = (2, 3, 4, 6, 8)
 WIDTH_GRID: tuple[int, ...] = (1, 2, 4, 8)
 CHAIN_GRID: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
+TUNING_VERSION = 2  # cached tunings of another version are recomputed (2: one-standard-error pick)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class TuningPoint:
             forward: draft forwards, tree construction, verification, KV compaction.
         measured_seconds_per_token: wall seconds per token of the calibration decodes (NaN for
             modelled points).
+        per_prompt_seconds_per_token: predicted seconds per token of each calibration prompt, in
+            prompt order (the same prompts and seeds for every point, so two points can be
+            compared prompt by prompt); empty for modelled points.
     """
 
     budget: int
@@ -65,6 +75,7 @@ class TuningPoint:
     target_seconds: float
     overhead_seconds: float
     measured_seconds_per_token: float = float("nan")
+    per_prompt_seconds_per_token: tuple[float, ...] = ()
 
     @property
     def predicted_seconds_per_token(self) -> float:
@@ -105,9 +116,15 @@ class TuningResult:
     def from_json(cls, text: str) -> "TuningResult":
         d = json.loads(text)
         d["best"].pop("predicted_seconds_per_token", None)
-        d["best"] = TuningPoint(**d["best"])
-        d["points"] = tuple(TuningPoint(**p) for p in d["points"])
+        d["best"] = _point_from_dict(d["best"])
+        d["points"] = tuple(_point_from_dict(p) for p in d["points"])
         return cls(**d)
+
+
+def _point_from_dict(d: dict) -> TuningPoint:
+    d = dict(d)
+    d["per_prompt_seconds_per_token"] = tuple(d.get("per_prompt_seconds_per_token", ()))
+    return TuningPoint(**d)
 
 
 Evaluate = Callable[[int, int, int], TuningPoint]
@@ -162,6 +179,30 @@ def coordinate_search(
     return best, order
 
 
+def paired_standard_error(a: TuningPoint, b: TuningPoint) -> float:
+    """Standard error of the mean per-prompt difference of predicted seconds/token between two
+    points calibrated on the same prompts; 0 when fewer than two paired prompts are recorded."""
+    xs, ys = a.per_prompt_seconds_per_token, b.per_prompt_seconds_per_token
+    if len(xs) != len(ys) or len(xs) < 2:
+        return 0.0
+    return statistics.stdev(x - y for x, y in zip(xs, ys)) / math.sqrt(len(xs))
+
+
+def select_within_noise(points: Sequence[TuningPoint]) -> TuningPoint:
+    """The one-standard-error rule: the argmin of predicted seconds/token, unless a point with a
+    smaller mean tree (then smaller depth) is within one paired standard error of it.
+
+    Smaller trees cost less to verify on every machine and their acceptance varies less, so
+    among configurations the calibration cannot tell apart the cheapest is the safer choice.
+    """
+    if not points:
+        raise ValueError("no tuning points to select from")
+    best = min(points, key=lambda p: p.predicted_seconds_per_token)
+    tied = [p for p in points
+            if p.predicted_seconds_per_token - best.predicted_seconds_per_token <= paired_standard_error(p, best)]
+    return min(tied, key=lambda p: (p.mean_tree_size, p.depth, p.predicted_seconds_per_token))
+
+
 def calibrate_point(
     draft,
     target,
@@ -177,15 +218,20 @@ def calibrate_point(
     decoder = SpeculativeDecoder(draft, target, cfg, eos_token_id=eos_token_id)
     steps = tokens = 0
     sizes: list[int] = []
+    per_prompt: list[float] = []
     target_s = overhead_s = wall = 0.0
     for i, ids in enumerate(prompts):
+        p_tokens, p_seconds = 0, 0.0
         for tr in decoder.generate(list(ids), new_tokens, seed=cfg.seed + i):
             steps += 1
-            tokens += len(tr.committed)
             sizes.append(tr.tree_size)
-            target_s += profile.target_time(tr.tree_size)
-            overhead_s += max(0.0, tr.step_seconds - tr.timings.target_forward)
-            wall += tr.step_seconds
+            t = profile.target_time(tr.tree_size)
+            o = max(0.0, tr.step_seconds - tr.timings.target_forward)
+            target_s, overhead_s, wall = target_s + t, overhead_s + o, wall + tr.step_seconds
+            p_tokens, p_seconds = p_tokens + len(tr.committed), p_seconds + t + o
+        tokens += p_tokens
+        if p_tokens:
+            per_prompt.append(p_seconds / p_tokens)
     if not steps or not tokens:
         raise ValueError("calibration produced no steps: give non-empty prompts and new_tokens > 0")
     return TuningPoint(
@@ -193,6 +239,7 @@ def calibrate_point(
         tokens_per_step=tokens / steps, mean_tree_size=statistics.fmean(sizes),
         target_seconds=target_s / steps, overhead_seconds=overhead_s / steps,
         measured_seconds_per_token=wall / tokens,
+        per_prompt_seconds_per_token=tuple(per_prompt) if len(per_prompt) == len(prompts) else (),
     )
 
 
@@ -225,7 +272,7 @@ def tune(
     if cfg.method == "sequoia":
         best, points = _tune_sequoia(cfg, profile, budgets, depths)
         strategy = "sequoia optimizer: argmin (t(n) + sum_levels draft(width)) / G(n, d) over the DP"
-        n_prompts = 0
+        n_prompts, meta = 0, {}
     else:
         if not prompts:
             raise ValueError(f"tuning {cfg.method!r} needs calibration prompts")
@@ -258,12 +305,29 @@ def tune(
                 evaluate, {"budget": budgets, "depth": depths},
                 {"budget": _middle(budgets, 32), "depth": _middle(depths, 4)}, fixed={"width": cfg.width})
             strategy = "calibrated coordinate search over budget x depth"
+        argmin = min(points, key=lambda p: p.predicted_seconds_per_token)
+        best = select_within_noise(points)
+        strategy += "; smallest tree within one paired standard error of the best"
+        meta = {"argmin_budget": argmin.budget, "argmin_depth": argmin.depth, "argmin_width": argmin.width,
+                "argmin_predicted_seconds_per_token": argmin.predicted_seconds_per_token,
+                "paired_standard_error": paired_standard_error(best, argmin)}
         n_prompts = len(prompts)
     return TuningResult(
         method=cfg.method, temperature=float(cfg.temperature), profile_key=profile.key, strategy=strategy,
         best=best, points=tuple(points), calib_prompts=n_prompts, calib_tokens=n_prompts * new_tokens,
         seconds=time.perf_counter() - t0, created=time.strftime("%Y-%m-%d %H:%M:%S"),
+        meta={"version": TUNING_VERSION,
+              "calibration": calibration_fingerprint(cfg, prompts, new_tokens, budgets, depths, widths), **meta},
     )
+
+
+def calibration_fingerprint(cfg: DecodeConfig, prompts: Sequence[Sequence[int]], new_tokens: int,
+                            budgets: Sequence[int], depths: Sequence[int], widths: Sequence[int]) -> str:
+    """A short hash of everything a tuning was computed from besides the machine: calibration
+    token ids, tokens per prompt, the searched grids and the base configuration."""
+    data = json.dumps([[list(map(int, p)) for p in prompts], new_tokens, sorted(set(budgets)), sorted(set(depths)),
+                       sorted(set(widths)), cfg.width, cfg.verifier, cfg.seed, list(cfg.sequoia_acceptance or ())])
+    return hashlib.sha1(data.encode()).hexdigest()[:16]
 
 
 def _middle(grid: Sequence[int], preferred: int) -> int:
@@ -313,11 +377,22 @@ def tuning_cache_path(profile_key: str, method: str, temperature: float) -> Path
     return root / "tuning" / f"{safe}.json"
 
 
-def load_or_tune(draft, target, cfg: DecodeConfig, profile: HardwareProfile, refresh: bool = False, **kwargs) -> TuningResult:
-    """The cached tuning for (profile, method, temperature), computed and cached when missing."""
+def load_or_tune(draft, target, cfg: DecodeConfig, profile: HardwareProfile, refresh: bool = False,
+                 same_calibration: bool = True, **kwargs) -> TuningResult:
+    """The cached tuning for (profile, method, temperature), computed and cached when missing,
+    made by another version of the tuner or, with ``same_calibration``, from other calibration
+    prompts / grids (``kwargs`` are ``tune``'s). ``same_calibration=False`` accepts any current
+    tuning of this machine (the interactive ``--budget auto`` path)."""
     path = tuning_cache_path(profile.key, cfg.method, cfg.temperature)
     if path.exists() and not refresh:
-        return TuningResult.from_json(path.read_text())
+        cached = TuningResult.from_json(path.read_text())
+        call = inspect.signature(tune).bind(draft, target, cfg, profile, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        fingerprint = calibration_fingerprint(cfg, a["prompts"], a["new_tokens"], a["budgets"], a["depths"], a["widths"])
+        if cached.meta.get("version") == TUNING_VERSION and (
+                not same_calibration or cached.meta.get("calibration") == fingerprint):
+            return cached
     res = tune(draft, target, cfg, profile, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(res.to_json())

@@ -16,8 +16,11 @@ from dyntree_core.testing import tiny_pair
 from dyntree_core.tuning import (
     TuningPoint,
     TuningResult,
+    TUNING_VERSION,
     coordinate_search,
     load_or_tune,
+    paired_standard_error,
+    select_within_noise,
     tune,
     tuning_cache_path,
 )
@@ -56,6 +59,38 @@ def test_coordinate_search_respects_the_evaluation_cap():
                                     "depth": (2, 3, 4, 6, 8)}, {"budget": 8, "depth": 2}, max_points=4)
     assert len(order) <= 4
     assert best.predicted_seconds_per_token == min(p.predicted_seconds_per_token for p in order)
+
+
+def noisy(budget: int, per_prompt: tuple[float, ...]) -> TuningPoint:
+    mean = sum(per_prompt) / len(per_prompt)
+    return TuningPoint(budget, 4, 8, tokens_per_step=1.0, mean_tree_size=float(budget), target_seconds=mean,
+                       overhead_seconds=0.0, per_prompt_seconds_per_token=per_prompt)
+
+
+def test_paired_standard_error_of_a_known_difference():
+    a, b = noisy(16, (1.0, 2.0, 3.0, 4.0)), noisy(64, (1.1, 1.9, 3.3, 3.9))
+    # differences (-.1, .1, -.3, .1): stdev .1915, / sqrt(4)
+    assert paired_standard_error(a, b) == pytest.approx(0.19148542 / 2, rel=1e-6)
+    assert paired_standard_error(a, point(8, 2, 8, 1.0)) == 0.0  # nothing recorded: no noise estimate
+
+
+def test_one_standard_error_rule_prefers_the_smaller_tree_only_when_tied():
+    big = noisy(64, (1.00, 1.20, 0.90, 1.10))  # mean 1.05, the argmin
+    # +0.01 on average, differences (+.06, -.04, +.06, -.04): SE .0289 > .01 -> tied -> smaller wins
+    tied_small = noisy(16, (1.06, 1.16, 0.96, 1.06))
+    assert select_within_noise([big, tied_small]) is tied_small
+    # +0.1 on every prompt: SE 0 -> a real difference -> the argmin stays
+    worse_small = noisy(16, (1.10, 1.30, 1.00, 1.20))
+    assert select_within_noise([big, worse_small]) is big
+    # a bigger tree tied with the argmin is never preferred
+    tied_bigger = noisy(128, (1.06, 1.16, 0.96, 1.06))
+    assert select_within_noise([big, tied_bigger]) is big
+    # among several tied points the smallest tree wins, without per-prompt data plain argmin
+    tiny = noisy(8, (1.02, 1.18, 0.94, 1.10))  # differences (.02, -.02, .04, 0)
+    assert select_within_noise([big, tied_small, tiny]) is tiny
+    assert select_within_noise([point(64, 4, 8, 1.0), point(16, 4, 8, 1.001)]).budget == 64
+    with pytest.raises(ValueError):
+        select_within_noise([])
 
 
 def test_sequoia_tuning_is_the_brute_force_optimum_of_its_model():
@@ -102,10 +137,17 @@ def test_calibrated_tuning_on_the_tiny_pair(pair, method):
     cfg = DecodeConfig(method=method, temperature=0.0, budget=64, depth=4, width=4)
     res = tune(draft, target, cfg, prof, prompts(), new_tokens=12, budgets=(8, 16, 32, 64), depths=(2, 3, 4))
     assert res.best in res.points
-    assert res.best.predicted_seconds_per_token == min(p.predicted_seconds_per_token for p in res.points)
+    argmin = min(res.points, key=lambda p: p.predicted_seconds_per_token)
+    assert res.best.predicted_seconds_per_token <= argmin.predicted_seconds_per_token + paired_standard_error(
+        res.best, argmin) + 1e-12
+    assert res.best.mean_tree_size <= argmin.mean_tree_size
+    assert res.meta["version"] == TUNING_VERSION and res.meta["argmin_budget"] == argmin.budget
     for p in res.points:
         assert p.tokens_per_step >= 1.0 and p.mean_tree_size >= 2 and p.overhead_seconds > 0
         assert math.isfinite(p.measured_seconds_per_token)
+        assert len(p.per_prompt_seconds_per_token) == 2
+        assert min(p.per_prompt_seconds_per_token) <= p.predicted_seconds_per_token <= max(
+            p.per_prompt_seconds_per_token) + 1e-12
     tuned = res.apply(cfg)
     assert (tuned.budget, tuned.depth) == (res.best.budget, res.best.depth)
     if method == "dyspec_threshold":
@@ -139,3 +181,14 @@ def test_tuning_is_cached_per_profile_method_and_temperature(pair, tmp_path, mon
     assert again == first
     assert TuningResult.from_json(first.to_json()) == first
     assert tuning_cache_path(prof.key, "dyspec_greedy", 0.6) != path
+    # other calibration prompts: recomputed, unless any tuning of this machine will do
+    other = dict(kw, prompts=prompts(1, length=5))
+    assert load_or_tune(None, None, cfg, prof, same_calibration=False, **other) == first
+    assert load_or_tune(draft, target, cfg, prof, **other).meta["calibration"] != first.meta["calibration"]
+    first = load_or_tune(draft, target, cfg, prof, **kw)
+    # a tuning cached by an older tuner (other selection rule) is recomputed, not trusted
+    stale = dataclasses.replace(first, meta={"version": TUNING_VERSION - 1}, seconds=-1.0)
+    path.write_text(stale.to_json())
+    redone = load_or_tune(draft, target, cfg, prof, **kw)
+    assert redone.seconds >= 0 and redone.meta["version"] == TUNING_VERSION
+    assert TuningResult.from_json(path.read_text()).meta["version"] == TUNING_VERSION

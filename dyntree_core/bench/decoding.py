@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: dyspec_greedy in 'all' mode, none otherwise)")
     p.add_argument("--tune-fixed-budgets", nargs="+", type=int, default=[16, 32, 64, 128])
     p.add_argument("--tune-prompts", type=int, default=None, help="evaluation prompts of the tuning comparison (default --prompts)")
-    p.add_argument("--tune-calib-prompts", type=int, default=4, help="calibration prompts per tuned point (calib split)")
+    p.add_argument("--tune-calib-prompts", type=int, default=8, help="calibration prompts per tuned point (calib split)")
     p.add_argument("--tune-new-tokens", type=int, default=32, help="tokens decoded per calibration prompt")
     p.add_argument("--retune", action="store_true", help="ignore cached hardware profiles and tunings")
     p.add_argument("--curve-prompts", type=int, default=None, help="prompts per point of the budget curve (default --prompts)")
@@ -413,6 +413,11 @@ def _tuning_plan(args, pair, dtype: str, methods: Sequence[str], make_cfg, tunin
             print(f"  -> budget {best.budget}, depth {best.depth}, width {best.width}: predicted "
                   f"{best.predicted_seconds_per_token * 1e3:.1f} ms/token ({len(res.points)} points, {res.seconds:.0f} s)",
                   file=sys.stderr)
+            if "argmin_budget" in res.meta and (res.meta["argmin_budget"], res.meta["argmin_depth"]) != (best.budget, best.depth):
+                print(f"     (the calibration argmin, budget {res.meta['argmin_budget']} depth {res.meta['argmin_depth']}: "
+                      f"{res.meta['argmin_predicted_seconds_per_token'] * 1e3:.1f} ms/token, is within one paired "
+                      f"standard error ({res.meta['paired_standard_error'] * 1e3:.1f} ms): the smaller tree is kept)",
+                      file=sys.stderr)
             tunings.append({"method": m, "temperature": temp, "profile": dataclasses.asdict(profile),
                             "result": json.loads(res.to_json())})
             for b in args.tune_fixed_budgets:
