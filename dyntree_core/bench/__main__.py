@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "all": Subcommand("dyntree_core.bench.decoding", True, "acceptance + latency + tree-size curve"),
     "record-trees": Subcommand("dyntree_core.bench.record_trees", False,
                                "record real draft trees from the engine (input of attention --trees)"),
+    "table": Subcommand("dyntree_core.bench.results_table", False,
+                        "Markdown table of committed latency results (bench/results/latency_*.json)"),
     "exactness": Subcommand("dyntree_core.bench.exactness", False,
                             "greedy token-identity of every method vs the target, tokens/s per dtype"),
 }

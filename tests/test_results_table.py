@@ -1,0 +1,45 @@
+"""The committed latency results form the full table (every method, three datasets, T = 0 and
+0.6, >= 20 prompts), and the Markdown renderer shows what the JSON says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dyntree_core.bench.results_table import ORDER, load_rows, main, markdown
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
+def test_committed_results_cover_every_method_dataset_and_temperature():
+    rows = load_rows(sorted(RESULTS.glob("latency_*_cpu_bf16*.json")))
+    for ds in ("wiki", "news", "code"):
+        for t in (0.0, 0.6):
+            for m in ORDER:
+                r = rows.get((ds, t, m))
+                assert r is not None, f"missing {m} on {ds} at T={t}"
+                assert r["prompts"] >= 20 and r["tokens_per_step"] >= 1.0 and r["median_seconds_per_token"] > 0
+            assert rows[(ds, t, "autoregressive")]["tokens_per_step"] == 1.0
+
+
+def test_markdown_table_shows_the_numbers_and_marks_short_rows(tmp_path, capsys, monkeypatch):
+    summary = [
+        {"dataset": "wiki", "temperature": 0.0, "method": "autoregressive", "prompts": 20,
+         "tokens_per_step": 1.0, "median_seconds_per_token": 0.2},
+        {"dataset": "wiki", "temperature": 0.0, "method": "sequoia", "prompts": 19,
+         "tokens_per_step": 3.891, "median_seconds_per_token": 0.29612},
+    ]
+    first = tmp_path / "latency_a.json"
+    first.write_text(json.dumps({"summary": summary}))
+    text = markdown(load_rows([first]))
+    assert "| sequoia | 3.89 · 296 (19/20 prompts) |" in text
+    assert text.index("autoregressive") < text.index("sequoia")
+    # a file that completes the short row replaces it, whichever order they are given in
+    second = tmp_path / "latency_b.json"
+    second.write_text(json.dumps({"summary": [dict(summary[1], prompts=20, tokens_per_step=3.5)]}))
+    for order in ([first, second], [second, first]):
+        assert main([str(p) for p in order]) == 0
+        assert "| sequoia | 3.50 · 296 |" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # no bench/results here: a clear refusal
+    assert main([]) == 1
+    assert "no bench/results/latency_" in capsys.readouterr().err
