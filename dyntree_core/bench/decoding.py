@@ -416,7 +416,7 @@ def _tuning_plan(args, pair, dtype: str, methods: Sequence[str], make_cfg, tunin
             if "argmin_budget" in res.meta and (res.meta["argmin_budget"], res.meta["argmin_depth"]) != (best.budget, best.depth):
                 print(f"     (the calibration argmin, budget {res.meta['argmin_budget']} depth {res.meta['argmin_depth']}: "
                       f"{res.meta['argmin_predicted_seconds_per_token'] * 1e3:.1f} ms/token, is within one paired "
-                      f"standard error ({res.meta['paired_standard_error'] * 1e3:.1f} ms): the smaller tree is kept)",
+                      f"standard error ({res.meta['paired_standard_error'] * 1e3:.1f} ms): the smaller / shallower tree is kept)",
                       file=sys.stderr)
             tunings.append({"method": m, "temperature": temp, "profile": dataclasses.asdict(profile),
                             "result": json.loads(res.to_json())})

@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-DATASETS = ("wiki", "news", "code")
-ORDER = ("autoregressive", "chain", "specinfer", "sequoia", "dyspec_greedy", "dyspec_threshold", "opt_tree", "dynatree")
+from ..config import METHODS
+from ..prompts import DATASETS
 
 
 def load_rows(paths: list[Path]) -> dict[tuple[str, float, str], dict]:
@@ -34,7 +34,7 @@ def load_rows(paths: list[Path]) -> dict[tuple[str, float, str], dict]:
 def markdown(rows: dict[tuple[str, float, str], dict]) -> str:
     columns = sorted({(d, t) for d, t, _ in rows},
                      key=lambda c: (DATASETS.index(c[0]) if c[0] in DATASETS else len(DATASETS), c[0], c[1]))
-    methods = sorted({m for _, _, m in rows}, key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER))
+    methods = sorted({m for _, _, m in rows}, key=lambda m: METHODS.index(m) if m in METHODS else len(METHODS))
     head = "| method | " + " | ".join(f"{d} T={t:g}" for d, t in columns) + " |"
     sep = "|---|" + "---|" * len(columns)
     lines = [head, sep]
