@@ -54,6 +54,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         provider = TinyModelProvider()
         defaults = AppDefaults(device=args.device, dtype="float32", prompt="t1 t2 t3 t4 t5", chat=False,
+                               method="dyspec_greedy", precision="float32", draft_precision="float32",
                                max_new_tokens=24, budget=16, depth=4, width=3, title="DynTree (tiny test pair)")
     else:
         provider = HubModelProvider(args.draft, args.target)

@@ -7,7 +7,7 @@ import statistics
 import sys
 from typing import Optional
 
-from .config import METHODS, VERIFIERS, ConfigError, DecodeConfig
+from .config import METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("--prompt", required=True, help="prompt text")
-    g.add_argument("--method", default="chain", choices=METHODS)
+    g.add_argument("--method", default="auto", choices=("auto",) + METHODS,
+                   help="'auto' (default): the measured cost model of this machine picks the method, its "
+                        "shape and (with --precision auto) each model's precision, and says why")
     g.add_argument("--verifier", default="auto", choices=VERIFIERS)
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--draft", default="embedded", help="draft model: 'embedded', a preset, a local dir or a hub id")
@@ -34,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--width", type=int, default=8)
     g.add_argument("--threshold", type=float, default=0.05)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="dtype of dense models / dense parts of quantized ones")
+    g.add_argument("--precision", default="auto", choices=("auto",) + PRECISIONS,
+                   help="target precision: float32, bfloat16, float16 (CUDA), int8, int4 (weight-only, torch's "
+                        "CPU kernels) or auto (measured: the machine profile is cached after the first run)")
+    g.add_argument("--draft-precision", default="auto", choices=("auto",) + PRECISIONS)
     g.add_argument("--device", default="cpu")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and report the speedup")
@@ -69,14 +76,14 @@ def _generate(args) -> int:
     from .engine import SpeculativeDecoder
     from .models import load_pair
 
-    auto = args.budget == "auto"
+    auto_budget = args.budget == "auto"
     cfg = DecodeConfig(
-        method=args.method,
+        method="chain" if args.method == "auto" else args.method,
         verifier=args.verifier,
         temperature=args.temperature,
         top_p=args.top_p,
         draft_temperature=args.draft_temperature,
-        budget=64 if auto else args.budget,
+        budget=64 if auto_budget else args.budget,
         depth=args.depth,
         width=args.width,
         threshold=args.threshold,
@@ -84,25 +91,64 @@ def _generate(args) -> int:
         dtype=args.dtype,
         device=args.device,
     )
-    pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device)
+    if "auto" in (args.method, args.precision, args.draft_precision):
+        pair, cfg = auto_config(args, cfg)
+    else:
+        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device,
+                         precision=args.precision, draft_precision=args.draft_precision)
+        cfg = _with_precisions(cfg, pair)
     ids = encode_prompt(pair.tokenizer, args.prompt, chat=args.chat)
-    if auto and cfg.method != "autoregressive":
+    if auto_budget and cfg.method != "autoregressive":
         cfg = tuned_config(pair, cfg, f"{args.draft},{args.target}", refresh=args.retune)
     summary = run_once(SpeculativeDecoder(pair.draft, pair.target, cfg), ids, args.max_new_tokens)
     print(pair.tokenizer.decode(summary["ids"], skip_special_tokens=True))
     line = (
-        f"[{cfg.method}/{cfg.resolved_verifier()}] {summary['tokens']} tokens in {summary['seconds']:.2f} s "
+        f"[{cfg.method}/{cfg.resolved_verifier()}, target {cfg.precision}, draft {cfg.draft_precision}] "
+        f"{summary['tokens']} tokens in {summary['seconds']:.2f} s "
         f"= {summary['tokens_per_s']:.2f} tok/s; {summary['steps']} target steps, "
         f"mean tokens per step (accepted + bonus) {summary['mean_accepted']:.2f}"
     )
     if args.compare and cfg.method != "autoregressive":
         ar_cfg = DecodeConfig(method="autoregressive", temperature=cfg.temperature, top_p=cfg.top_p,
-                              seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+                              seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, precision=cfg.precision)
         ar = run_once(SpeculativeDecoder(pair.draft, pair.target, ar_cfg), ids, args.max_new_tokens)
         speedup = summary["tokens_per_s"] / ar["tokens_per_s"] if ar["tokens_per_s"] else float("nan")
-        line += f"; autoregressive {ar['tokens_per_s']:.2f} tok/s; speedup {speedup:.2f}x"
+        line += f"; autoregressive @ {cfg.precision} {ar['tokens_per_s']:.2f} tok/s; speedup {speedup:.2f}x"
     print(line, file=sys.stderr)
     return 0
+
+
+def _with_precisions(cfg: DecodeConfig, pair) -> DecodeConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, precision=pair.target_precision, draft_precision=pair.draft_precision)
+
+
+def auto_config(args, cfg: DecodeConfig):
+    """Resolve every ``auto`` (method, precisions) with the measured cost model; prints the reason."""
+    import dataclasses
+
+    from .auto import AUTO_METHODS, PairCache, default_precisions, plan_auto
+
+    def say(msg: str) -> None:
+        print("  " + msg, file=sys.stderr)
+
+    tps = default_precisions(args.device if args.device != "auto" else "cpu") if args.precision == "auto" else [args.precision]
+    dps = tps if args.draft_precision == "auto" else [args.draft_precision]
+    if args.draft_precision == "auto" and args.precision != "auto":
+        dps = default_precisions(args.device if args.device != "auto" else "cpu")
+    methods = AUTO_METHODS if args.method == "auto" or args.method not in AUTO_METHODS else ("autoregressive", args.method)
+    cache = PairCache(args.draft, args.target, device=args.device if args.device != "auto" else "cpu")
+    plan = plan_auto(cache, args.temperature, target_precisions=tps, draft_precisions=dps, methods=methods,
+                     refresh=args.retune, progress=say)
+    if args.method == "auto":
+        cfg = plan.apply(cfg)
+    else:  # the user's method and shape; the plan only picks the precisions
+        tree = next((c for c in plan.top if c.method != "autoregressive"), plan.best)
+        cfg = dataclasses.replace(cfg, precision=tree.target_precision,
+                                  draft_precision=tree.draft_precision or plan.fastest_draft_precision)
+    print(plan.reason, file=sys.stderr)
+    return cache.pair(cfg.precision, cfg.draft_precision or plan.fastest_draft_precision), cfg
 
 
 def tuned_config(pair, cfg: DecodeConfig, pair_name: str, refresh: bool = False) -> DecodeConfig:

@@ -18,6 +18,8 @@ METHODS: tuple[str, ...] = (
 )
 VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+#: per-model precisions (``dyntree_core.quant``); ``auto`` is resolved by ``dyntree_core.auto``
+PRECISIONS: tuple[str, ...] = ("float32", "bfloat16", "float16", "int8", "int4")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
 #: tree methods whose sibling draws are stochastic at T>0 (token-level / traversal apply)
@@ -53,7 +55,10 @@ class DecodeConfig:
             branching (its B = (1, 2, 3) capped by ``width``). OPT-Tree keeps the global top
             ``budget - 1`` per layer (that is what makes it optimal) and ignores ``width``.
         seed: RNG seed for drafting and verification.
-        dtype: model dtype.
+        dtype: dtype of dense models (and of the dense parts of quantized ones).
+        precision: target precision (``PRECISIONS``); None = as the model was loaded (a dense
+            model is cast to ``dtype``). A dense model given with ``int8``/``int4`` is quantized.
+        draft_precision: the draft's precision; None = as the draft was loaded.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
         attention: tree-attention backend: ``torch`` (SDPA with a 4D mask), ``triton`` or ``auto``
             (triton on CUDA, torch elsewhere).
@@ -63,6 +68,10 @@ class DecodeConfig:
             size tracks ``budget`` (``hardware.ThresholdController``).
         sequoia_acceptance: measured marginal acceptance vector p_k for the Sequoia DP
             (None = a conservative default; see ``dyntree_core.drafting.sequoia``).
+        stop_confidence: chain only: stop drafting after a token whose draft probability is below
+            this value (transformers' ``assistant_confidence_threshold`` rule; ``depth`` stays the
+            cap). None = always draft ``depth`` tokens. The stop depends on the draft alone, so
+            verification stays lossless.
     """
 
     method: str = "chain"
@@ -76,17 +85,27 @@ class DecodeConfig:
     width: int = 8
     seed: int = 0
     dtype: str = "float32"
+    precision: Optional[str] = None
+    draft_precision: Optional[str] = None
     device: str = "cpu"
     attention: str = "auto"
     offload_target: bool = False
     trace_block_counts: bool = True
     adaptive_threshold: bool = False
     sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
+    stop_confidence: Optional[float] = None
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
         _choice("verifier", self.verifier, VERIFIERS)
         _choice("dtype", self.dtype, DTYPES)
+        for name in ("precision", "draft_precision"):
+            value = getattr(self, name)
+            if value == "auto":
+                raise ConfigError(f"{name}='auto' is resolved before decoding: use dyntree_core.auto.plan_auto "
+                                  "(the CLI and the app do this for you)")
+            if value is not None:
+                _choice(name, value, PRECISIONS)
         _choice("attention", self.attention, ATTENTION_BACKENDS)
         if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 10.0):
             raise ConfigError(f"temperature must be in [0, 10] (0 = greedy), got {self.temperature!r}")
@@ -111,6 +130,9 @@ class DecodeConfig:
             if not acc or any(not (0.0 <= x <= 1.0) for x in acc):
                 raise ConfigError("sequoia_acceptance must be a non-empty sequence of values in [0, 1]")
             object.__setattr__(self, "sequoia_acceptance", acc)
+        if self.stop_confidence is not None and not (
+                isinstance(self.stop_confidence, (int, float)) and 0.0 < self.stop_confidence < 1.0):
+            raise ConfigError(f"stop_confidence must be in (0, 1) or None, got {self.stop_confidence!r}")
         self.resolved_verifier()  # raises on incompatible method × verifier
 
     # ------------------------------------------------------------------ derived values

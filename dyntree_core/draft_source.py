@@ -35,7 +35,9 @@ class ModelDraftSource:
         self.cache = cache
         self.pending = list(pending)
         self.temperature = temperature
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        from .quant.apply import output_dim
+
+        self.vocab_size = output_dim(model)
         self.base = cache_length(cache)
         self.slot: dict[int, int] = {}  # tree node -> absolute cache slot
         self._pre_fed = False

@@ -30,7 +30,9 @@ class VocabMismatchError(ConfigError):
 
 
 def model_vocab_size(model) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    from .quant.apply import output_dim
+
+    return output_dim(model)
 
 
 def check_same_vocab(draft, target) -> None:
@@ -54,6 +56,34 @@ def place_model(model, device: Optional[torch.device], dtype: torch.dtype):
     if device is not None:
         model.to(device=device)
     return model.eval()
+
+
+def prepare_model(model, device: Optional[torch.device], dtype: torch.dtype, precision: Optional[str], role: str):
+    """Bring ``model`` to ``precision`` (None: quantized models stay as loaded, dense ones take
+    ``dtype``). A dense model asked for int8/int4 is quantized in place; a quantized model cannot
+    become dense again (load it again at that precision)."""
+    from .quant.apply import QUANT_PRECISIONS, model_precision, quantize_model
+    from .quant.linear import PrecisionError
+
+    current = model_precision(model)
+    if precision is None:
+        if current in QUANT_PRECISIONS:
+            return model.eval() if device is None else model.to(device=device).eval()
+        return place_model(model, device, dtype)
+    try:
+        if precision in QUANT_PRECISIONS:
+            if current != precision:
+                if current in QUANT_PRECISIONS:
+                    raise ConfigError(f"the {role} was loaded at {current}; load it at {precision} "
+                                      f"(load_pair(..., {'draft_' if role == 'draft' else ''}precision={precision!r}))")
+                place_model(model, device, torch.float32)
+                quantize_model(model, precision)
+            return model.eval()
+        if current in QUANT_PRECISIONS:
+            raise ConfigError(f"the {role} was loaded at {current}; a {precision} run needs it loaded at {precision}")
+        return place_model(model, device, _DTYPES[precision])
+    except PrecisionError as e:
+        raise ConfigError(str(e)) from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,7 +118,7 @@ class SpeculativeDecoder:
         self.config = config
         self.device = resolve_device(config.device)
         dtype = _DTYPES[config.dtype]
-        self.draft = place_model(draft, self.device, dtype)
+        self.draft = prepare_model(draft, self.device, dtype, config.draft_precision, "draft")
         self.offload = None
         if config.offload_target:
             from .offload import offload_decoder_layers
@@ -99,7 +129,7 @@ class SpeculativeDecoder:
             self.offload = offload_decoder_layers(target, device=str(self.device))
             self.target = target.eval()
         else:
-            self.target = place_model(target, self.device, dtype)
+            self.target = prepare_model(target, self.device, dtype, config.precision, "target")
         if config.attention == "triton" or (config.attention == "auto" and self.device.type == "cuda"):
             from .attention.hf_backend import use_tree_attention
 

@@ -87,7 +87,9 @@ def time_forward(model, prefix_len: int, n: int, repeats: int = 3, warmup: int =
     from .forward import causal_forward, new_cache
     from .kv import compact
 
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+    from .quant.apply import output_dim
+
+    vocab = output_dim(model)
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (prefix_len,), generator=gen).tolist()
     block = torch.randint(0, vocab, (n,), generator=gen).tolist()

@@ -107,3 +107,32 @@ def align_cpu_parameters(module: torch.nn.Module, align: int = CPU_PARAM_ALIGN) 
             p.data = p.data.clone()
             moved += 1
     return moved
+
+
+class TinyPairCache:
+    """The tiny pair at any precision, with the interface of ``dyntree_core.auto.PairCache``
+    (``model(role, precision)``, ``pair(target_precision, draft_precision)``), so ``auto`` and the
+    speed bench run on it in tests. Each call builds fresh models (quantizing mutates them)."""
+
+    device = "cpu"
+    draft_spec = target_spec = "tiny"
+
+    def __init__(self, tokenizer, vocab: int = 64, seed: int = 0):
+        self.tokenizer, self.vocab, self.seed = tokenizer, vocab, seed
+
+    def model(self, role: str, precision: str):
+        from .quant import QUANT_PRECISIONS, quantize_model
+
+        draft, target = tiny_pair(vocab=self.vocab, seed=self.seed)
+        m = draft if role == "draft" else target
+        if precision in QUANT_PRECISIONS:
+            return quantize_model(m, precision)
+        return m.to(getattr(torch, precision))
+
+    def pair(self, target_precision: str, draft_precision: str):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(draft=self.model("draft", draft_precision), target=self.model("target", target_precision),
+                               tokenizer=self.tokenizer, eos_token_ids=(), dtype=torch.float32,
+                               draft_precision=draft_precision, target_precision=target_precision,
+                               description=f"tiny random pair (draft {draft_precision}, target {target_precision})")

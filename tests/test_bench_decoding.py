@@ -19,6 +19,7 @@ def test_all_mode_on_tiny_pair_writes_summary_and_curve(tmp_path, capsys):
     assert all(r["tokens_per_step"] == 1.0 and r["speedup_vs_ar"] == 1.0 for r in ar)
     assert {r["budget"] for r in data["curve"] if r["method"] == "chain"} == {4, 8, 16}
     assert len(data["sequoia_acceptance"]["0.6"]) > 1
+    assert data["machine"]["processor"] is not None and data["machine_info"]["cpu_class"]  # old and new keys
     assert len(data["runs"]) == 2 * (2 * 4 + 3 * 3)
     assert "tok/step" in capsys.readouterr().out
 

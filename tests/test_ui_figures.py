@@ -33,7 +33,7 @@ from ui.tree_figure import tree_figure, tree_layout
 def _settings(**kw) -> RunSettings:
     base = dict(draft="tiny", target="tiny", device="cpu", dtype="float32", prompt="t1 t2 t3", chat=False,
                 method="dyspec_greedy", verifier="auto", temperature=0.0, top_p=1.0, budget=24, depth=4, width=3,
-                threshold=0.05, max_new_tokens=12, seed=0)
+                threshold=0.05, max_new_tokens=12, seed=0, precision="float32", draft_precision="float32")
     base.update(kw)
     return RunSettings(**base)
 
@@ -403,3 +403,20 @@ def test_encode_prompt_accepts_batch_encoding_from_chat_templates():
     assert encode_prompt(ChatTok(), "hi", chat=False) == [9, 9]
     with pytest.raises(ConfigError):
         encode_prompt(ChatTok(), "  ", chat=True)
+
+
+def test_auto_is_resolved_by_the_provider_and_explained(tmp_path, monkeypatch):
+    """Method and precisions 'auto': the measured cost model picks them, the record says why."""
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    provider = TinyModelProvider()
+    rec = run_to_end(provider, _settings(method="auto", precision="auto", draft_precision="auto", max_new_tokens=6))
+    assert rec.status == "finished" and rec.config.method in ("autoregressive", "chain", "sequoia")
+    assert rec.settings.precision == "float32" and rec.settings.draft_precision in ("float32", "int8")
+    assert rec.note.startswith("auto:") and "ms/token" in rec.note
+    from ui.views import status_line
+
+    assert "auto:" in status_line(rec)
+    # a given method keeps its method and shape; only the precisions are chosen
+    rec2 = run_to_end(provider, _settings(method="dyspec_greedy", precision="auto", draft_precision="auto",
+                                          max_new_tokens=6))
+    assert rec2.config.method == "dyspec_greedy" and rec2.config.budget == 24 and rec2.settings.precision == "float32"

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 
 import gradio as gr
 
-from dyntree_core.config import DTYPES, METHODS, compatible_verifiers
+from dyntree_core.config import DTYPES, compatible_verifiers
 
 from .errors import describe_error, error_markdown
 from .export import write_images, write_json
@@ -28,7 +28,16 @@ from .models import ModelProvider
 from .runner import start_generation
 from .session import Generation, RunRecord, SessionState
 from .worker import DecodeWorker
-from .settings import MAX_NEW_TOKENS, METHOD_PARAMS, TREE_METHODS, RunSettings, settings_from_form
+from .settings import (
+    AUTO,
+    MAX_NEW_TOKENS,
+    METHOD_CHOICES,
+    METHOD_PARAMS,
+    PRECISION_CHOICES,
+    TREE_METHODS,
+    RunSettings,
+    settings_from_form,
+)
 from .views import compare_views, export_figures, run_view, step_view
 
 #: while a run decodes, the page pulls a fresh snapshot this often (seconds; DYNTREE_UI_STREAM_INTERVAL
@@ -36,6 +45,8 @@ from .views import compare_views, export_figures, run_view, step_view
 STREAM_INTERVAL_S = float(os.environ.get("DYNTREE_UI_STREAM_INTERVAL", "1.0"))
 BLOCK_SIZES = (16, 32, 64)
 METHOD_HINTS: dict[str, str] = {
+    AUTO: "auto: this machine's measured cost model picks the method, its shape and each model's precision "
+          "(plain decoding when no tree pays for itself here); the status line says why.",
     "autoregressive": "Baseline: one target forward per token, no draft.",
     "chain": "Leviathan chain: one draft sample per level, `depth` levels.",
     "specinfer": "SpecInfer: `width` i.i.d. draft samples per level, `depth` levels.",
@@ -55,7 +66,9 @@ class AppDefaults:
     dtype: str = "float32"
     prompt: str = "Write a Python function that returns the n-th Fibonacci number."
     chat: bool = True
-    method: str = "dyspec_greedy"
+    method: str = AUTO
+    precision: str = AUTO
+    draft_precision: str = AUTO
     max_new_tokens: int = 64
     budget: int = 32
     depth: int = 6
@@ -92,8 +105,12 @@ def _param_updates(method: str) -> list[Any]:
     return [gr.update(interactive=name in used) for name in ("budget", "depth", "width", "threshold")]
 
 
+def _verifiers(method: str, temperature: float) -> list[str]:
+    return ["auto"] if method == AUTO else compatible_verifiers(method, float(temperature or 0.0))
+
+
 def _verifier_update(method: str, temperature: float, current: Optional[str]) -> Any:
-    choices = compatible_verifiers(method, float(temperature or 0.0))
+    choices = _verifiers(method, temperature)
     return gr.Dropdown(choices=choices, value=current if current in choices else "auto")
 
 
@@ -123,6 +140,12 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                         device = gr.Dropdown(["cpu", "cuda"] if cuda else ["cpu"], value=defaults.device,
                                              label="Device", elem_id="device")
                         dtype = gr.Dropdown(list(DTYPES), value=defaults.dtype, label="dtype", elem_id="dtype")
+                    with gr.Row():
+                        precision = gr.Dropdown(list(PRECISION_CHOICES), value=defaults.precision,
+                                                label="Target precision", elem_id="precision",
+                                                info="auto: measured on this machine (first Run profiles it, then cached)")
+                        draft_precision = gr.Dropdown(list(PRECISION_CHOICES), value=defaults.draft_precision,
+                                                      label="Draft precision", elem_id="draft-precision")
                     offload = gr.Checkbox(False, label="Offload the target's layers to host memory (CUDA)",
                                           visible=cuda, elem_id="offload")
                 prompt = gr.Textbox(defaults.prompt, lines=4, label="Prompt", elem_id="prompt")
@@ -131,9 +154,9 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                                        info="wrap the prompt when the tokenizer has one")
                     example = gr.Dropdown([label for label, _ in examples], value=None, label="Example prompt",
                                           visible=bool(examples), elem_id="example-prompt")
-                method = gr.Dropdown(list(METHODS), value=defaults.method, label="Method", elem_id="method")
+                method = gr.Dropdown(list(METHOD_CHOICES), value=defaults.method, label="Method", elem_id="method")
                 method_hint = gr.Markdown(METHOD_HINTS.get(defaults.method, ""), elem_id="method-hint")
-                verifier = gr.Dropdown(compatible_verifiers(defaults.method, 0.0), value="auto",
+                verifier = gr.Dropdown(_verifiers(defaults.method, 0.0), value="auto",
                                        label="Verifier (lossless choices only)", elem_id="verifier")
                 with gr.Row():
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
@@ -216,7 +239,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                             cmp_steps = gr.Plot(label="Tokens per step", elem_id="compare-steps")
 
         form = [draft, target, device, dtype, prompt, chat, method, verifier, temperature, top_p,
-                budget, depth, width, threshold, max_new, seed, offload]
+                budget, depth, width, threshold, max_new, seed, offload, precision, draft_precision]
         live_outputs = [tree_plot, mask_bfs, mask_dfs, mask_hpd, phase_plot, text_html, speed_plot, steps_plot,
                         status, step_slider, error_box, pause_btn]
         step_outputs = [tree_plot, mask_bfs, mask_dfs, mask_hpd, phase_plot]
@@ -306,7 +329,11 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
             halt(state)
             if state.generation is not None and not state.generation.done:
                 state.generation.stop_now()
-            if not model_provider.is_loaded(settings.pair_spec()):
+            if settings.needs_auto:
+                yield notice(state, f"auto: choosing the configuration for this machine ({settings.draft} / "
+                                    f"{settings.target}) … the first time it measures the machine profile and "
+                                    "the pair's acceptance (a few minutes on a 2-core CPU), then it is cached")
+            elif not model_provider.is_loaded(settings.pair_spec()):
                 yield notice(state, f"Loading models {settings.draft} / {settings.target} … "
                                     "(the first load can take a while)")
             state.generation = start_generation(model_provider, settings)

@@ -26,6 +26,8 @@ class PairSpec:
     device: str = "cpu"
     dtype: str = "float32"
     offload: bool = False
+    precision: str = "auto"  # target: a concrete precision once resolved
+    draft_precision: str = "auto"
 
 
 @dataclass
@@ -49,35 +51,80 @@ class ModelProvider(Protocol):
 
     def is_loaded(self, spec: PairSpec) -> bool: ...
 
+    def auto_plan(self, settings: Any, progress: Any = None) -> Any:
+        """``dyntree_core.auto.AutoPlan`` for the settings' pair, temperature and the choices left to auto."""
+        ...
+
 
 class HubModelProvider:
-    """Loads pairs through ``dyntree_core.models.load_pair`` and caches the last one."""
+    """Loads pairs through ``dyntree_core.auto.PairCache`` (one cache per draft/target/device: the
+    models of the last two precisions stay loaded, so auto's profiling, its choice and the run
+    share them), or ``load_pair`` for an offloaded target."""
 
     def __init__(self, default_draft: str = "embedded", default_target: str = "embedded") -> None:
         self.default_draft = default_draft
         self.default_target = default_target
         self._lock = threading.Lock()
         self._pair: Optional[LoadedPair] = None
+        self._cache: Any = None
+        self._cache_key: Optional[tuple] = None
+        self.progress: str = ""  # the latest progress line of a long load / profile (status line)
 
     def is_loaded(self, spec: PairSpec) -> bool:
         pair = self._pair
         return pair is not None and pair.spec == spec
 
+    def _pair_cache(self, draft: str, target: str, device: str):
+        from dyntree_core.auto import PairCache
+
+        key = (draft, target, device)
+        if self._cache_key != key:
+            self._release()
+            self._cache, self._cache_key = PairCache(draft, target, device=device), key
+        return self._cache
+
+    def auto_plan(self, settings: Any, progress: Any = None) -> Any:
+        """Resolve ``auto`` (method and/or precisions) with the measured cost model (cached)."""
+        from dyntree_core.auto import AUTO_METHODS, default_precisions, plan_auto
+
+        def say(msg: str) -> None:
+            self.progress = msg.strip()
+            if progress is not None:
+                progress(msg)
+
+        device = "cpu" if settings.offload else settings.device
+        tps = default_precisions(device) if settings.precision == "auto" else (settings.precision,)
+        dps = default_precisions(device) if settings.draft_precision == "auto" else (settings.draft_precision,)
+        methods = AUTO_METHODS if settings.method in ("auto", *AUTO_METHODS) else ("autoregressive",)
+        if settings.method not in ("auto",) and settings.method in AUTO_METHODS:
+            methods = tuple(dict.fromkeys(("autoregressive", settings.method)))
+        with self._lock:
+            try:
+                cache = self._pair_cache(settings.draft.strip(), settings.target.strip(), device)
+                return plan_auto(cache, float(settings.temperature), target_precisions=tps, draft_precisions=dps,
+                                 methods=methods, progress=say)
+            except (OSError, ValueError, KeyError) as e:
+                raise ModelLoadError(f"could not plan 'auto' for draft {settings.draft!r} / target "
+                                     f"{settings.target!r}: {e}") from e
+
     def load(self, spec: PairSpec) -> LoadedPair:
         if not spec.draft.strip() or not spec.target.strip():
             raise ModelLoadError("give both a draft and a target model ('embedded', a preset, a local dir or a hub id)")
+        if "auto" in (spec.precision, spec.draft_precision):
+            raise ModelLoadError("resolve precision 'auto' first (auto_plan)")
         with self._lock:
             if self._pair is not None and self._pair.spec == spec:
                 return self._pair
-            self._release()
             try:
-                from dyntree_core.models import load_pair  # lazy: nothing is loaded at import
-            except ImportError as e:
-                raise ModelLoadError(f"model loading is not available in this build ({e})") from e
-            # an offloaded target is streamed from host memory: load it on the CPU
-            device = "cpu" if spec.offload else spec.device
-            try:
-                pair = load_pair(spec.draft.strip(), spec.target.strip(), dtype=spec.dtype, device=device)
+                if spec.offload:  # an offloaded target is streamed from host memory: load it on the CPU
+                    from dyntree_core.models import load_pair  # lazy: nothing is loaded at import
+
+                    self._release()
+                    pair = load_pair(spec.draft.strip(), spec.target.strip(), dtype=spec.dtype, device="cpu",
+                                     precision=spec.precision, draft_precision=spec.draft_precision)
+                else:
+                    cache = self._pair_cache(spec.draft.strip(), spec.target.strip(), spec.device)
+                    pair = cache.pair(spec.precision, spec.draft_precision)
             except (OSError, ValueError, KeyError) as e:
                 raise ModelLoadError(f"could not load draft {spec.draft!r} / target {spec.target!r}: {e}") from e
             tok = pair.tokenizer
@@ -93,9 +140,10 @@ class HubModelProvider:
             return self._pair
 
     def _release(self) -> None:
-        if self._pair is None:
+        if self._pair is None and self._cache is None:
             return
         self._pair = None
+        self._cache, self._cache_key = None, None
         gc.collect()
         try:
             import torch

@@ -36,6 +36,7 @@ class RunRecord:
     traces: list[StepTrace] = field(default_factory=list)
     status: RunStatus = "paused"
     message: str = ""
+    note: str = ""  # why auto chose this configuration (empty when nothing was auto)
 
     @property
     def label(self) -> str:

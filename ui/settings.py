@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from dyntree_core.config import METHODS, ConfigError, DecodeConfig, compatible_verifiers
+from dyntree_core.config import METHODS, PRECISIONS, ConfigError, DecodeConfig, compatible_verifiers
 
 from .models import PairSpec
 
 MAX_NEW_TOKENS = 2048
+AUTO = "auto"
+#: the Method dropdown: ``auto`` (the measured cost model decides) and every method
+METHOD_CHOICES: tuple[str, ...] = (AUTO,) + METHODS
+PRECISION_CHOICES: tuple[str, ...] = (AUTO,) + PRECISIONS
 TREE_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("autoregressive", "chain"))
 
 #: which ``DecodeConfig`` knobs each method reads (the others are greyed out in the form)
 METHOD_PARAMS: dict[str, frozenset[str]] = {
+    AUTO: frozenset(),
     "autoregressive": frozenset(),
     "chain": frozenset({"depth"}),
     "specinfer": frozenset({"depth", "width"}),
@@ -45,8 +50,17 @@ class RunSettings:
     max_new_tokens: int
     seed: int
     offload: bool = False
+    precision: str = AUTO
+    draft_precision: str = AUTO
+
+    @property
+    def needs_auto(self) -> bool:
+        """Something is left to ``dyntree_core.auto`` (resolve with the provider first)."""
+        return AUTO in (self.method, self.precision, self.draft_precision)
 
     def decode_config(self) -> DecodeConfig:
+        if self.needs_auto:
+            raise ConfigError("method/precision 'auto' must be resolved before decoding (the app does this on Run)")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ConfigError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens!r}")
         if not self.prompt or not self.prompt.strip():
@@ -64,10 +78,13 @@ class RunSettings:
             dtype=self.dtype,
             device=self.device,
             offload_target=self.offload,
+            precision=self.precision,
+            draft_precision=None if self.method == "autoregressive" else self.draft_precision,
         )
 
     def pair_spec(self) -> PairSpec:
-        return PairSpec(self.draft.strip(), self.target.strip(), self.device, self.dtype, self.offload)
+        return PairSpec(self.draft.strip(), self.target.strip(), self.device, self.dtype, self.offload,
+                        self.precision, self.draft_precision)
 
     def with_method(self, method: str) -> "RunSettings":
         """The same run with another method; the verifier falls back to ``auto`` if incompatible."""
@@ -94,7 +111,8 @@ def _int(value, name: str) -> int:
 
 
 def settings_from_form(draft, target, device, dtype, prompt, chat, method, verifier, temperature, top_p,
-                       budget, depth, width, threshold, max_new_tokens, seed, offload) -> RunSettings:
+                       budget, depth, width, threshold, max_new_tokens, seed, offload,
+                       precision=AUTO, draft_precision=AUTO) -> RunSettings:
     """Build ``RunSettings`` from raw component values (numbers may arrive as floats or None)."""
     return RunSettings(
         draft=str(draft or ""),
@@ -114,4 +132,6 @@ def settings_from_form(draft, target, device, dtype, prompt, chat, method, verif
         max_new_tokens=_int(max_new_tokens, "max new tokens"),
         seed=_int(seed, "seed"),
         offload=bool(offload),
+        precision=str(precision or AUTO),
+        draft_precision=str(draft_precision or AUTO),
     )

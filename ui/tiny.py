@@ -59,6 +59,19 @@ class TinyModelProvider:
         pair = self._pair
         return pair is not None and pair.spec == spec
 
+    def auto_plan(self, settings, progress=None):
+        """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
+        under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
+        from dyntree_core.auto import AUTO_METHODS, plan_auto
+        from dyntree_core.testing import TinyPairCache
+
+        cache = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed)
+        tps = ("float32",) if settings.precision == "auto" else (settings.precision,)
+        dps = ("float32", "int8") if settings.draft_precision == "auto" else (settings.draft_precision,)
+        methods = AUTO_METHODS if settings.method in ("auto", *AUTO_METHODS) else ("autoregressive",)
+        return plan_auto(cache, float(settings.temperature), target_precisions=tps, draft_precisions=dps,
+                         methods=methods, progress=progress)
+
     def load(self, spec: PairSpec) -> LoadedPair:
         if spec.draft != TINY_NAME or spec.target != TINY_NAME:
             raise ModelLoadError(
@@ -67,9 +80,14 @@ class TinyModelProvider:
             )
         with self._lock:
             if self._pair is None or self._pair.spec != spec:
-                from dyntree_core.testing import tiny_pair
+                from dyntree_core.testing import TinyPairCache
 
-                draft, target = tiny_pair(vocab=self.vocab, seed=self.seed)
-                self._pair = LoadedPair(draft, target, TinyTokenizer(self.vocab), spec,
-                                        description="tiny random Llama pair (test only)")
+                pair = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed).pair(
+                    _concrete(spec.precision), _concrete(spec.draft_precision))
+                self._pair = LoadedPair(pair.draft, pair.target, pair.tokenizer, spec,
+                                        description=f"tiny random Llama pair (test only; {pair.description})")
             return self._pair
+
+
+def _concrete(precision: str) -> str:
+    return "float32" if precision in ("auto", "", None) else precision

@@ -66,11 +66,14 @@ def status_line(record: Optional[RunRecord]) -> str:
     if record is None:
         return "Idle. Models load on the first Run."
     s = record.summary()
+    note = f"  \n_{html.escape(record.note)}_" if record.note else ""
+    prec = record.config.precision
+    label = f"{record.label} @ {prec}" if prec else record.label
     if not s["steps"]:
-        return f"**{record.label}** · {record.status} · no step yet"
+        return f"**{label}** · {record.status} · no step yet{note}"
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
-    return (f"**{record.label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
-            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step")
+    return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
+            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{note}")
 
 
 def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:

@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                                "record real draft trees from the engine (input of attention --trees)"),
     "table": Subcommand("dyntree_core.bench.results_table", False,
                         "Markdown table of committed latency results (bench/results/latency_*.json)"),
+    "speed": Subcommand("dyntree_core.bench.speed", False,
+                        "ms/token: autoregressive per precision, auto, transformers generate / assisted"),
     "exactness": Subcommand("dyntree_core.bench.exactness", False,
                             "greedy token-identity of every method vs the target, tokens/s per dtype"),
 }

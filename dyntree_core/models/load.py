@@ -70,6 +70,7 @@ class ModelSource:
     location: str
     name: str
     eos_tokens: tuple[str, ...] = ()
+    gguf: Optional[str] = None  # presets: the verified GGUF the weights are read from
 
 
 @dataclass
@@ -93,6 +94,8 @@ class ModelPair:
     device: Any
     eos_token_ids: tuple[int, ...] = ()
     load_seconds: dict[str, float] = field(default_factory=dict)
+    draft_precision: str = ""
+    target_precision: str = ""
 
     @property
     def vocab_size(self) -> int:
@@ -101,7 +104,9 @@ class ModelPair:
     @property
     def description(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
-        return f"{self.draft_name} → {self.target_name} ({dt}, {self.device}, vocab {self.vocab_size})"
+        tp, dp = self.target_precision or dt, self.draft_precision or dt
+        prec = tp if tp == dp else f"draft {dp}, target {tp}"
+        return f"{self.draft_name} → {self.target_name} ({prec}, {self.device}, vocab {self.vocab_size})"
 
 
 # ------------------------------------------------------------------------------ resolving specs
@@ -165,11 +170,13 @@ def resolve_spec(spec: str, role: str) -> ModelSource:
         raise UnknownModelError(f"empty model spec for the {role}; use 'embedded', a preset, a local dir or a hub id")
     spec = spec.strip()
     if spec == "embedded" or is_preset_name(spec):
-        from .fetch import ensure_embedded
+        from .fetch import ensure_embedded, ensure_gguf
 
         preset = resolve_preset(DEFAULT_DRAFT if (spec == "embedded" and role == "draft")
                                 else DEFAULT_TARGET if spec == "embedded" else spec)
-        return ModelSource(spec, "preset", str(ensure_embedded(preset.name)), preset.name, preset.eos_tokens)
+        meta_dir = ensure_embedded(preset.name)
+        return ModelSource(spec, "preset", str(meta_dir), preset.name, preset.eos_tokens,
+                           gguf=str(ensure_gguf(preset)))
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file() and path.suffix == ".gguf":
@@ -226,11 +233,42 @@ def _from_pretrained_kwargs(src: ModelSource) -> tuple[str, dict[str, Any]]:
     return src.location, {"local_files_only": True}
 
 
-def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu") -> Any:
-    """One causal LM from a resolved source: eval mode, ``dtype``, on ``device``, SDPA attention."""
+def packed_cache_dir(src: ModelSource) -> Optional[Path]:
+    """Where int8/int4 packed weights of a preset are cached (None for other sources)."""
+    if src.kind != "preset":
+        return None
+    from .fetch import cache_root
+
+    return cache_root() / "packed" / src.name
+
+
+def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", precision: Optional[str] = None) -> Any:
+    """One causal LM from a resolved source: eval mode, on ``device``, SDPA attention.
+
+    ``precision`` (None = ``dtype``): ``float32`` / ``bfloat16`` / ``float16`` dense, or ``int8`` /
+    ``int4`` weight-only (``dyntree_core.quant``). Presets are built straight from their GGUF
+    (``gguf_model``); other sources load dense and are quantized in memory.
+    """
     from transformers import AutoModelForCausalLM
 
-    tdtype, tdev = _torch_dtype(dtype), _torch_device(device)
+    from ..quant.apply import QUANT_PRECISIONS, check_precision, quantize_model
+    from ..quant.linear import PrecisionError
+
+    precision = precision or dtype
+    tdev = _torch_device(device)
+    try:
+        check_precision(precision, tdev)
+    except PrecisionError as e:
+        raise ModelLoadError(str(e)) from None
+    if src.kind == "preset" and src.gguf:
+        from .gguf_model import load_gguf_model
+
+        build = precision if (precision in QUANT_PRECISIONS or tdev.type == "cpu") else "float32"
+        model = load_gguf_model(src.gguf, src.location, build, cache_dir=packed_cache_dir(src))
+        if build != precision:
+            model = model.to(dtype=_torch_dtype(precision))
+        return model.to(device=tdev).eval()
+    tdtype = _torch_dtype("float32" if precision in QUANT_PRECISIONS else precision)
     where, kw = _from_pretrained_kwargs(src)
     if src.kind == "gguf":
         from transformers import GgufConfig
@@ -246,6 +284,8 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu") ->
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             delattr(model.config, "quantization_config")
+    if precision in QUANT_PRECISIONS:
+        quantize_model(model.eval(), precision)
     # only move: from_pretrained already set the dtype, and .to(dtype) would also cast fp32 buffers
     # such as the rotary inv_freq
     return model.to(device=tdev).eval()
@@ -285,11 +325,10 @@ def load_tokenizer(src: ModelSource) -> Any:
 
 
 def logit_dim(model: Any) -> int:
-    """Number of output logits (rows of the output embedding)."""
-    out = model.get_output_embeddings()
-    if out is not None and getattr(out, "weight", None) is not None:
-        return int(out.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
+    """Number of output logits (rows of the output embedding; quantized heads too)."""
+    from ..quant.apply import output_dim
+
+    return output_dim(model)
 
 
 def check_tokenizers(draft_name: str, target_name: str, draft_tok: Any, target_tok: Any) -> None:
@@ -355,16 +394,29 @@ def load_pair(
     dtype: str = "float32",
     device: str = "cpu",
     require_tokenizer: bool = True,
+    precision: Optional[str] = None,
+    draft_precision: Optional[str] = None,
 ) -> ModelPair:
     """Load draft and target (see module docstring for specs and the vocabulary check).
 
     The tokenizers are checked before the (large) models are loaded, and the draft's logit size is
     checked before the target is loaded, so a mismatch fails fast and loads nothing more.
     ``require_tokenizer=False`` allows checkpoints without tokenizer files (``tokenizer`` is then
-    None).
+    None). ``precision`` (target; None = ``dtype``) and ``draft_precision`` (None = the target's)
+    choose float32 / bfloat16 / float16 / int8 / int4 per model (``dyntree_core.quant``).
     """
     _torch_dtype(dtype)
     _torch_device(device)
+    tprec = precision or dtype
+    dprec = draft_precision or tprec
+    from ..quant.apply import check_precision
+    from ..quant.linear import PrecisionError
+
+    try:
+        for p_ in (tprec, dprec):
+            check_precision(p_, _torch_device(device))
+    except PrecisionError as e:
+        raise ModelLoadError(str(e)) from None
     dsrc, tsrc = resolve_spec(draft, "draft"), resolve_spec(target, "target")
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -379,8 +431,15 @@ def load_pair(
             "(or require_tokenizer=False for token-id-only use)"
         )
     check_tokenizers(dsrc.name, tsrc.name, dtok, ttok)  # before any model is loaded
+    dv, tv = _config_vocab(dsrc), _config_vocab(tsrc)
+    if dv is not None and tv is not None and dv != tv:  # from config.json / the GGUF header: nothing loaded yet
+        raise VocabMismatchError(
+            f"vocabulary mismatch: draft {dsrc.name!r} has {dv} output logits, target {tsrc.name!r} has {tv} "
+            "(read from their configs before loading any weights); speculative decoding needs the same vocabulary "
+            "(pick a draft from the target's model family)"
+        )
     t0 = time.perf_counter()
-    dmodel = load_model(dsrc, dtype, device)
+    dmodel = load_model(dsrc, dtype, device, dprec)
     times["draft"] = time.perf_counter() - t0
     # fail before loading the target if the draft's logits already disagree with the target config
     tcfg_vocab = _config_vocab(tsrc)
@@ -390,7 +449,7 @@ def load_pair(
             f"{tsrc.name!r} has {tcfg_vocab} (config vocab_size); speculative decoding needs the same vocabulary"
         )
     t0 = time.perf_counter()
-    tmodel = load_model(tsrc, dtype, device)
+    tmodel = load_model(tsrc, dtype, device, tprec)
     times["target"] = time.perf_counter() - t0
     dl, tl = logit_dim(dmodel), logit_dim(tmodel)
     tok_len = check_vocab(dsrc.name, tsrc.name, dl, tl, dtok, ttok)
@@ -400,11 +459,19 @@ def load_pair(
         draft_vocab_size=dl, target_vocab_size=tl, tokenizer_size=tok_len,
         dtype=_torch_dtype(dtype), device=_torch_device(device),
         eos_token_ids=_eos_ids(tok, (tmodel, dmodel), tsrc.eos_tokens or dsrc.eos_tokens),
-        load_seconds=times,
+        load_seconds=times, draft_precision=dprec, target_precision=tprec,
     )
 
 
 def _config_vocab(src: ModelSource) -> Optional[int]:
+    """Output-logit count from metadata alone: ``config.json`` (dirs, presets) or the GGUF header."""
+    if src.kind == "gguf":
+        from .gguf_model import gguf_vocab_size
+
+        try:
+            return gguf_vocab_size(src.location)
+        except (OSError, ValueError):
+            return None
     if src.kind not in ("dir", "preset"):
         return None
     import json

@@ -1,0 +1,469 @@
+"""``auto``: choose the precision of each model, the method, the tree size and depth for this
+machine by minimising predicted milliseconds per token, and say why.
+
+Predicted seconds per token of a configuration = (target forward of the n-node tree at the
+target's precision + host-side probability rows for n nodes + the draft forwards) / expected
+tokens per step. Forward times come from the measured ``MachineProfile``; expected tokens from
+Sequoia's positional acceptance model with the acceptance vector *measured on this pair*
+(``measure_acceptance``):
+
+* ``autoregressive``: one target forward of 1 token, 1 token.
+* ``chain`` of at most k tokens, optionally stopping after a token whose draft probability is
+  below τ (transformers' assistant_confidence_threshold rule): priced by replaying the chain on
+  every position of the calibration continuations (``simulate_chain``: expected drafted tokens,
+  the distribution of the target's forward size, expected committed tokens), so runs of easy
+  tokens (code) count as they are; without position data, ``1 + p1 + ... + p1^k`` tokens.
+* ``sequoia`` (n, d): the DP-optimal tree; one batched draft forward per level (its internal
+  nodes), ``G(n, d)`` tokens (Sequoia's optimizer, with every precision pair).
+
+Plain autoregressive decoding is a candidate like any other: on a machine where no tree pays
+for its draft and verification, ``auto`` chooses it and says so. The acceptance vector is
+measured once per pair and temperature with the draft and target at the precisions the profile
+finds fastest for one token, and is assumed for the other precisions too (int8/int4 of these
+models keep the argmax of their float weights on almost every position; see the precision
+bench for measured acceptance per precision).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .config import DecodeConfig
+from .machine_profile import MachineProfile
+
+AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia")
+CHAIN_LENGTHS: tuple[int, ...] = tuple(range(1, 9))
+SEQUOIA_BUDGETS: tuple[int, ...] = (4, 6, 8, 12, 16, 24, 32)
+SEQUOIA_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+ACCEPTANCE_VERSION = 2
+TREE_MARGIN = 0.05
+#: confidence-stop thresholds the chain is priced at (None = always draft k tokens)
+STOP_GRID: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+CHAIN_MAX = 12
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What the pair's own continuations say about acceptance.
+
+    Attributes:
+        vector: Sequoia's positional acceptance vector p_1..p_W.
+        sequences: per calibration continuation, per position ``(accept, cont...)``: ``accept`` the
+            probability that a chain token drafted there (given the target's prefix) is accepted
+            (T=0: 1 if the draft argmax is the target's token; T>0: ``sum min(p, q)``), ``cont[j]``
+            the probability that the drafted token's draft probability is >= ``STOP_GRID[j]``
+            (the chain goes on). Runs of easy tokens (code) are kept as they are, not averaged away.
+    """
+
+    vector: tuple[float, ...]
+    sequences: tuple[tuple[tuple[float, ...], ...], ...] = ()
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One priced configuration."""
+
+    method: str
+    target_precision: str
+    draft_precision: Optional[str]
+    budget: int
+    depth: int
+    expected_tokens: float
+    target_seconds: float
+    verify_seconds: float
+    draft_seconds: float
+    stop_confidence: Optional[float] = None
+
+    @property
+    def seconds_per_token(self) -> float:
+        return (self.target_seconds + self.verify_seconds + self.draft_seconds) / self.expected_tokens
+
+    def label(self) -> str:
+        if self.method == "autoregressive":
+            return f"autoregressive @ {self.target_precision}"
+        if self.method == "chain":
+            shape = f"k<={self.depth}, stop below q={self.stop_confidence:g}" if self.stop_confidence else f"k={self.depth}"
+        else:
+            shape = f"n={self.budget}, d={self.depth}"
+        return f"{self.method} ({shape}) @ target {self.target_precision}, draft {self.draft_precision}"
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """What ``auto`` chose, the best autoregressive alternative, and the one-line reason."""
+
+    best: Candidate
+    best_autoregressive: Candidate
+    acceptance: tuple[float, ...]
+    temperature: float
+    profile_key: str
+    machine: dict
+    reason: str
+    top: tuple[Candidate, ...] = ()
+    fastest_draft_precision: str = ""
+
+    @property
+    def method(self) -> str:
+        return self.best.method
+
+    def apply(self, cfg: DecodeConfig) -> DecodeConfig:
+        """``cfg`` with the chosen method, shape and precisions."""
+        b = self.best
+        kw = dict(method=b.method, precision=b.target_precision,
+                  draft_precision=b.draft_precision if b.method != "autoregressive" else None)
+        if b.method == "chain":
+            kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
+        elif b.method == "sequoia":
+            kw.update(budget=b.budget, depth=b.depth, sequoia_acceptance=self.acceptance)
+        return replace(cfg, verifier="auto", **kw)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["best"]["seconds_per_token"] = self.best.seconds_per_token
+        d["best_autoregressive"]["seconds_per_token"] = self.best_autoregressive.seconds_per_token
+        return d
+
+
+# ----------------------------------------------------------------------------------- pricing
+def chain_expected_tokens(p1: float, k: int) -> float:
+    return sum(p1 ** i for i in range(k + 1))
+
+
+@dataclass(frozen=True)
+class ChainStats:
+    """A chain of at most k tokens with a stop rule, started at every calibration position, pooled:
+    ``tokens`` committed per step, ``drafted`` draft forwards per step, ``size_probs[m-1]`` the
+    probability that m tokens were drafted (the target then runs m + 1)."""
+
+    tokens: float
+    drafted: float
+    size_probs: tuple[float, ...]
+
+
+def simulate_chain(sequences: Sequence[Sequence[Sequence[float]]], k: int, stop_index: Optional[int]) -> ChainStats:
+    """``ChainStats`` of a chain of at most ``k`` tokens (stop rule ``STOP_GRID[stop_index]`` or none).
+
+    With ``D`` the number drafted, ``P(D >= m) = prod_{l < m-1} cont_l`` and the accepted run reaching
+    j needs ``D >= j`` and the first j tokens accepted; at T=0 every factor is 0 or 1, so this is
+    exact for the calibration text (positions past its end take the sequence's means).
+    """
+    tok = dra = 0.0
+    sizes = [0.0] * k
+    starts = 0
+    for seq in sequences:
+        if not seq:
+            continue
+        mean = [sum(col) / len(seq) for col in zip(*seq)]
+        for s in range(len(seq)):
+            rows = [seq[s + l] if s + l < len(seq) else mean for l in range(k)]
+            p_ge = [1.0]  # P(D >= 1), P(D >= 2), ...
+            for l in range(k - 1):
+                p_ge.append(p_ge[-1] * (1.0 if stop_index is None else rows[l][1 + stop_index]))
+            run, e_tok = 1.0, 1.0
+            for j in range(1, k + 1):
+                run *= rows[j - 1][0]
+                e_tok += p_ge[j - 1] * run
+            for m in range(1, k + 1):
+                sizes[m - 1] += p_ge[m - 1] - (p_ge[m] if m < k else 0.0)
+            tok += e_tok
+            dra += sum(p_ge)
+            starts += 1
+    if not starts:
+        return ChainStats(1.0, float(k), tuple(1.0 if m == k else 0.0 for m in range(1, k + 1)))
+    return ChainStats(tok / starts, dra / starts, tuple(x / starts for x in sizes))
+
+
+def _sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths: Sequence[int]):
+    from .drafting.sequoia import best_size, sequoia_dp, sequoia_tree
+
+    table = sequoia_dp(tuple(acceptance), max(budgets), max(depths) + 1)
+    out = {}
+    for n in budgets:
+        for d in depths:
+            shape = sequoia_tree(table, best_size(table, n, d + 1), d + 1)
+            depth = shape.depths()
+            internal = {p for p in shape.parents if p >= 0}
+            counts: dict[int, int] = {}
+            for v in internal:
+                counts[depth[v]] = counts.get(depth[v], 0) + 1
+            out[(n, d)] = (shape.size, table.G(shape.size, d + 1), [counts[k] for k in sorted(counts)])
+    return out
+
+
+def price_candidates(
+    profile: MachineProfile,
+    acceptance: Sequence[float] | Acceptance,
+    target_precisions: Sequence[str],
+    draft_precisions: Sequence[str],
+    methods: Sequence[str] = AUTO_METHODS,
+    chain_lengths: Sequence[int] = CHAIN_LENGTHS,
+    budgets: Sequence[int] = SEQUOIA_BUDGETS,
+    depths: Sequence[int] = SEQUOIA_DEPTHS,
+) -> list[Candidate]:
+    """Every (method, shape, precision pair) priced from the profile (unmeasured sizes: skipped).
+
+    Chains are priced on the calibration positions (``simulate_chain``) when ``acceptance`` carries
+    them, with and without each confidence stop; otherwise with the geometric positional model."""
+    cands: list[Candidate] = []
+    sequences = acceptance.sequences if isinstance(acceptance, Acceptance) else ()
+    acceptance = acceptance.vector if isinstance(acceptance, Acceptance) else tuple(acceptance)
+    p1 = float(acceptance[0]) if len(acceptance) else 0.0
+    budgets = [b for b in budgets if b <= profile.max_tokens]
+    shapes = _sequoia_shapes(acceptance, budgets, depths) if ("sequoia" in methods and budgets) else {}
+    chain_stats = {(k, stop): simulate_chain(sequences, k, stop)
+                   for k in range(1, CHAIN_MAX + 1) if k + 1 <= profile.max_tokens
+                   for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)
+                   } if ("chain" in methods and sequences) else {}
+    for tp in target_precisions:
+        if "autoregressive" in methods:
+            cands.append(Candidate("autoregressive", tp, None, 1, 0, 1.0, profile.target_time(tp, 1),
+                                   profile.verify_time(1), 0.0))
+        for dp in draft_precisions:
+            if "chain" in methods and sequences:
+                td = profile.draft_time(dp, 1)
+                for (k, stop), st in chain_stats.items():
+                    sizes = range(2, k + 2)
+                    t_s = sum(p * profile.target_time(tp, n) for p, n in zip(st.size_probs, sizes))
+                    v_s = sum(p * profile.verify_time(n) for p, n in zip(st.size_probs, sizes))
+                    cands.append(Candidate("chain", tp, dp, k + 1, k, st.tokens, t_s, v_s, st.drafted * td,
+                                           None if stop is None else STOP_GRID[stop]))
+            elif "chain" in methods:
+                for k in chain_lengths:
+                    if k + 1 > profile.max_tokens:
+                        continue
+                    cands.append(Candidate("chain", tp, dp, k + 1, k, chain_expected_tokens(p1, k),
+                                           profile.target_time(tp, k + 1), profile.verify_time(k + 1),
+                                           k * profile.draft_time(dp, 1)))
+            for (n, d), (size, g, levels) in shapes.items():
+                cands.append(Candidate("sequoia", tp, dp, n, d, g, profile.target_time(tp, size),
+                                       profile.verify_time(size), sum(profile.draft_time(dp, w) for w in levels)))
+    return [c for c in cands if math.isfinite(c.seconds_per_token)]
+
+
+def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, temperature: float,
+           target_precisions: Sequence[str], draft_precisions: Sequence[str],
+           methods: Sequence[str] = AUTO_METHODS, margin: float = TREE_MARGIN) -> AutoPlan:
+    """The cheapest candidate (``price_candidates``) and a one-line reason. A tree is taken only
+    when it is predicted at least ``margin`` faster than plain decoding (the model's own error:
+    positional acceptance, host overhead, timing noise), else plain decoding is kept."""
+    cands = price_candidates(profile, acceptance, target_precisions, draft_precisions, methods)
+    acceptance = acceptance.vector if isinstance(acceptance, Acceptance) else tuple(acceptance)
+    if not cands:
+        raise ValueError("no configuration could be priced: the profile has no measured sizes")
+    ranked = sorted(cands, key=lambda c: c.seconds_per_token)
+    ars = [c for c in ranked if c.method == "autoregressive"]
+    best_ar = ars[0] if ars else min(
+        (Candidate("autoregressive", tp, None, 1, 0, 1.0, profile.target_time(tp, 1), profile.verify_time(1), 0.0)
+         for tp in target_precisions), key=lambda c: c.seconds_per_token)
+    best = ranked[0]
+    if best.method != "autoregressive" and ars and best.seconds_per_token > (1.0 - margin) * best_ar.seconds_per_token:
+        best = best_ar
+    ms = lambda c: c.seconds_per_token * 1e3  # noqa: E731
+    machine = profile.machine
+    cpu = f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')})"
+    t1 = profile.target_time(best.target_precision, 1)
+    if best.method == "autoregressive":
+        tree = min((c for c in ranked if c.method != "autoregressive"), key=lambda c: c.seconds_per_token, default=None)
+        why = ""
+        if tree is not None:
+            tn = profile.target_time(tree.target_precision, tree.budget) / profile.target_time(tree.target_precision, 1)
+            verdict = ("is not enough faster to be worth it" if tree.seconds_per_token < best.seconds_per_token
+                       else "is slower")
+            why = (f"the best tree, {tree.label()}, {verdict} ({ms(tree):.0f} ms/token predicted): its draft "
+                   f"({tree.draft_seconds * 1e3:.0f} ms/step) and a {tree.budget}-token target forward "
+                   f"({tn:.1f}x a 1-token one here) outweigh {tree.expected_tokens:.2f} tokens/step at acceptance "
+                   f"p1={acceptance[0]:.2f}")
+        reason = (f"auto: plain autoregressive decoding at {best.target_precision} ({ms(best):.0f} ms/token predicted) "
+                  f"on {cpu}; {why}")
+    else:
+        n = best.budget
+        tn = profile.target_time(best.target_precision, n)
+        size = f"a {n}-token" if best.method != "chain" or not best.stop_confidence else f"an up-to-{n}-token"
+        reason = (f"auto: {best.label()}: predicted {ms(best):.0f} ms/token vs {ms(best_ar):.0f} for autoregressive "
+                  f"@ {best_ar.target_precision} ({ms(best_ar) / ms(best):.2f}x) on {cpu}: {size} target forward "
+                  f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
+                  f"{best.expected_tokens:.2f} tokens/step expected at p1={acceptance[0]:.2f}")
+    fast_d = min(draft_precisions, key=lambda p: profile.draft_time(p, 1))
+    return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
+                    profile.machine, reason, tuple(ranked[:8]), fast_d)
+
+
+# ------------------------------------------------------------------------------- acceptance
+def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: float, new_tokens: int = 48,
+                       width: int = 8, seed: int = 0, progress: Optional[Progress] = None) -> Acceptance:
+    """Acceptance on the pair's *own* continuations: the target continues each prompt
+    (autoregressive, at ``temperature``), then draft and target are teacher-forced over prompt +
+    continuation; on the continuation positions Sequoia's estimator (notes/sequoia.md §1.5) gives
+    the positional vector and each position's chain acceptance / confidence-stop statistics
+    (``Acceptance``). Text the models write agrees more than human text does."""
+    from .drafting.sequoia import estimate_acceptance_vector
+    from .engine import SpeculativeDecoder
+    from .sampling import probs_from_logits
+
+    say = progress or (lambda _m: None)
+    gen = torch.Generator().manual_seed(seed)
+    total, count = None, 0
+    sequences = []
+    taus = torch.tensor(STOP_GRID, dtype=torch.float64)
+    dec = SpeculativeDecoder(pair.draft, pair.target,
+                             DecodeConfig(method="autoregressive", temperature=temperature, seed=seed,
+                                          dtype=_dense_dtype(pair)),
+                             eos_token_id=list(pair.eos_token_ids) or None)
+    for i, ids in enumerate(prompts):
+        ids = list(ids)
+        cont = dec.generate_ids(ids, new_tokens, seed=seed + i)
+        full = ids + cont
+        if len(cont) < 2:
+            continue
+        with torch.inference_mode():
+            x = torch.tensor([full])
+            tl = pair.target(x).logits[0, len(ids) - 1:-1]
+            dl = pair.draft(x).logits[0, len(ids) - 1:-1]
+        t = temperature if temperature > 0 else 1.0
+        tp, dp = probs_from_logits(tl, t).cpu().double(), probs_from_logits(dl, t).cpu().double()
+        acc = estimate_acceptance_vector(dp, tp, width, gen, deterministic=temperature == 0) * tp.shape[0]
+        total = acc if total is None else total + acc
+        count += tp.shape[0]
+        if temperature == 0:
+            accept = (dp.argmax(-1) == torch.tensor(cont)).double()
+            conf = dp.max(-1).values
+            go_on = (conf[:, None] >= taus[None, :]).double()
+        else:
+            accept = torch.minimum(tp, dp).sum(-1)
+            go_on = torch.stack([(dp * (dp >= tau)).sum(-1) for tau in STOP_GRID], dim=-1)
+        sequences.append(tuple(tuple([float(a), *map(float, c)]) for a, c in zip(accept, go_on)))
+        say(f"    acceptance prompt {i + 1}/{len(prompts)}: p1 so far {float(total[0]) / count:.2f}")
+    if not count:
+        raise ValueError("no acceptance could be measured: the continuations were empty")
+    return Acceptance(tuple(float(a) for a in total / count), tuple(sequences))
+
+
+def _dense_dtype(pair) -> str:
+    return str(pair.dtype).removeprefix("torch.") if pair.dtype is not None else "float32"
+
+
+def acceptance_cache_path(key: str) -> Path:
+    root = Path(os.environ.get("DYNTREE_CACHE", Path.home() / ".cache" / "dyntree"))
+    return root / "profiles" / f"acceptance-{key}.json"
+
+
+def load_or_measure_acceptance(pair, pair_name: str, prompts: Sequence[Sequence[int]], temperature: float,
+                               new_tokens: int = 48, refresh: bool = False,
+                               progress: Optional[Progress] = None) -> Acceptance:
+    raw = json.dumps([pair_name, pair.draft_precision, pair.target_precision, float(temperature), new_tokens,
+                      [list(p) for p in prompts], ACCEPTANCE_VERSION])
+    key = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    path = acceptance_cache_path(key)
+    if path.is_file() and not refresh:
+        try:
+            d = json.loads(path.read_text())
+            return Acceptance(tuple(d["acceptance"]), tuple(tuple(tuple(r) for r in seq) for seq in d["sequences"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    t0 = time.perf_counter()
+    acc = measure_acceptance(pair, prompts, temperature, new_tokens, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"acceptance": acc.vector, "sequences": acc.sequences, "stop_grid": STOP_GRID,
+                                "pair": pair_name, "temperature": temperature,
+                                "draft_precision": pair.draft_precision, "target_precision": pair.target_precision,
+                                "seconds": time.perf_counter() - t0}))
+    return acc
+
+
+# ------------------------------------------------------------------------------- orchestration
+@dataclass
+class PairCache:
+    """Loads models per (role, precision) once; hands out pairs at a precision pair.
+
+    Holding every precision of both models would need ~15 GB for the embedded pair, so at most
+    ``keep`` models stay loaded (least recently used go first)."""
+
+    draft_spec: str
+    target_spec: str
+    device: str = "cpu"
+    keep: int = 2
+    _models: dict = field(default_factory=dict)
+    _base: object = None
+
+    def model(self, role: str, precision: str):
+        key = (role, precision)
+        if key in self._models:
+            m = self._models.pop(key)
+            self._models[key] = m
+            return m
+        from .models.load import load_model, resolve_spec
+
+        src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
+        m = load_model(src, "float32", self.device, precision)
+        while len(self._models) >= self.keep:
+            self._models.pop(next(iter(self._models)))
+        self._models[key] = m
+        return m
+
+    def pair(self, target_precision: str, draft_precision: str):
+        """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""
+        import dataclasses
+
+        from .models.load import load_pair
+
+        if self._base is None:
+            self._base = load_pair(self.draft_spec, self.target_spec, device=self.device,
+                                   precision=target_precision, draft_precision=draft_precision)
+            self._models[("draft", draft_precision)] = self._base.draft
+            self._models[("target", target_precision)] = self._base.target
+            while len(self._models) > max(self.keep, 2):
+                self._models.pop(next(iter(self._models)))
+            return self._base
+        t = self.model("target", target_precision)
+        d = self.model("draft", draft_precision)
+        return dataclasses.replace(self._base, draft=d, target=t, draft_precision=draft_precision,
+                                   target_precision=target_precision)
+
+
+def default_precisions(device: str) -> tuple[str, ...]:
+    return ("int8", "int4", "float32", "bfloat16") if device == "cpu" else ("float16", "bfloat16")
+
+
+def calibration_prompts(tokenizer, n_per_dataset: int = 2, max_tokens: int = 96) -> list[list[int]]:
+    """Prompts from the ``calib`` slices of wiki and code (disjoint from every evaluation)."""
+    from .prompts import load_prompts
+
+    return [list(tokenizer(p.text, add_special_tokens=False)["input_ids"])[:max_tokens]
+            for ds in ("wiki", "code") for p in load_prompts(ds, n_per_dataset, split="calib")]
+
+
+def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
+              draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
+              refresh: bool = False, progress: Optional[Progress] = None) -> AutoPlan:
+    """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``."""
+    from .machine_profile import load_or_measure_profile
+
+    say = progress or (lambda _m: None)
+    tps = tuple(target_precisions or default_precisions(cache.device))
+    dps = tuple(draft_precisions or tps)
+    name = f"{cache.draft_spec},{cache.target_spec}"
+    say("machine profile (measured once per machine, pair and torch version, then cached):")
+    prof = load_or_measure_profile(cache.model, name, cache.device, tps, refresh=refresh, progress=say,
+                                   draft_precisions=dps)
+    fast_t = min(tps, key=lambda p: prof.target_time(p, 1))
+    fast_d = min(dps, key=lambda p: prof.draft_time(p, 1))
+    if methods == ("autoregressive",):
+        acc = Acceptance((0.0,))
+    else:
+        say(f"acceptance of this pair at T={temperature:g} (target {fast_t}, draft {fast_d}; cached):")
+        pair = cache.pair(fast_t, fast_d)
+        acc = load_or_measure_acceptance(pair, name, calibration_prompts(pair.tokenizer), temperature,
+                                         refresh=refresh, progress=say)
+    plan = choose(prof, acc, temperature, tps, dps, methods)
+    say(plan.reason)
+    return plan

@@ -1,0 +1,229 @@
+"""``python -m dyntree_core.bench speed``: decode speed by precision and against transformers, in one run.
+
+Rows (each over the same prompts, same new-token count, decode time only: prefill excluded):
+
+* ``autoregressive @ P`` for every precision P in ``--precisions`` (target only);
+* ``auto``: the configuration ``dyntree_core.auto`` chooses for this machine at each temperature
+  (precision of both models, method, shape), with its predicted ms/token next to the measured one;
+* ``hf_generate``: transformers' ``generate`` on the target at the best autoregressive precision;
+* ``hf_assisted``: transformers' ``generate(assistant_model=draft)``, same target precision, draft at
+  the precision ``auto`` chose (``bench.hf_baselines``; its first draft/verify round is not timed);
+* ``fixed: chain k=4`` and any ``--fixed`` configs, at ``auto``'s precisions.
+
+Every cell is the median over prompts of ms/token, with the mean tokens per step. The JSON
+(``--json``, default ``bench/results/precision_<machine label>.json``) records the CPU model and flags,
+the profile, the acceptance vector, the plan and its reason. At T>0 autoregressive rows are measured
+only at the precision auto finds fastest (``--all-ar-temperatures`` for all): an autoregressive step
+costs the same at any temperature.
+The JSON is rewritten after every cell, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..auto import PairCache, plan_auto
+from ..config import DecodeConfig
+from ..engine import SpeculativeDecoder
+from ..machine import machine_info
+from .hf_baselines import hf_assisted_defaults, hf_generate
+
+
+@dataclass
+class Cell:
+    row: str
+    dataset: str
+    temperature: float
+    ms_per_token: list[float] = field(default_factory=list)
+    tokens_per_step: list[float] = field(default_factory=list)
+    tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        med = statistics.median(self.ms_per_token) if self.ms_per_token else float("nan")
+        return {"row": self.row, "dataset": self.dataset, "temperature": self.temperature,
+                "median_ms_per_token": med, "prompts": len(self.ms_per_token),
+                "mean_tokens_per_step": statistics.fmean(self.tokens_per_step) if self.tokens_per_step else None,
+                "tokens": self.tokens, "per_prompt_ms_per_token": self.ms_per_token, **self.extra}
+
+
+def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int) -> tuple[float, float, int]:
+    steps = tokens = 0
+    seconds = 0.0
+    for tr in dec.generate(ids, n, seed=seed):
+        steps += 1
+        tokens += len(tr.committed)
+        seconds += tr.step_seconds
+    return seconds * 1e3 / max(tokens, 1), tokens / max(steps, 1), tokens
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dyntree_core.bench speed", description=__doc__.splitlines()[0])
+    p.add_argument("--pair", default="embedded", help="'embedded', 'draft,target' specs, or 'tiny' (tests)")
+    p.add_argument("--datasets", nargs="+", default=["wiki", "code"])
+    p.add_argument("--prompts", type=int, default=10, help="prompts per dataset (eval slice)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6])
+    p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8", "int4"])
+    p.add_argument("--all-ar-temperatures", action="store_true",
+                   help="autoregressive rows at every temperature for every precision (default: at T=0 for "
+                        "all, at other temperatures only for the precision auto finds fastest: an "
+                        "autoregressive step costs the same at any temperature)")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    p.add_argument("--fixed", nargs="*", default=["chain:4"],
+                   help="fixed tree configs at auto's precisions: method:depth or method:budget:depth")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+class _CharTokenizer:
+    """Characters -> tiny-vocabulary ids (the speed bench's ``--pair tiny`` test mode)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [2 + (ord(c) % 60) for c in text]}
+
+
+def _parse_fixed(spec: str) -> dict:
+    parts = spec.split(":")
+    if len(parts) == 2:
+        return {"method": parts[0], "depth": int(parts[1]), "budget": max(2, int(parts[1]) + 1)}
+    if len(parts) == 3:
+        return {"method": parts[0], "budget": int(parts[1]), "depth": int(parts[2])}
+    raise SystemExit(f"--fixed takes method:depth or method:budget:depth, got {spec!r}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    say: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t_start = time.perf_counter()
+    if args.pair == "tiny":
+        from ..testing import TinyPairCache
+
+        models = TinyPairCache(_CharTokenizer())
+    else:
+        d, _, t = args.pair.partition(",")
+        models = PairCache(d or "embedded", t or d or "embedded", keep=2)
+    mi = machine_info()
+    out_path = args.json or Path("bench/results") / f"precision_{mi.short_label()}.json"
+    record: dict = {"bench": "speed", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+                    "machine_info": mi.to_dict(), "torch": torch.__version__, "pair": args.pair,
+                    "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "plans": {}, "cells": []}
+    cells: list[Cell] = []
+
+    def save() -> None:
+        record["cells"] = [c.summary() for c in cells]
+        record["seconds"] = time.perf_counter() - t_start
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(record, indent=1))
+
+    plans = {}
+    for temp in args.temperatures:
+        plans[temp] = plan_auto(models, temp, target_precisions=args.precisions, progress=say)
+        record["plans"][str(temp)] = plans[temp].to_dict()
+    from ..prompts import load_prompts
+
+    base = models.pair(plans[args.temperatures[0]].best.target_precision,
+                       plans[args.temperatures[0]].best.draft_precision or args.precisions[0])
+    tok = base.tokenizer
+    eos = list(getattr(base, "eos_token_ids", ()) or ())
+    prompts = {ds: [list(tok(p.text, add_special_tokens=False)["input_ids"])[:args.prompt_tokens]
+                    for p in load_prompts(ds, args.prompts)] for ds in args.datasets}
+
+    def run_rows(row: str, temp: float, runner) -> None:
+        for ds, plist in prompts.items():
+            cell = Cell(row, ds, temp)
+            cells.append(cell)
+            for i, ids in enumerate(plist):
+                ms, tps, ntok = runner(ids, args.seed + i)
+                cell.ms_per_token.append(ms)
+                cell.tokens_per_step.append(tps)
+                cell.tokens += ntok
+            say(f"{row:<44} {ds:<5} T={temp:<4g} {statistics.median(cell.ms_per_token):8.1f} ms/token "
+                f"({statistics.fmean(cell.tokens_per_step):.2f} tokens/step, {time.perf_counter() - t_start:.0f} s)")
+            save()
+
+    def ours(pair, cfg: DecodeConfig):
+        dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
+        return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed)
+
+    for temp in args.temperatures:
+        plan = plans[temp]
+        dp = plan.best.draft_precision or plan.fastest_draft_precision
+        # autoregressive at each precision (target only: the draft is not used)
+        for prec in args.precisions:
+            if temp != 0 and not args.all_ar_temperatures and prec != plan.best_autoregressive.target_precision:
+                continue
+            pair = models.pair(prec, dp)
+            run_rows(f"autoregressive @ {prec}", temp, ours(pair, DecodeConfig(method="autoregressive",
+                                                                                 temperature=temp, seed=args.seed)))
+        pair = models.pair(plan.best.target_precision, dp)
+        auto_cfg = plan.apply(DecodeConfig(temperature=temp, seed=args.seed))
+        first = len(cells)
+        run_rows("auto", temp, ours(pair, auto_cfg))
+        for c in cells[first:]:
+            c.extra.update(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3)
+        for spec in args.fixed:
+            fx = _parse_fixed(spec)
+            cfg = DecodeConfig(temperature=temp, seed=args.seed, **fx)
+            run_rows(f"fixed: {spec} @ target {plan.best.target_precision}, draft {dp}", temp, ours(pair, cfg))
+        if not args.no_hf:
+            hf_pair = models.pair(plan.best_autoregressive.target_precision, dp)
+            record.setdefault("hf_assisted_defaults", hf_assisted_defaults(hf_pair.draft))
+
+            def hf(draft):
+                def run(ids, seed):
+                    r = hf_generate(hf_pair.target, ids, args.new_tokens, draft=draft, temperature=temp,
+                                    seed=seed, eos_token_id=eos or None)
+                    return r.seconds_per_token * 1e3, float("nan"), r.new_tokens
+                return run
+
+            tp = plan.best_autoregressive.target_precision
+            run_rows(f"hf_generate @ {tp}", temp, hf(None))
+            run_rows(f"hf_assisted @ target {tp}, draft {dp}", temp, hf(hf_pair.draft))
+    save()
+    print_table(record, sys.stdout)
+    say(f"wrote {out_path}")
+    return 0
+
+
+def print_table(record: dict, out=None) -> None:
+    out = out or sys.stdout
+    cells = record["cells"]
+    cols = sorted({(c["dataset"], c["temperature"]) for c in cells}, key=lambda k: (k[1], k[0]))
+    rows: list[str] = []
+    for c in cells:
+        if c["row"] not in rows:
+            rows.append(c["row"])
+    by = {(c["row"], c["dataset"], c["temperature"]): c for c in cells}
+    mi = record.get("machine_info", {})
+    print(f"\nms/token (median over prompts; tokens/step) on {mi.get('cpu_model')} [{', '.join(mi.get('cpu_flags', []))}]",
+          file=out)
+    print("| row | " + " | ".join(f"{d} T={t:g}" for d, t in cols) + " |", file=out)
+    print("|---" * (len(cols) + 1) + "|", file=out)
+    for r in rows:
+        vals = []
+        for d, t in cols:
+            c = by.get((r, d, t))
+            if c is None:
+                vals.append("—")
+            else:
+                tps = c.get("mean_tokens_per_step")
+                vals.append(f"{c['median_ms_per_token']:.1f}" + (f" ({tps:.2f})" if tps and tps == tps else ""))
+        print(f"| {r} | " + " | ".join(vals) + " |", file=out)
+    for t, plan in record.get("plans", {}).items():
+        print(f"\nT={t}: {plan['reason']}", file=out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

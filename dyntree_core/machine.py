@@ -1,0 +1,140 @@
+"""What machine a number was measured on.
+
+``machine_info()`` describes the host a benchmark runs on: the CPU model and the SIMD / matrix
+extensions that decide which CPU kernels torch can use (AVX2, AVX-512, AVX-512 BF16, AMX), the
+CPUs this process may run on, torch's thread count, the software versions and the GPU, if any.
+Every benchmark JSON writer stores ``machine_info().to_dict()`` under ``"machine_info"`` so a
+latency can always be traced back to its hardware class, and ``short_label()`` gives a
+filename-safe label (``cpu-avx2``, ``cpu-amx``, ``cuda-h100``) for result file names.
+
+The parser of ``/proc/cpuinfo`` is the pure function ``parse_cpuinfo`` so it can be tested on
+canned text; on systems without ``/proc/cpuinfo`` the model comes from ``platform`` and the flag
+set is empty (class ``"other"``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+#: CPU flags recorded (the subset present is kept, in this order)
+CPU_FLAGS: tuple[str, ...] = (
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8", "avx_vnni",
+)
+
+CPUINFO_PATH = Path("/proc/cpuinfo")
+
+
+def parse_cpuinfo(text: str) -> tuple[Optional[str], tuple[str, ...]]:
+    """``(model, flags)`` from the text of ``/proc/cpuinfo``.
+
+    ``model`` is the first ``model name`` value (None when absent); ``flags`` is the subset of
+    ``CPU_FLAGS`` present in the first ``flags`` line (``Features`` on ARM), in ``CPU_FLAGS`` order.
+    """
+    model: Optional[str] = None
+    present: Optional[set[str]] = None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if model is None and key == "model name":
+            model = " ".join(value.split()) or None
+        elif present is None and key in ("flags", "features"):
+            present = set(value.split())
+        if model is not None and present is not None:
+            break
+    return model, tuple(f for f in CPU_FLAGS if present and f in present)
+
+
+def cpu_class(flags: tuple[str, ...] | list[str] | set[str]) -> str:
+    """The CPU's kernel class: ``amx`` > ``avx512_bf16`` > ``avx512`` > ``avx2`` > ``other``."""
+    fs = set(flags)
+    if "amx_bf16" in fs:
+        return "amx"
+    if "avx512_bf16" in fs:
+        return "avx512_bf16"
+    if "avx512f" in fs:
+        return "avx512"
+    if "avx2" in fs:
+        return "avx2"
+    return "other"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def gpu_short_name(name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``; other names are slugified whole."""
+    m = re.search(r"\b([A-Z]{1,3}\d{1,4}[A-Z]?)\b", name.replace("NVIDIA", "").replace("GeForce", ""))
+    return m.group(1).lower() if m else (_slug(name) or "gpu")
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """The machine a measurement was taken on (see the module docstring)."""
+
+    cpu_model: str
+    cpu_flags: tuple[str, ...]
+    cpu_class: str
+    logical_cpus: int
+    torch_threads: int
+    torch: str
+    python: str
+    platform: str
+    gpu: Optional[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (flags as a list)."""
+        d = asdict(self)
+        d["cpu_flags"] = list(self.cpu_flags)
+        return d
+
+    def short_label(self) -> str:
+        """A filename-safe label: ``cuda-h100`` with a GPU, else ``cpu-<cpu_class>`` (``cpu-avx2``)."""
+        if self.gpu:
+            return "cuda-" + gpu_short_name(self.gpu)
+        return "cpu-" + re.sub(r"[^a-z0-9_]+", "-", self.cpu_class.lower()).strip("-")
+
+
+def _logical_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return CPUINFO_PATH.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+@functools.lru_cache(maxsize=1)
+def machine_info() -> MachineInfo:
+    """This machine's ``MachineInfo`` (computed once per process; torch's thread count is the one
+    in effect at the first call)."""
+    import torch
+
+    model, flags = parse_cpuinfo(_read_cpuinfo()) if sys.platform.startswith("linux") else (None, ())
+    model = model or platform.processor() or platform.machine() or "unknown"
+    gpu = None
+    try:
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001 - a broken driver must not break a benchmark's bookkeeping
+        gpu = None
+    return MachineInfo(
+        cpu_model=model, cpu_flags=flags, cpu_class=cpu_class(flags), logical_cpus=_logical_cpus(),
+        torch_threads=torch.get_num_threads(), torch=torch.__version__, python=platform.python_version(),
+        platform=platform.platform(), gpu=gpu,
+    )

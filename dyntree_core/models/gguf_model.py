@@ -1,0 +1,271 @@
+"""Build a transformers causal LM straight from a GGUF file, at a chosen precision.
+
+No float32 copy is written anywhere: the skeleton is built on the meta device from the config in
+the preset's metadata directory, then every tensor is read from the (memory-mapped) GGUF:
+
+* ``int4``: 4-bit GGML blocks (Q4_0/Q4_1/Q4_K) go onto ``Int4Linear`` exactly (``quant.ggml``);
+  tensors the file keeps above 4 bits (Q5_0, Q6_K, Q8_0, F16, ...) go onto ``Int8Linear``: a
+  Q5_0 draft requantized to int4 drifted from its own float weights by KL 0.30 nats on a short
+  code prompt (int8: 0.004), so "int4" never drops below the precision the file ships.
+* ``int8``: every linear is dequantized and requantized per output channel.
+* the output head is int8 under both (``quant.apply.head_precision``).
+* ``float32`` / ``bfloat16``: dense, dequantized by the gguf package's reference code.
+
+Supported architectures: ``qwen2`` and ``llama`` (llama.cpp stores llama's Q/K rows permuted for
+its rotary layout; they are permuted back here, as transformers' own GGUF loader does).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..quant.apply import PRECISION_ATTR, QUANT_PRECISIONS, check_precision, head_precision, set_submodule
+from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
+from ..quant.gguf_file import read_gguf
+from ..quant.linear import Int4Linear, Int8Linear, int4_shape_ok
+
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+CACHE_FORMAT = 2
+
+_LAYER_MAP = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_MAP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+class GGUFModelError(ValueError):
+    """The GGUF cannot be built into a model here (architecture, unexpected tensors)."""
+
+
+def hf_name(gguf_name: str) -> tuple[str, str]:
+    """``blk.3.attn_q.weight`` -> (``model.layers.3.self_attn.q_proj``, ``weight``)."""
+    m = _BLK.match(gguf_name)
+    if m:
+        layer, part, kind = m.groups()
+        if part not in _LAYER_MAP:
+            raise GGUFModelError(f"unexpected GGUF tensor {gguf_name!r}")
+        return f"model.layers.{layer}.{_LAYER_MAP[part]}", kind
+    base, _, kind = gguf_name.rpartition(".")
+    if base not in _TOP_MAP:
+        raise GGUFModelError(f"unexpected GGUF tensor {gguf_name!r}")
+    return _TOP_MAP[base], kind
+
+
+def _unpermute_rows(n_rows: int, n_head: int) -> torch.Tensor:
+    """Row index that undoes llama.cpp's Q/K permutation (``reverse_permute`` in transformers)."""
+    dim = n_rows // n_head // 2
+    idx = torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(n_rows)
+    return idx
+
+
+def quant_cache_path(cache_dir: Path | str, precision: str) -> Path:
+    """Where the packed ``precision`` weights of a GGUF model are kept (keyed by torch version:
+    the int4 pack layout is torch's own)."""
+    tv = torch.__version__.split("+")[0]
+    return Path(cache_dir) / f"packed-{precision}-torch{tv}-v{CACHE_FORMAT}.safetensors"
+
+
+def load_gguf_model(
+    gguf_path: Path | str,
+    config_dir: Path | str,
+    precision: str = "float32",
+    progress: Optional[Callable[[str], None]] = None,
+    cache_dir: Optional[Path | str] = None,
+):
+    """A CPU causal LM in eval mode from ``gguf_path`` (config from ``config_dir``) at ``precision``.
+
+    With ``cache_dir``, int8/int4 weights are packed once and kept there (``quant_cache_path``;
+    the embedding is not: it is rebuilt from the GGUF). The returned model carries
+    ``_dyntree_precision`` and ``_dyntree_load_seconds``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_precision(precision, "cpu")
+    t0 = time.perf_counter()
+    say = progress or (lambda _m: None)
+    gf = read_gguf(gguf_path)
+    arch = gf.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFModelError(f"GGUF architecture {arch!r} is not supported here ({', '.join(SUPPORTED_ARCHITECTURES)})")
+    config = AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
+    dense_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dense_dtype, attn_implementation="sdpa")
+    cached = quant_cache_path(cache_dir, precision) if cache_dir is not None and precision in QUANT_PRECISIONS else None
+    if cached is not None and cached.is_file():
+        try:
+            return _load_packed(model, gf, cached, precision, t0)
+        except Exception as e:  # a damaged cache file is rebuilt, not fatal
+            say(f"  packed cache {cached.name} unusable ({type(e).__name__}: {e}); rebuilding")
+            cached.unlink(missing_ok=True)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=dense_dtype, attn_implementation="sdpa")
+    say(f"  building {precision} weights from {Path(gguf_path).name} (once; later loads read the packed cache)"
+        if cached is not None else f"  reading {Path(gguf_path).name} at {precision}")
+    model = _build(model, gf, arch, config, precision, dense_dtype, say, t0)
+    if cached is not None:
+        _save_packed(model, cached)
+    model._dyntree_load_seconds = time.perf_counter() - t0
+    return model
+
+
+_EMBED = "model.embed_tokens.weight"
+
+
+def _save_packed(model, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != _EMBED}
+    tmp = path.with_name(path.name + ".partial")
+    save_file(sd, str(tmp), metadata={"precision": getattr(model, PRECISION_ATTR), "torch": torch.__version__})
+    tmp.replace(path)
+
+
+def _load_packed(model, gf, path: Path, precision: str, t0: float):
+    from safetensors.torch import load_file
+
+    sd = load_file(str(path))
+    for key in [k for k in sd if k.endswith(".packed")]:
+        mod = key.removesuffix(".packed")
+        set_submodule(model, mod, Int4Linear.from_buffers(
+            sd.pop(key), sd.pop(f"{mod}.scales_and_zeros"), sd.pop(f"{mod}.bias", None)))
+    for key in [k for k in sd if k.endswith(".qweight")]:
+        mod = key.removesuffix(".qweight")
+        set_submodule(model, mod, Int8Linear.from_buffers(
+            sd.pop(key), sd.pop(f"{mod}.scales"), sd.pop(f"{mod}.bias", None)))
+    emb = gf.tensors["token_embd.weight"]
+    sd[_EMBED] = dequantize(emb.data, emb.type_name, emb.shape)
+    _, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    if unexpected:
+        raise GGUFModelError(f"packed cache has unknown tensors {unexpected[:5]}")
+    _finish(model, precision)
+    model._dyntree_load_seconds = time.perf_counter() - t0
+    return model
+
+
+def _finish(model, precision: str) -> None:
+    _rebuild_rotary(model)
+    left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if left:
+        raise GGUFModelError(f"the GGUF has no values for {left[:5]} ({len(left)} in all)")
+    if getattr(model.config, "tie_word_embeddings", False) and precision in ("float32", "bfloat16"):
+        model.tie_weights()
+    setattr(model, PRECISION_ATTR, precision)
+    model.eval()
+
+
+def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: float):
+    tensors = dict(gf.tensors)
+    n_head, n_kv = int(config.num_attention_heads), int(config.num_key_value_heads)
+    if "output.weight" not in tensors:  # tied head: the embedding serves both
+        tensors = {**tensors, "output.weight": tensors["token_embd.weight"]}
+
+    def rows_fix(module: str, n_rows: int) -> Optional[torch.Tensor]:
+        if arch != "llama":
+            return None
+        if module.endswith("q_proj"):
+            return _unpermute_rows(n_rows, n_head)
+        if module.endswith("k_proj"):
+            return _unpermute_rows(n_rows, n_kv)
+        return None
+
+    def dense(t, module: str) -> torch.Tensor:
+        shape = t.shape
+        w = dequantize(t.data, t.type_name, shape)
+        fix = rows_fix(module, shape[0]) if len(shape) >= 1 else None
+        return w[fix] if fix is not None else w
+
+    state: dict[str, torch.Tensor] = {}
+    linears = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    done = 0
+    for gname, t in tensors.items():
+        module, kind = hf_name(gname)
+        if kind == "bias":
+            continue  # taken together with its weight
+        if module in linears and precision not in ("float32", "bfloat16"):
+            bias_t = tensors.get(gname.rsplit(".", 1)[0] + ".bias")
+            bias = dense(bias_t, module) if bias_t is not None else None
+            p = head_precision(precision) if module == "lm_head" else precision
+            type_name = t.type_name
+            n_rows, n_cols = t.shape
+            if p == "int4" and type_name in FOUR_BIT_TYPES and int4_shape_ok(n_rows, n_cols):
+                g = decode_4bit(t.data, type_name, n_rows, n_cols)
+                fix = rows_fix(module, n_rows)
+                if fix is not None:
+                    g = g.take_rows(fix)
+                new = Int4Linear.from_groups(g.q, g.scale, g.offset, bias)
+            else:  # int8, and int4 for tensors the file keeps above 4 bits: never requantize below the file
+                new = Int8Linear.from_dense(dense(t, module), bias)
+            set_submodule(model, module, new)
+        else:
+            state[f"{module}.{kind}"] = dense(t, module).to(dense_dtype)
+            bias_t = tensors.get(gname.rsplit(".", 1)[0] + ".bias")
+            if bias_t is not None:
+                state[f"{module}.bias"] = dense(bias_t, module).to(dense_dtype)
+        done += 1
+        if done % 50 == 0:
+            say(f"  {done}/{len(tensors)} tensors ({time.perf_counter() - t0:.1f}s)")
+    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if unexpected:
+        raise GGUFModelError(f"GGUF tensors without a place in the model: {unexpected[:5]}")
+    _finish(model, precision)
+    return model
+
+
+def _rebuild_rotary(model) -> None:
+    """Rotary ``inv_freq`` buffers are computed in ``__init__``; rebuild those modules on the CPU."""
+    for name, mod in list(model.named_modules()):
+        if any(b.is_meta for b in mod.buffers(recurse=False)) and hasattr(mod, "inv_freq"):
+            set_submodule(model, name, type(mod)(config=model.config))
+
+
+def write_metadata_dir(gguf_path: Path | str, out_dir: Path | str) -> dict:
+    """The small part of a model directory: ``config.json``, tokenizer files and generation config
+    read from the GGUF's metadata (weights stay in the GGUF). Returns a summary record."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        tid = getattr(tok, name, None)
+        if tid is not None and getattr(config, name, None) is None:
+            setattr(config, name, tid)
+    config.dtype = torch.float32
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.save_pretrained(str(out_dir))
+    tok.save_pretrained(str(out_dir))
+    gen = GenerationConfig.from_model_config(config)
+    if gen.eos_token_id is None and tok.eos_token_id is not None:
+        gen.eos_token_id = tok.eos_token_id
+    if gen.pad_token_id is None and tok.pad_token_id is not None:
+        gen.pad_token_id = tok.pad_token_id
+    gen.save_pretrained(str(out_dir))
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    return {"vocab_size": vocab, "tokenizer_len": len(tok), "eos_token_id": tok.eos_token_id}
+
+
+def gguf_vocab_size(gguf_path: Path | str) -> int:
+    """Rows of the output head (or the embedding) read from the GGUF header alone (no weights)."""
+    names = read_gguf(gguf_path).tensors
+    t = names.get("output.weight") or names.get("token_embd.weight")
+    if t is None:
+        raise GGUFModelError(f"{gguf_path}: no output or embedding tensor")
+    return int(t.shape[0])

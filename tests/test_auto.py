@@ -1,0 +1,153 @@
+"""``auto``: the cost model picks trees where forwards are flat in n, plain decoding where they are
+steep, the fastest precision per model; the machine profile prunes and caches; the speed bench
+runs end to end on the tiny pair."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from dyntree_core.auto import chain_expected_tokens, choose, price_candidates
+from dyntree_core.machine_profile import MachineProfile, load_or_measure_profile
+
+NS = [1, 2, 4, 8, 16, 32]
+
+
+def _profile(target: dict, draft: dict, verify=None) -> MachineProfile:
+    return MachineProfile(key="k", machine={"cpu_model": "test cpu", "cpu_class": "avx2"}, prefix_len=32, ns=NS,
+                          target=target, draft=draft, verify=verify or [0.0] * len(NS))
+
+
+def test_chain_expected_tokens_is_the_geometric_sum():
+    assert chain_expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert chain_expected_tokens(0.0, 5) == 1.0
+
+
+def test_flat_forwards_and_a_cheap_draft_choose_a_tree():
+    """AMX-like: t(n) flat up to 32, draft 5% of the target -> a tree wins, by the predicted margin."""
+    prof = _profile({"bfloat16": [0.1] * 6}, {"bfloat16": [0.005] * 6})
+    plan = choose(prof, (0.8, 0.1, 0.05), 0.0, ["bfloat16"], ["bfloat16"])
+    assert plan.method in ("chain", "sequoia")
+    assert plan.best.seconds_per_token < 0.6 * plan.best_autoregressive.seconds_per_token
+    assert "autoregressive" in plan.reason and "x)" in plan.reason
+
+
+def test_steep_forwards_choose_autoregressive_and_say_why():
+    """AVX2 bf16-like: t(n) linear in n and an expensive draft -> plain decoding."""
+    prof = _profile({"float32": [0.1 * n for n in NS]}, {"float32": [0.05 * n for n in NS]})
+    plan = choose(prof, (0.6, 0.1), 0.0, ["float32"], ["float32"])
+    assert plan.method == "autoregressive"
+    assert plan.reason.startswith("auto: plain autoregressive decoding") and "outweigh" in plan.reason
+
+
+def test_the_fastest_precision_is_chosen_and_pruned_sizes_are_never_used():
+    prof = _profile({"float32": [0.4, 0.8, 1.0, 1.2, 1.2, 1.5], "int8": [0.13, 0.15, 0.2, 0.4, 0.7, 1.3],
+                     "bfloat16": [0.2, 0.35, 0.66, None, None, None]},
+                    {"int8": [0.08, 0.08, 0.11, 0.18, 0.32, 0.6]})
+    assert math.isinf(prof.target_time("bfloat16", 8)) and math.isinf(prof.target_time("bfloat16", 16))
+    assert math.isinf(prof.target_time("int4", 1))  # not profiled at all
+    plan = choose(prof, (0.7, 0.1), 0.0, ["float32", "int8", "bfloat16"], ["int8"])
+    assert plan.best_autoregressive.target_precision == "int8"
+    cands = price_candidates(prof, (0.7, 0.1), ["bfloat16"], ["int8"])
+    assert cands and all(math.isfinite(c.seconds_per_token) for c in cands)
+    assert max(c.depth for c in cands if c.method == "chain") == 3  # k+1 = 4 tokens: the last measured size
+
+
+def test_a_tree_barely_ahead_of_autoregressive_is_not_taken():
+    """Inside the safety margin (model error) plain decoding is kept."""
+    prof = _profile({"int8": [0.1, 0.1, 0.1, 0.1, 0.1, 0.1]}, {"int8": [0.094] * 6})
+    plan = choose(prof, (0.1,), 0.0, ["int8"], ["int8"], methods=("autoregressive", "chain"))
+    # chain k=1: (0.1 + 0.094) / 1.1 = 0.176 > 0.1 -> AR anyway; make it barely better:
+    prof2 = _profile({"int8": [0.1] * 6}, {"int8": [0.0] * 6})
+    plan2 = choose(prof2, (0.03,), 0.0, ["int8"], ["int8"], methods=("autoregressive", "chain"))
+    assert plan.method == "autoregressive" and plan2.method == "autoregressive"
+    plan3 = choose(prof2, (0.5,), 0.0, ["int8"], ["int8"], methods=("autoregressive", "chain"))
+    assert plan3.method == "chain"
+
+
+def test_plan_applies_to_a_config():
+    from dyntree_core.config import DecodeConfig
+
+    prof = _profile({"int8": [0.1] * 6}, {"int4": [0.005] * 6})
+    plan = choose(prof, (0.8, 0.1), 0.6, ["int8"], ["int4"])
+    cfg = plan.apply(DecodeConfig(temperature=0.6, method="dyspec_greedy", verifier="traversal"))
+    assert cfg.method == plan.method and cfg.precision == "int8" and cfg.draft_precision == "int4"
+    assert cfg.verifier == "auto" and cfg.temperature == 0.6
+    json.dumps(plan.to_dict())
+
+
+def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
+    from dyntree_core.testing import tiny_pair
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    loads = []
+
+    def load(role, precision):
+        loads.append((role, precision))
+        d, t = tiny_pair(seed=0)
+        return (d if role == "draft" else t).to(getattr(torch, precision))
+
+    msgs = []
+    p1 = load_or_measure_profile(load, "tiny", "cpu", ["float32"], ns=(1, 2, 4), progress=msgs.append)
+    assert loads == [("target", "float32"), ("draft", "float32")]
+    assert all(t is not None and t > 0 for t in p1.target["float32"])
+    assert p1.machine["cpu_model"] and p1.seconds > 0 and any("n=4" in m for m in msgs)
+    p2 = load_or_measure_profile(load, "tiny", "cpu", ["float32"], ns=(1, 2, 4))
+    assert len(loads) == 2 and p2.target == p1.target  # from the cache
+
+
+@pytest.mark.slow
+def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
+    from dyntree_core.bench.speed import main
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    out = tmp_path / "speed.json"
+    rc = main(["--pair", "tiny", "--datasets", "wiki", "code", "--prompts", "2", "--prompt-tokens", "16",
+               "--new-tokens", "8", "--temperatures", "0", "0.6", "--precisions", "float32", "int8",
+               "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["machine_info"]["cpu_model"]
+    rows = {(c["row"].split(" @")[0].split(":")[0], c["dataset"], c["temperature"]) for c in rec["cells"]}
+    for ds in ("wiki", "code"):
+        for t in (0.0, 0.6):
+            for row in ("autoregressive", "auto", "fixed", "hf_generate", "hf_assisted"):
+                assert (row, ds, t) in rows, (row, ds, t)
+    assert all(c["median_ms_per_token"] > 0 for c in rec["cells"])
+    assert set(rec["plans"]) == {"0.0", "0.6"} and all(p["reason"].startswith("auto:") for p in rec["plans"].values())
+    assert "| auto |" in capsys.readouterr().out
+
+
+def test_chain_replay_is_exact_on_a_deterministic_sequence():
+    from dyntree_core.auto import STOP_GRID, Acceptance, simulate_chain
+
+    # accept pattern 1 1 0 1, draft confident (>= every tau) except at position 1
+    seq = ((1.0, *[1.0] * len(STOP_GRID)), (1.0, *[0.0] * len(STOP_GRID)),
+           (0.0, *[1.0] * len(STOP_GRID)), (1.0, *[1.0] * len(STOP_GRID)))
+    st = simulate_chain([seq], 2, None)
+    # starts: s=0 -> 2 accepted +1; s=1 -> 1 (+1); s=2 -> 0 (+1); s=3 -> 1 + mean-row acceptance 0.75 (+1)
+    assert st.tokens == pytest.approx((3 + 2 + 1 + (1 + 1 + 0.75)) / 4)
+    assert st.drafted == 2 and st.size_probs == (0.0, 1.0)
+    stop = simulate_chain([seq], 3, 0)  # stop after the unsure token at position 1
+    # s=0: drafts 0,1 then stops -> D=2, accepts 2 -> 3 tokens; s=1: D=1 -> 2 tokens; s=2: D=3, 0 accepted
+    assert stop.size_probs[0] > 0 and stop.drafted < 3
+    acc = Acceptance((0.75,), (seq,))
+    prof = _profile({"int8": [0.1] * 6}, {"int8": [0.01] * 6})
+    cands = price_candidates(prof, acc, ["int8"], ["int8"], methods=("chain",))
+    assert any(c.stop_confidence is not None for c in cands) and all(c.method == "chain" for c in cands)
+
+
+def test_confidence_stop_is_lossless_and_shortens_chains():
+    from dyntree_core import DecodeConfig, SpeculativeDecoder
+    from dyntree_core.testing import tiny_pair
+
+    draft, target = tiny_pair(vocab=64, seed=4, layers=2, hidden=64)
+    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive"), eos_token_id=()).generate_ids([5, 9], 16)
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="chain", depth=6, stop_confidence=0.9), eos_token_id=())
+    sizes, out = [], []
+    for tr in dec.generate([5, 9], 16):
+        sizes.append(tr.tree_size)
+        out.extend(c.token_id for c in tr.committed)
+    assert out == ar and min(sizes) < 7

@@ -1,0 +1,112 @@
+"""machine.py: /proc/cpuinfo parsing on canned text, CPU classes, labels and this machine's info."""
+
+import json
+
+import pytest
+
+from dyntree_core import machine
+from dyntree_core.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpuinfo
+
+# Sapphire Rapids (AMX) as a cloud VM shows it; two processors, only the first is read.
+XEON_AMX = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+stepping\t: 8
+flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ss \
+ht syscall nx pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology nonstop_tsc cpuid tsc_known_freq pni \
+pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt aes xsave avx f16c rdrand hypervisor lahf_lm abm \
+3dnowprefetch fsgsbase bmi1 hle avx2 smep bmi2 erms invpcid rtm avx512f avx512dq rdseed adx smap avx512ifma \
+clflushopt clwb avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx_vnni avx512_bf16 arat \
+avx512vbmi umip pku ospke waitpkg avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq \
+la57 rdpid cldemote movdiri movdir64b fsrm md_clear serialize tsxldtrk amx_bf16 avx512_fp16 amx_tile amx_int8 \
+arch_capabilities
+bogomips\t: 5399.99
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu
+"""
+
+EPYC_AVX2 = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 49
+model name\t: AMD EPYC 7B12 64-Core Processor
+flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht \
+syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl nonstop_tsc cpuid extd_apicid \
+tsc_known_freq pni pclmulqdq ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand hypervisor \
+lahf_lm cmp_legacy cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw topoext ssbd ibrs ibpb stibp vmmcall \
+fsgsbase tsc_adjust bmi1 avx2 smep bmi2 rdseed adx smap clflushopt clwb sha_ni xsaveopt xsavec xgetbv1 clzero \
+xsaveerptr arat npt nrip_save umip rdpid
+"""
+
+
+def test_parse_xeon_amx():
+    model, flags = parse_cpuinfo(XEON_AMX)
+    assert model == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+    assert flags == ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                     "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")
+    assert cpu_class(flags) == "amx"
+
+
+def test_parse_epyc_avx2():
+    model, flags = parse_cpuinfo(EPYC_AVX2)
+    assert model == "AMD EPYC 7B12 64-Core Processor"
+    assert flags == ("avx", "avx2", "fma", "f16c")
+    assert cpu_class(flags) == "avx2"
+
+
+def test_parse_empty():
+    assert parse_cpuinfo("") == (None, ())
+    assert cpu_class(()) == "other"
+
+
+def test_cpu_class_order():
+    assert cpu_class({"avx2", "avx512f", "avx512_bf16"}) == "avx512_bf16"
+    assert cpu_class(["avx2", "avx512f"]) == "avx512"
+    assert cpu_class(("avx", "fma")) == "other"
+    # flags without a space-separated exact match are not picked up by substring
+    assert parse_cpuinfo("flags : avx512fx avx2x\n")[1] == ()
+
+
+@pytest.mark.parametrize("name,short", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA H200", "h200"),
+    ("Tesla T4", "t4"), ("NVIDIA GeForce RTX 4090", "nvidia-geforce-rtx-4090"),
+])
+def test_gpu_short_name(name, short):
+    assert gpu_short_name(name) == short
+
+
+def test_short_label():
+    base = dict(cpu_model="x", cpu_flags=("avx2",), cpu_class="avx2", logical_cpus=2, torch_threads=2,
+                torch="2", python="3", platform="p", gpu=None)
+    assert MachineInfo(**base).short_label() == "cpu-avx2"
+    assert MachineInfo(**(base | {"cpu_class": "amx"})).short_label() == "cpu-amx"
+    assert MachineInfo(**(base | {"gpu": "NVIDIA H100 80GB HBM3"})).short_label() == "cuda-h100"
+
+
+def test_this_machine():
+    info = machine_info()
+    assert info is machine_info()  # cached
+    assert info.cpu_model
+    assert info.cpu_class in ("amx", "avx512_bf16", "avx512", "avx2", "other")
+    assert info.cpu_class == cpu_class(info.cpu_flags)
+    assert info.logical_cpus >= 1 and info.torch_threads >= 1
+    d = json.loads(json.dumps(info.to_dict()))
+    assert d["cpu_model"] == info.cpu_model and d["cpu_flags"] == list(info.cpu_flags)
+    label = info.short_label()
+    assert label and all(c.isalnum() or c in "-_" for c in label)
+
+
+def test_machine_info_without_cpuinfo(monkeypatch, tmp_path):
+    monkeypatch.setattr(machine, "CPUINFO_PATH", tmp_path / "missing")
+    machine.machine_info.cache_clear()
+    try:
+        info = machine.machine_info()
+        assert info.cpu_model and info.cpu_flags == () and info.cpu_class == "other"
+    finally:
+        machine.machine_info.cache_clear()

@@ -1,0 +1,253 @@
+"""Weight-only int8/int4 layers, exact GGUF 4-bit blocks, the fast GGUF reader, and models built
+straight from a GGUF (real embedded files where the suite has them)."""
+
+import numpy as np
+import pytest
+import torch
+
+from dyntree_core.quant import (
+    GROUP_SIZE,
+    Int4Linear,
+    Int8Linear,
+    PrecisionError,
+    check_precision,
+    int4_reference_weight,
+    model_precision,
+    quantize_model,
+)
+from dyntree_core.quant.ggml import decode_4bit, dequantize
+
+
+def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """Half a bfloat16 ulp of |x| (the rounding of a value stored in bf16)."""
+    e = torch.floor(torch.log2(x.abs().clamp_min(1e-30)))
+    return torch.pow(2.0, e - 8)
+
+
+def test_int8_linear_matches_its_dequantized_weight():
+    torch.manual_seed(0)
+    w, b = torch.randn(48, 64), torch.randn(48)
+    lin = Int8Linear.from_dense(w, b)
+    deq = lin.dequantized_weight()
+    s = lin.scales.float()[:, None]
+    assert ((deq - w).abs() <= s / 2 + 1e-7).all()  # round to nearest per channel
+    x = torch.randn(5, 64)
+    ref = x.bfloat16().float() @ deq.t() + b
+    out = lin(x)
+    assert out.dtype == torch.float32 and out.shape == (5, 48)
+    assert torch.allclose(out, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_int4_from_dense_is_what_the_kernel_multiplies_by():
+    torch.manual_seed(1)
+    w = torch.randn(32, 96)
+    lin = Int4Linear.from_dense(w)
+    sz = lin.scales_and_zeros.float()  # [K/g, N, 2]
+    s, z = sz[..., 0].t(), sz[..., 1].t()
+    x = torch.eye(96)[:7] * 1.0
+    out = lin(x)  # rows of the identity read single weights (bf16 output)
+    q_est = torch.round((w - z.repeat_interleave(GROUP_SIZE, 1)) / s.repeat_interleave(GROUP_SIZE, 1) + 8).clamp(0, 15)
+    ref = int4_reference_weight(q_est, s, z)
+    assert torch.allclose(out, ref.t()[:7].bfloat16().float(), atol=1e-2)
+    # quantization error of min-max 4 bits: at most half a step (+ bf16 rounding of s and z)
+    err = (ref - w).abs()
+    assert (err <= s.repeat_interleave(GROUP_SIZE, 1) * 0.5 + 0.02).all()
+
+
+def test_int4_shapes_the_kernel_cannot_take_are_refused():
+    with pytest.raises(PrecisionError, match="divisible by 32"):
+        Int4Linear.from_dense(torch.randn(16, 40))
+    with pytest.raises(PrecisionError, match="by 16"):
+        Int4Linear.from_dense(torch.randn(8, 64))
+
+
+def _random_blocks(type_name: str, n_rows: int, n_cols: int, seed: int) -> np.ndarray:
+    """Raw GGML bytes with random quants and sane fp16 scales."""
+    rng = np.random.default_rng(seed)
+    if type_name == "Q4_K":
+        nb, bsz = n_cols // 256, 144
+        blocks = rng.integers(0, 256, (n_rows * nb, bsz), dtype=np.uint8)
+        blocks[:, 0:2] = np.frombuffer(rng.uniform(0.001, 0.01, n_rows * nb).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
+        blocks[:, 2:4] = np.frombuffer(rng.uniform(0.001, 0.01, n_rows * nb).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
+        return blocks.reshape(n_rows, -1)
+    head = 2 if type_name == "Q4_0" else 4
+    nb = n_cols // 32
+    blocks = rng.integers(0, 256, (n_rows * nb, head + 16), dtype=np.uint8)
+    scales = rng.uniform(-0.1, 0.1, (n_rows * nb, head // 2)).astype(np.float16)
+    blocks[:, :head] = np.frombuffer(scales.tobytes(), np.uint8).reshape(-1, head)
+    return blocks.reshape(n_rows, -1)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q4_K"])
+def test_4bit_blocks_decode_exactly_like_the_gguf_package(type_name):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    n_rows, n_cols = 16, 512
+    raw = _random_blocks(type_name, n_rows, n_cols, seed=3)
+    groups = decode_4bit(raw, type_name, n_rows, n_cols)
+    assert groups.q.max() <= 15 and groups.q.dtype == torch.uint8
+    ref = gguf_dequantize(raw, GGMLQuantizationType[type_name]).reshape(n_rows, n_cols)
+    np.testing.assert_array_equal(groups.dequantize().numpy(), ref.astype(np.float32))
+    # onto the int4 kernel: only the bf16 rounding of s and z = offset + 8 s changes a weight
+    lin = Int4Linear.from_groups(groups.q, groups.scale, groups.offset)
+    kern = int4_reference_weight(groups.q, groups.scale, groups.offset + 8 * groups.scale)
+    s = groups.scale.repeat_interleave(GROUP_SIZE, 1)
+    z = (groups.offset + 8 * groups.scale).repeat_interleave(GROUP_SIZE, 1)
+    bound = (groups.q.float() - 8).abs() * _bf16_ulp(s) + _bf16_ulp(z) + 1e-7
+    assert ((kern - torch.from_numpy(ref)).abs() <= bound).all()
+    x = torch.randn(3, n_cols)
+    expect = x.bfloat16().float() @ kern.t()
+    assert torch.allclose(lin(x), expect, rtol=2e-2, atol=2e-2 * expect.abs().max().item())
+
+
+def test_quantize_model_runs_and_tags_the_tiny_pair():
+    from dyntree_core.testing import tiny_pair
+
+    draft, target = tiny_pair(vocab=64, seed=0, layers=2, hidden=64)
+    x = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():
+        ref = target(x).logits
+    for precision in ("int8", "int4"):
+        _, t = tiny_pair(vocab=64, seed=0, layers=2, hidden=64)
+        quantize_model(t, precision)
+        assert model_precision(t) == precision
+        kinds = {type(m).__name__ for m in t.modules()}
+        assert ("Int4Linear" in kinds) == (precision == "int4") and "Int8Linear" in kinds  # int8 head
+        with torch.no_grad():
+            out = t(x).logits
+        assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.75
+        with pytest.raises(PrecisionError, match="already"):
+            quantize_model(t, "int8" if precision == "int4" else "int4")
+
+
+def test_precision_names_and_devices_are_checked():
+    with pytest.raises(PrecisionError, match="one of"):
+        check_precision("int3")
+    with pytest.raises(PrecisionError, match="float16 is for CUDA"):
+        check_precision("float16", "cpu")
+    with pytest.raises(PrecisionError, match="no int4 weight-only kernel"):
+        check_precision("int4", "cuda")
+
+
+def test_engine_quantizes_a_dense_draft_and_refuses_a_downgrade():
+    from dyntree_core import DecodeConfig, SpeculativeDecoder
+    from dyntree_core.config import ConfigError
+    from dyntree_core.testing import tiny_pair
+
+    draft, target = tiny_pair(vocab=64, seed=2, layers=2, hidden=64)
+    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive"), eos_token_id=()).generate_ids([1, 2, 3], 12)
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="chain", depth=3, draft_precision="int8"), eos_token_id=())
+    assert model_precision(draft) == "int8"
+    assert dec.generate_ids([1, 2, 3], 12) == ar  # greedy with a quantized draft = target greedy
+    with pytest.raises(ConfigError, match="loaded at int8"):
+        SpeculativeDecoder(draft, target, DecodeConfig(method="chain", draft_precision="float32"))
+    with pytest.raises(ConfigError, match="resolved before decoding"):
+        DecodeConfig(precision="auto")
+
+
+def test_fast_gguf_reader_agrees_with_the_gguf_package(tmp_path):
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+    from dyntree_core.quant.gguf_file import read_gguf
+
+    path = tmp_path / "t.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(300)])
+    w.add_array("tokenizer.ggml.scores", [float(i) for i in range(300)])
+    dense = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 100
+    w.add_tensor("a.weight", dense)
+    q4 = _random_blocks("Q4_0", 8, 64, seed=5)
+    w.add_tensor("b.weight", q4, raw_shape=(8, 36), raw_dtype=GGMLQuantizationType.Q4_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = read_gguf(path)
+    assert ours.architecture == "llama" and ours.metadata["llama.block_count"] == 2
+    assert ours.metadata["tokenizer.ggml.tokens"] == "<array of 300 strings>"
+    ref = {t.name: t for t in GGUFReader(str(path)).tensors}
+    assert set(ours.tensors) == set(ref)
+    for name, t in ours.tensors.items():
+        assert t.type_name == ref[name].tensor_type.name
+        np.testing.assert_array_equal(t.data.reshape(-1).view(np.uint8), np.asarray(ref[name].data).reshape(-1).view(np.uint8))
+    np.testing.assert_array_equal(dequantize(ours.tensors["a.weight"].data, "F32", (64, 32)).numpy(), dense)
+    assert ours.tensors["b.weight"].shape == (8, 64)
+
+
+# ------------------------------------------------------------------ the real embedded GGUFs
+def _embedded_gguf(name: str):
+    from dyntree_core.models.fetch import cache_root, verified
+    from dyntree_core.models.presets import resolve_preset
+
+    p = resolve_preset(name)
+    path = cache_root() / "gguf" / p.gguf_name
+    if not verified(path, p.sha256):
+        pytest.fail(f"embedded GGUF {p.gguf_name} is not in {cache_root()}; run `python -m dyntree_core fetch` first")
+    return path
+
+
+@pytest.mark.realpair
+@pytest.mark.xdist_group("realpair")
+def test_real_q4k_layers_match_gguf_dequantization_within_scale_rounding():
+    """Every 4-bit layer of the embedded target, as the int4 kernel holds it, equals the gguf
+    package's dequantization to within the bf16 rounding of the stored scales; the int8 layers
+    (Q6_K) to within half a quantization step."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    from dyntree_core.quant.gguf_file import read_gguf
+
+    gf = read_gguf(_embedded_gguf("qwen2.5-coder-1.5b"))
+    checked = {"Q4_K": 0, "Q6_K": 0}
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
+                 "blk.0.attn_v.weight", "blk.1.attn_v.weight"):
+        t = gf.tensors[name]
+        ref = torch.from_numpy(gguf_dequantize(t.data, GGMLQuantizationType[t.type_name]).reshape(t.shape))
+        if t.type_name == "Q4_K":
+            g = decode_4bit(t.data, "Q4_K", *t.shape)
+            z = g.offset + 8 * g.scale
+            kern = int4_reference_weight(g.q, g.scale, z)
+            s, zz = g.scale.repeat_interleave(32, 1), z.repeat_interleave(32, 1)
+            bound = (g.q.float() - 8).abs() * _bf16_ulp(s) + _bf16_ulp(zz) + 1e-7
+            assert ((kern - ref).abs() <= bound).all(), name
+        else:
+            lin = Int8Linear.from_dense(ref)
+            assert ((lin.dequantized_weight() - ref).abs() <= lin.scales.float()[:, None] / 2 + 1e-7).all(), name
+        checked[t.type_name] += 1
+    assert checked["Q4_K"] >= 3 and checked["Q6_K"] >= 2
+
+
+@pytest.mark.realpair
+@pytest.mark.xdist_group("realpair")
+def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree(embedded_pair):
+    """The float32 model built from the GGUF is the gguf package's dequantization (the session's
+    embedded pair is built the same way: compare a few weights to the package directly); the
+    int8 / int4 targets pick the float32 argmax on a short code prompt."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    from dyntree_core.models.load import load_model, resolve_spec
+    from dyntree_core.quant.gguf_file import read_gguf
+
+    gf = read_gguf(_embedded_gguf("qwen2.5-coder-1.5b"))
+    sd = embedded_pair.target.state_dict()
+    for gname, hname in (("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight"),
+                         ("blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"),
+                         ("output.weight", "lm_head.weight")):
+        t = gf.tensors[gname]
+        ref = gguf_dequantize(t.data, GGMLQuantizationType[t.type_name]).reshape(t.shape)
+        np.testing.assert_array_equal(sd[hname].numpy(), ref)
+    ids = embedded_pair.tokenizer("def fibonacci(n):\n    ", add_special_tokens=False)["input_ids"]
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        ref_logits = embedded_pair.target(x).logits[0]
+        for precision in ("int4", "int8"):
+            m = load_model(resolve_spec("embedded", "target"), precision=precision)
+            assert model_precision(m) == precision
+            out = m(x).logits[0]
+            agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+            assert agree >= 0.85, (precision, agree)
+            del m
