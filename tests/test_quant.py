@@ -225,7 +225,10 @@ def test_real_q4k_layers_match_gguf_dequantization_within_scale_rounding():
 def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree(embedded_pair):
     """The float32 model built from the GGUF is the gguf package's dequantization (the session's
     embedded pair is built the same way: compare a few weights to the package directly); the
-    int8 / int4 targets pick the float32 argmax on a short code prompt."""
+    int4 target (exact Q4_K blocks) picks the float32 argmax on a short code prompt. (int8 is
+    covered layer by layer above and by the tiny-pair tests: building a second full 1.5B target
+    next to the session's float32 pair would not fit the 24 GB suite machine beside the other
+    worker.)"""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -242,12 +245,16 @@ def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree
         np.testing.assert_array_equal(sd[hname].numpy(), ref)
     ids = embedded_pair.tokenizer("def fibonacci(n):\n    ", add_special_tokens=False)["input_ids"]
     x = torch.tensor([ids])
+    import gc
+
     with torch.inference_mode():
         ref_logits = embedded_pair.target(x).logits[0]
-        for precision in ("int4", "int8"):
-            m = load_model(resolve_spec("embedded", "target"), precision=precision)
-            assert model_precision(m) == precision
-            out = m(x).logits[0]
-            agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
-            assert agree >= 0.85, (precision, agree)
-            del m
+        m = load_model(resolve_spec("embedded", "target"), precision="int4")
+        assert model_precision(m) == "int4"
+        kinds = {type(mod).__name__ for mod in m.modules()}
+        assert {"Int4Linear", "Int8Linear"} <= kinds  # Q4_K layers int4, Q6_K layers and the head int8
+        out = m(x).logits[0]
+        agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+        assert agree >= 0.85, agree
+    del m, out
+    gc.collect()

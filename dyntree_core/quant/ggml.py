@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+_CHUNK_ROWS = 16384
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torc
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
+    if len(shape) == 2 and shape[0] > _CHUNK_ROWS:  # bound the reference code's temporaries (GBs for a head)
+        out = torch.empty(shape, dtype=torch.float32)
+        raw = np.asarray(data).reshape(shape[0], -1)
+        for r in range(0, shape[0], _CHUNK_ROWS):
+            part = raw[r:r + _CHUNK_ROWS]
+            out[r:r + part.shape[0]] = dequantize(part, type_name, (part.shape[0], shape[1]))
+        return out
     if type_name in FOUR_BIT_TYPES and len(shape) == 2:
         return decode_4bit(data, type_name, shape[0], shape[1]).dequantize()
     arr = gguf_dequantize(np.asarray(data), GGMLQuantizationType[type_name])
