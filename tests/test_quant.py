@@ -217,7 +217,7 @@ def test_real_q4k_layers_match_gguf_dequantization_within_scale_rounding():
             lin = Int8Linear.from_dense(ref)
             assert ((lin.dequantized_weight() - ref).abs() <= lin.scales.float()[:, None] / 2 + 1e-7).all(), name
         checked[t.type_name] += 1
-    assert checked["Q4_K"] >= 3 and checked["Q6_K"] >= 2
+    assert checked["Q4_K"] >= 2 and checked["Q6_K"] >= 2
 
 
 @pytest.mark.realpair
