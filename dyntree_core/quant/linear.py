@@ -45,6 +45,14 @@ def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
     return b
 
 
+def _apply(layer: nn.Module, x: torch.Tensor, kernel) -> torch.Tensor:
+    """``x`` ``[..., K]`` -> bf16 ``[M, K]`` -> ``kernel`` -> ``[..., N]`` in ``x``'s dtype, plus the bias."""
+    y = kernel(x.reshape(-1, layer.in_features).to(KERNEL_DTYPE)).to(x.dtype)
+    if layer.bias is not None:
+        y = y + layer.bias.to(x.dtype)
+    return y.reshape(*x.shape[:-1], layer.out_features)
+
+
 def int4_shape_ok(out_features: int, in_features: int) -> bool:
     """torch's CPU int4 pack needs N % 16 == 0; the groups need K % 32 == 0."""
     return out_features % 16 == 0 and in_features % GROUP_SIZE == 0
@@ -83,12 +91,7 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).to(KERNEL_DTYPE), self.qweight, self.scales)
-        y = y.to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+        return _apply(self, x, lambda x2: torch._weight_int8pack_mm(x2, self.qweight, self.scales))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
@@ -156,13 +159,8 @@ class Int4Linear(nn.Module):
         return cls(q, s, z, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = torch._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, self.in_features).to(KERNEL_DTYPE), self.packed, GROUP_SIZE, self.scales_and_zeros)
-        y = y.to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+        return _apply(self, x, lambda x2: torch._weight_int4pack_mm_for_cpu(
+            x2, self.packed, GROUP_SIZE, self.scales_and_zeros))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP_SIZE}"
