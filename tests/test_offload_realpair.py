@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = [pytest.mark.realpair, pytest.mark.xdist_group("realpair")]
+pytestmark = pytest.mark.realpair
 
 
 def test_realpair_target_offloaded_bit_exact(embedded_pair):

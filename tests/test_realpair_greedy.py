@@ -7,7 +7,7 @@ from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.config import METHODS
 from dyntree_core.prompts import load_prompts
 
-pytestmark = [pytest.mark.realpair, pytest.mark.xdist_group("realpair")]
+pytestmark = pytest.mark.realpair
 
 TREE_METHODS = [m for m in METHODS if m not in ("autoregressive", "chain")]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.realpair, pytest.mark.xdist_group("realpair")]
+pytestmark = pytest.mark.realpair
 
 QWEN_VOCAB = 151_936
 IM_END, ENDOFTEXT = 151_645, 151_643
