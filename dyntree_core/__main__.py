@@ -128,25 +128,19 @@ def auto_config(args, cfg: DecodeConfig):
     """Resolve every ``auto`` (method, precisions) with the measured cost model; prints the reason."""
     import dataclasses
 
-    from .auto import AUTO_METHODS, PairCache, default_precisions, plan_auto
+    from .auto import PairCache, plan_auto, search_space
 
     def say(msg: str) -> None:
         print("  " + msg, file=sys.stderr)
 
-    tps = default_precisions(args.device if args.device != "auto" else "cpu") if args.precision == "auto" else [args.precision]
-    dps = tps if args.draft_precision == "auto" else [args.draft_precision]
-    if args.draft_precision == "auto" and args.precision != "auto":
-        dps = default_precisions(args.device if args.device != "auto" else "cpu")
-    methods = AUTO_METHODS if args.method == "auto" or args.method not in AUTO_METHODS else ("autoregressive", args.method)
-    cache = PairCache(args.draft, args.target, device=args.device if args.device != "auto" else "cpu")
+    device = args.device if args.device != "auto" else "cpu"
+    tps, dps, methods = search_space(args.method, args.precision, args.draft_precision, device)
+    cache = PairCache(args.draft, args.target, device=device)
     plan = plan_auto(cache, args.temperature, target_precisions=tps, draft_precisions=dps, methods=methods,
                      refresh=args.retune, progress=say)
-    if args.method == "auto":
-        cfg = plan.apply(cfg)
-    else:  # the user's method and shape; the plan only picks the precisions
-        tree = next((c for c in plan.top if c.method != "autoregressive"), plan.best)
-        cfg = dataclasses.replace(cfg, precision=tree.target_precision,
-                                  draft_precision=tree.draft_precision or plan.fastest_draft_precision)
+    cfg = dataclasses.replace(cfg, **plan.resolve(args.method, args.precision, args.draft_precision))
+    if cfg.method == "autoregressive":
+        cfg = dataclasses.replace(cfg, draft_precision=None)
     print(plan.reason, file=sys.stderr)
     return cache.pair(cfg.precision, cfg.draft_precision or plan.fastest_draft_precision), cfg
 

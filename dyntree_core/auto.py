@@ -41,6 +41,7 @@ from .config import DecodeConfig
 from .machine_profile import MachineProfile
 
 AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia")
+AUTO = "auto"  # the request value meaning "let the cost model choose"
 CHAIN_LENGTHS: tuple[int, ...] = tuple(range(1, 9))
 SEQUOIA_BUDGETS: tuple[int, ...] = (4, 6, 8, 12, 16, 24, 32)
 SEQUOIA_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
@@ -116,16 +117,46 @@ class AutoPlan:
     def method(self) -> str:
         return self.best.method
 
-    def apply(self, cfg: DecodeConfig) -> DecodeConfig:
-        """``cfg`` with the chosen method, shape and precisions."""
+    def method_fields(self) -> dict:
+        """The chosen method and its shape as ``DecodeConfig`` fields (no precisions)."""
         b = self.best
-        kw = dict(method=b.method, precision=b.target_precision,
-                  draft_precision=b.draft_precision if b.method != "autoregressive" else None)
+        kw: dict = dict(method=b.method, verifier="auto")
         if b.method == "chain":
             kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
         elif b.method == "sequoia":
-            kw.update(budget=b.budget, depth=b.depth, sequoia_acceptance=self.acceptance)
-        return replace(cfg, verifier="auto", **kw)
+            kw.update(budget=b.budget, depth=b.depth, sequoia_acceptance=tuple(self.acceptance))
+        return kw
+
+    def apply(self, cfg: DecodeConfig) -> DecodeConfig:
+        """``cfg`` with the chosen method, shape and precisions."""
+        b = self.best
+        return replace(cfg, precision=b.target_precision,
+                       draft_precision=b.draft_precision if b.method != "autoregressive" else None,
+                       **self.method_fields())
+
+    def resolve(self, method: str, precision: str, draft_precision: str) -> dict:
+        """Fields to set for a request in which any of ``method``, ``precision`` (target) and
+        ``draft_precision`` may be ``"auto"`` (the CLI and the app both use this):
+
+        * method ``auto``: the plan's method and shape (``method_fields``), precisions of that choice;
+        * a fixed method: only the precisions, those of the best priced candidate of that kind
+          (autoregressive: the fastest target precision; any other method: the best non-AR one);
+        * a fixed precision is kept. The draft precision of an autoregressive choice is the fastest
+          draft precision (unused by AR decoding, but a Compare run of the same settings uses it).
+        """
+        kw: dict = {}
+        if method == AUTO:
+            kw.update(self.method_fields())
+            choice = self.best
+        elif method == "autoregressive":
+            choice = self.best_autoregressive
+        else:
+            choice = next((c for c in self.top if c.method != "autoregressive"), self.best)
+        if precision == AUTO:
+            kw["precision"] = choice.target_precision
+        if draft_precision == AUTO:
+            kw["draft_precision"] = choice.draft_precision or self.fastest_draft_precision
+        return kw
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -410,6 +441,16 @@ class PairCache:
         self._models[key] = m
         return m
 
+    def timing_model(self, role: str, precision: str):
+        """A model that costs what ``model(role, precision)`` costs per forward: its zero-weight shape
+        twin where one can be built (a GGUF preset on the CPU: seconds instead of a full load), else
+        the model itself. Twins are not kept."""
+        from .models.load import load_shape_twin, resolve_spec
+
+        src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
+        twin = load_shape_twin(src, self.device, precision)
+        return twin if twin is not None else self.model(role, precision)
+
     def pair(self, target_precision: str, draft_precision: str):
         """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""
         import dataclasses
@@ -434,6 +475,21 @@ def default_precisions(device: str) -> tuple[str, ...]:
     return ("int8", "int4", "float32", "bfloat16") if device == "cpu" else ("float16", "bfloat16")
 
 
+def search_space(method: str, precision: str, draft_precision: str,
+                 device: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """``(target precisions, draft precisions, methods)`` that ``plan_auto`` prices for a request in
+    which any of the three may be ``"auto"``. A fixed method that ``auto`` can price is priced
+    against autoregressive decoding; one it cannot price (a DySpec or other tree method) gets the
+    precisions ``auto`` would pick for the methods it can price."""
+    tps = default_precisions(device) if precision == AUTO else (precision,)
+    dps = default_precisions(device) if draft_precision == AUTO else (draft_precision,)
+    if method in AUTO_METHODS:
+        methods: tuple[str, ...] = tuple(dict.fromkeys(("autoregressive", method)))
+    else:
+        methods = tuple(AUTO_METHODS)
+    return tps, dps, methods
+
+
 def calibration_prompts(tokenizer, n_per_dataset: int = 2, max_tokens: int = 96) -> list[list[int]]:
     """Prompts from the ``calib`` slices of wiki and code (disjoint from every evaluation)."""
     from .prompts import load_prompts
@@ -453,7 +509,7 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
     dps = tuple(draft_precisions or tps)
     name = f"{cache.draft_spec},{cache.target_spec}"
     say("machine profile (measured once per machine, pair and torch version, then cached):")
-    prof = load_or_measure_profile(cache.model, name, cache.device, tps, refresh=refresh, progress=say,
+    prof = load_or_measure_profile(cache.timing_model, name, cache.device, tps, refresh=refresh, progress=say,
                                    draft_precisions=dps)
     fast_t = min(tps, key=lambda p: prof.target_time(p, 1))
     fast_d = min(dps, key=lambda p: prof.draft_time(p, 1))

@@ -111,7 +111,7 @@ def align_cpu_parameters(module: torch.nn.Module, align: int = CPU_PARAM_ALIGN) 
 
 class TinyPairCache:
     """The tiny pair at any precision, with the interface of ``dyntree_core.auto.PairCache``
-    (``model(role, precision)``, ``pair(target_precision, draft_precision)``), so ``auto`` and the
+    (``model`` / ``timing_model(role, precision)``, ``pair(target_precision, draft_precision)``), so ``auto`` and the
     speed bench run on it in tests. Each call builds fresh models (quantizing mutates them)."""
 
     device = "cpu"
@@ -128,6 +128,8 @@ class TinyPairCache:
         if precision in QUANT_PRECISIONS:
             return quantize_model(m, precision)
         return m.to(getattr(torch, precision))
+
+    timing_model = model  # the tiny models build in milliseconds: no shape twin needed
 
     def pair(self, target_precision: str, draft_precision: str):
         from types import SimpleNamespace

@@ -77,6 +77,42 @@ def test_plan_applies_to_a_config():
     json.dumps(plan.to_dict())
 
 
+def test_one_resolution_rule_for_the_cli_and_the_app():
+    """``search_space`` + ``AutoPlan.resolve``: method auto takes the plan's method, shape and stop
+    rule; a fixed method keeps itself and gets only precisions (AR: the fastest target precision);
+    fixed precisions are kept; the app's settings carry the chain's confidence stop to the engine."""
+    from dyntree_core.auto import search_space
+    from ui.settings import RunSettings
+
+    assert search_space("auto", "auto", "int4", "cpu") == (
+        ("int8", "int4", "float32", "bfloat16"), ("int4",), ("autoregressive", "chain", "sequoia"))
+    assert search_space("chain", "int8", "auto", "cpu")[2] == ("autoregressive", "chain")
+    assert search_space("autoregressive", "auto", "auto", "cpu")[2] == ("autoregressive",)
+    assert search_space("dyspec_greedy", "auto", "auto", "cpu")[2] == ("autoregressive", "chain", "sequoia")
+
+    prof = _profile({"int8": [0.13, 0.14, 0.16, 0.3, 0.6, 1.2], "float32": [0.4] * 6},
+                    {"int4": [0.01] * 6, "int8": [0.02] * 6})
+    plan = choose(prof, (0.8, 0.1, 0.05), 0.0, ["int8", "float32"], ["int4", "int8"], methods=("autoregressive", "chain"))
+    assert plan.method == "chain"
+    kw = plan.resolve("auto", "auto", "auto")
+    assert kw["method"] == "chain" and kw["precision"] == "int8" and kw["draft_precision"] == "int4"
+    assert kw["stop_confidence"] == plan.best.stop_confidence and kw["depth"] == plan.best.depth
+    assert plan.resolve("dyspec_greedy", "auto", "int8") == {"precision": "int8"}
+    assert plan.resolve("autoregressive", "auto", "auto") == {"precision": "int8", "draft_precision": "int4"}
+    assert plan.resolve("chain", "float32", "float32") == {}
+
+    form = RunSettings(draft="tiny", target="tiny", device="cpu", dtype="float32", prompt="a", chat=False,
+                       method="auto", verifier="auto", temperature=0.0, top_p=1.0, budget=8, depth=4, width=2,
+                       threshold=0.1, max_new_tokens=8, seed=0)
+    from dataclasses import replace
+
+    cfg = replace(form, **kw).decode_config()
+    assert cfg.method == "chain" and cfg.depth == plan.best.depth and cfg.precision == "int8"
+    kw["stop_confidence"] = 0.8  # what a plan on measured sequences sets (tuple vectors carry none)
+    assert replace(form, **kw).decode_config().stop_confidence == 0.8
+    assert replace(form, **kw).with_method("autoregressive").decode_config().stop_confidence is None
+
+
 def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
     from dyntree_core.testing import tiny_pair
 
@@ -106,7 +142,7 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
     out = tmp_path / "speed.json"
     rc = main(["--pair", "tiny", "--datasets", "wiki", "code", "--prompts", "2", "--prompt-tokens", "16",
                "--new-tokens", "8", "--temperatures", "0", "0.6", "--precisions", "float32", "int8",
-               "--json", str(out)])
+               "--auto-precisions", "float32", "int8", "--fixed", "chain:2", "sequoia:4:2", "--json", str(out)])
     assert rc == 0
     rec = json.loads(out.read_text())
     assert rec["machine_info"]["cpu_model"]
@@ -116,6 +152,7 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
             for row in ("autoregressive", "auto", "fixed", "hf_generate", "hf_assisted"):
                 assert (row, ds, t) in rows, (row, ds, t)
     assert all(c["median_ms_per_token"] > 0 for c in rec["cells"])
+    assert any(c["row"].startswith("fixed: sequoia:4:2") for c in rec["cells"])
     assert set(rec["plans"]) == {"0.0", "0.6"} and all(p["reason"].startswith("auto:") for p in rec["plans"].values())
     assert "| auto |" in capsys.readouterr().out
 

@@ -198,8 +198,12 @@ def test_app_end_to_end(app_url, tmp_path):
                 assert "tok/s" in page.inner_text(f"#compare-stats-{i}")
             assert "autoregressive" in page.inner_text("#compare-stats-0")
             assert "chain" in page.inner_text("#compare-stats-1")
+            # fourth column: transformers' own assisted generation on the same models
+            assert "transformers assisted" in page.inner_text("#compare-stats-3")
+            assert "tok/s" in page.inner_text("#compare-stats-3")
+            assert "assisted generation" in page.inner_text("#compare-text-3")
             page.wait_for_selector("#compare-speed .main-svg", timeout=20_000)
-            assert page.locator("#compare-speed .scatterlayer .trace").count() >= 3
+            assert page.locator("#compare-speed .scatterlayer .trace").count() >= 4
             page.get_by_role("tab", name="Live").click()
 
             # --- a bad model id shows an error and the app stays usable

@@ -190,7 +190,6 @@ def _embedded_gguf(name: str):
 
 
 @pytest.mark.realpair
-@pytest.mark.xdist_group("realpair")
 def test_real_q4k_layers_match_gguf_dequantization_within_scale_rounding():
     """Every 4-bit layer of the embedded target, as the int4 kernel holds it, equals the gguf
     package's dequantization to within the bf16 rounding of the stored scales; the int8 layers
@@ -221,7 +220,6 @@ def test_real_q4k_layers_match_gguf_dequantization_within_scale_rounding():
 
 
 @pytest.mark.realpair
-@pytest.mark.xdist_group("realpair")
 def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree(embedded_pair):
     """The float32 model built from the GGUF is the gguf package's dequantization (the session's
     embedded pair is built the same way: compare a few weights to the package directly); the
@@ -256,5 +254,15 @@ def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree
         out = m(x).logits[0]
         agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
         assert agree >= 0.85, agree
+    # the machine profile times zero-weight shape twins: same tensors, shapes and dtypes as the real model
+    from dyntree_core.models.load import load_shape_twin
+
+    def layout(model):
+        return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+    assert layout(load_shape_twin(resolve_spec("embedded", "target"), "cpu", "int4")) == layout(m)
     del m, out
     gc.collect()
+    # float32 on the draft: a 6 GB zero twin of the target beside the session's pair peaked at 20 GB
+    twin = load_shape_twin(resolve_spec("embedded", "draft"), "cpu", "float32")
+    assert layout(twin) == layout(embedded_pair.draft)

@@ -420,3 +420,29 @@ def test_auto_is_resolved_by_the_provider_and_explained(tmp_path, monkeypatch):
     rec2 = run_to_end(provider, _settings(method="dyspec_greedy", precision="auto", draft_precision="auto",
                                           max_new_tokens=6))
     assert rec2.config.method == "dyspec_greedy" and rec2.config.budget == 24 and rec2.settings.precision == "float32"
+
+
+def test_compare_hf_assisted_column_is_transformers_on_the_same_pair(provider, ar_run):
+    """The Compare tab's fourth column: transformers' assisted generation on the provider's pair. At
+    T=0 it is greedy and lossless, so its tokens are the autoregressive run's; its rounds add up
+    to its tokens and plot like steps; a set stop event ends it after the first round."""
+    import threading
+
+    from ui.runner import HF_ASSISTED_LABEL, run_hf_assisted
+    from ui.session import ExternalRun
+    from ui.views import compare_views
+
+    run = run_hf_assisted(provider, _settings(method="autoregressive"))
+    assert isinstance(run, ExternalRun) and run.label == HF_ASSISTED_LABEL and run.status == "finished"
+    assert run.token_ids == ar_run.token_ids and len(run.token_ids) == 12
+    assert sum(r.num_committed for r in run.rounds) == 12 and len(run.rounds) >= 2
+    assert all(b.elapsed >= a.elapsed for a, b in zip(run.rounds, run.rounds[1:]))
+    s = run.summary()
+    assert s["tokens"] == 12 and s["tokens_per_s"] > 0 and s["mean_tokens_per_step"] > 1
+    texts, stats, speed, per_step = compare_views([ar_run, run])
+    assert "transformers assisted" in stats[1] and "tok/s" in stats[1]
+    assert "assisted generation" in texts[1] and len(speed.data) == 2
+    stop = threading.Event()
+    stop.set()
+    stopped = run_hf_assisted(provider, _settings(method="autoregressive"), stop)
+    assert stopped.status == "stopped" and 0 < len(stopped.token_ids) < 12

@@ -25,8 +25,8 @@ from .errors import describe_error, error_markdown
 from .export import write_images, write_json
 from .mask_figure import MASK_LEGEND
 from .models import ModelProvider
-from .runner import start_generation
-from .session import Generation, RunRecord, SessionState
+from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
+from .session import ExternalRun, Generation, RunRecord, SessionState
 from .worker import DecodeWorker
 from .settings import (
     AUTO,
@@ -44,6 +44,7 @@ from .views import compare_views, export_figures, run_view, step_view
 #: overrides). The pull is timer-driven in the browser, so a busy page never builds up a backlog.
 STREAM_INTERVAL_S = float(os.environ.get("DYNTREE_UI_STREAM_INTERVAL", "1.0"))
 BLOCK_SIZES = (16, 32, 64)
+N_COMPARE = 4  # Compare columns: autoregressive, chain, tree, transformers assisted
 METHOD_HINTS: dict[str, str] = {
     AUTO: "auto: this machine's measured cost model picks the method, its shape and each model's precision "
           "(plain decoding when no tree pays for itself here); the status line says why.",
@@ -221,16 +222,19 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                                                    elem_id="export-files")
                     with gr.Tab("Compare", id="compare", elem_id="compare-tab"):
                         gr.Markdown("Autoregressive vs chain vs a tree method on the **same** prompt, seed, "
-                                    "sampling settings and token budget, run one after the other.")
+                                    "sampling settings and token budget, run one after the other; optionally "
+                                    "transformers' own assisted generation (`generate(assistant_model=draft)`) "
+                                    "on the same models as a fourth column.")
                         with gr.Row():
                             cmp_method = gr.Dropdown(list(TREE_METHODS), value=defaults.method if defaults.method in TREE_METHODS
                                                      else TREE_METHODS[0], label="Tree method", elem_id="compare-method")
+                            cmp_hf = gr.Checkbox(value=True, label="+ transformers assisted", elem_id="compare-hf")
                             cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn")
                             cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
                         cmp_status = gr.Markdown("", elem_id="compare-status")
                         with gr.Row():
                             cmp_texts, cmp_stats = [], []
-                            for i, name in enumerate(("autoregressive", "chain", "tree")):
+                            for i, name in enumerate(("autoregressive", "chain", "tree", HF_ASSISTED_LABEL)):
                                 with gr.Column(min_width=240):
                                     cmp_stats.append(gr.Markdown(f"**{name}**", elem_id=f"compare-stats-{i}"))
                                     cmp_texts.append(gr.HTML("", elem_id=f"compare-text-{i}"))
@@ -417,8 +421,8 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
             sv = step_view(state.record, step, block)
             return (sv.tree, *sv.masks, sv.phases)
 
-        def on_compare(state: SessionState, tree_method: str, *values) -> Iterator[tuple]:
-            records: list[RunRecord] = []
+        def on_compare(state: SessionState, tree_method: str, with_hf: bool, *values) -> Iterator[tuple]:
+            records: list[RunRecord | ExternalRun] = []
             stop = threading.Event()
             state.compare_stop = stop
             try:
@@ -427,7 +431,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                 for m in ("autoregressive", "chain", tree_method):
                     s = settings.with_method(m)
                     if not model_provider.is_loaded(s.pair_spec()):
-                        yield (*[gr.skip()] * 8, "Loading models …", "")
+                        yield (*[gr.skip()] * (2 * N_COMPARE + 2), "Loading models …", "")
                     gen = start_generation(model_provider, s, stop)
                     records.append(gen.record)
                     gen.record.status = "running"
@@ -440,9 +444,11 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                         if time.monotonic() - last >= 2 * STREAM_INTERVAL_S:
                             last = time.monotonic()
                             s_ = gen.record.summary()
-                            yield (*[gr.skip()] * 8, f"running {gen.record.label} … {s_['tokens']} tokens", "")
+                            yield (*[gr.skip()] * (2 * N_COMPARE + 2), f"running {gen.record.label} … {s_['tokens']} tokens", "")
                     if stop.is_set():
                         break
+                if with_hf and not stop.is_set():
+                    yield from compare_hf_assisted(settings, stop, records)
             except Exception as e:  # noqa: BLE001
                 msg = describe_error(e)
                 gr.Warning(msg)
@@ -454,11 +460,39 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                 state.baselines[records[0].settings.baseline_key()] = records[0]
             yield compare_tuple(records, "stopped" if stop.is_set() else "done: same prompt, seed and length")
 
-        def compare_tuple(records: list[RunRecord], note: str, error: str = "") -> tuple:
+        def compare_tuple(records: list[RunRecord | ExternalRun], note: str, error: str = "") -> tuple:
             texts, stats, speed, per_step = compare_views(records)
-            texts += [""] * (3 - len(texts))
-            stats += [gr.skip()] * (3 - len(stats))
+            texts += [""] * (N_COMPARE - len(texts))
+            stats += [gr.skip()] * (N_COMPARE - len(stats))
             return (*texts, *stats, speed, per_step, note, error_markdown(error))
+
+        def compare_hf_assisted(settings: RunSettings, stop: threading.Event,
+                                records: list[RunRecord | ExternalRun]) -> Iterator[tuple]:
+            """Run transformers' assisted generation in a thread (holding the model lock) and
+            stream its progress; its result is appended to ``records``."""
+            placeholder = ExternalRun(label=HF_ASSISTED_LABEL)
+            records.append(placeholder)
+            yield compare_tuple(records, f"running {HF_ASSISTED_LABEL} …")
+            tokens = [0]
+            box: dict = {}
+
+            def work() -> None:
+                try:
+                    with model_lock:
+                        box["run"] = run_hf_assisted(model_provider, settings, stop,
+                                                     progress=lambda n: tokens.__setitem__(0, n))
+                except Exception as e:  # noqa: BLE001
+                    box["error"] = e
+
+            th = threading.Thread(target=work, daemon=True)
+            th.start()
+            while th.is_alive():
+                th.join(2 * STREAM_INTERVAL_S)
+                if th.is_alive():
+                    yield (*[gr.skip()] * (2 * N_COMPARE + 2), f"running {HF_ASSISTED_LABEL} … {tokens[0]} tokens", "")
+            if "error" in box:
+                raise box["error"]
+            records[-1] = box["run"]
 
         def on_export(kind: str):
             def export(state: SessionState, step: float, block: int):
@@ -498,7 +532,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         stop_btn.click(on_stop, [session, block_size], live_io, **quick)
         step_slider.release(on_select_step, [session, step_slider, block_size], step_outputs, **quick)
         block_size.change(on_select_step, [session, step_slider, block_size], step_outputs, **quick)
-        cmp_btn.click(on_compare, [session, cmp_method, *form], compare_outputs, **load)
+        cmp_btn.click(on_compare, [session, cmp_method, cmp_hf, *form], compare_outputs, **load)
         cmp_stop.click(on_compare_stop, session, cmp_status, **quick)
         for btn, kind in ((png_btn, "png"), (svg_btn, "svg"), (json_btn, "json")):
             btn.click(on_export(kind), [session, step_slider, block_size], [export_files, error_box],

@@ -85,7 +85,7 @@ class HubModelProvider:
 
     def auto_plan(self, settings: Any, progress: Any = None) -> Any:
         """Resolve ``auto`` (method and/or precisions) with the measured cost model (cached)."""
-        from dyntree_core.auto import AUTO_METHODS, default_precisions, plan_auto
+        from dyntree_core.auto import plan_auto, search_space
 
         def say(msg: str) -> None:
             self.progress = msg.strip()
@@ -93,11 +93,7 @@ class HubModelProvider:
                 progress(msg)
 
         device = "cpu" if settings.offload else settings.device
-        tps = default_precisions(device) if settings.precision == "auto" else (settings.precision,)
-        dps = default_precisions(device) if settings.draft_precision == "auto" else (settings.draft_precision,)
-        methods = AUTO_METHODS if settings.method in ("auto", *AUTO_METHODS) else ("autoregressive",)
-        if settings.method not in ("auto",) and settings.method in AUTO_METHODS:
-            methods = tuple(dict.fromkeys(("autoregressive", settings.method)))
+        tps, dps, methods = search_space(settings.method, settings.precision, settings.draft_precision, device)
         with self._lock:
             try:
                 cache = self._pair_cache(settings.draft.strip(), settings.target.strip(), device)

@@ -11,7 +11,7 @@ from dyntree_core.config import ConfigError, DecodeConfig
 from dyntree_core.engine import SpeculativeDecoder
 
 from .models import ModelProvider
-from .session import Generation, RunRecord
+from .session import ExternalRun, Generation, RoundPoint, RunRecord
 from .settings import RunSettings
 from .tokens import TokenTexts
 
@@ -46,20 +46,7 @@ def resolve_auto(provider: ModelProvider, settings: RunSettings) -> tuple[RunSet
     from dataclasses import replace
 
     plan = provider.auto_plan(settings)
-    b = plan.best
-    kw: dict = {}
-    if settings.method == "auto":
-        cfg = plan.apply(DecodeConfig(temperature=float(settings.temperature), top_p=float(settings.top_p)))
-        kw.update(method=cfg.method, verifier="auto", budget=cfg.budget, depth=cfg.depth)
-        tp, dp = b.target_precision, b.draft_precision or plan.fastest_draft_precision
-    else:  # the user's method and shape: auto picks the precisions only
-        tree = next((c for c in plan.top if c.method != "autoregressive"), b)
-        tp = tree.target_precision if settings.method != "autoregressive" else plan.best_autoregressive.target_precision
-        dp = tree.draft_precision or plan.fastest_draft_precision
-    if settings.precision == "auto":
-        kw["precision"] = tp
-    if settings.draft_precision == "auto":
-        kw["draft_precision"] = dp
+    kw = plan.resolve(settings.method, settings.precision, settings.draft_precision)
     return replace(settings, **kw), plan.reason
 
 
@@ -91,3 +78,36 @@ def run_to_end(provider: ModelProvider, settings: RunSettings,
     while gen.advance() is not None:
         pass
     return gen.record
+
+
+HF_ASSISTED_LABEL = "transformers assisted"
+
+
+def run_hf_assisted(provider: ModelProvider, settings: RunSettings, stop_event: Optional[threading.Event] = None,
+                    progress=None) -> ExternalRun:
+    """transformers' own ``generate(..., assistant_model=draft)`` on the pair ``settings`` name (at
+    the precisions they resolve to; ``auto`` is resolved as for a chain), same prompt, token budget,
+    seed, temperature and top-p as our runs (``bench.hf_baselines.hf_generate``: the checkpoint's
+    own sampling defaults are switched off, assistant settings are transformers' defaults).
+    ``progress(tokens)`` is called after each round; ``stop_event`` ends it after the current round."""
+    from dyntree_core.bench.hf_baselines import hf_assisted_defaults, hf_generate
+
+    settings, _ = resolve_auto(provider, settings.with_method("chain"))
+    settings.decode_config()
+    pair = provider.load(settings.pair_spec())
+    ids = encode_prompt(pair.tokenizer, settings.prompt, chat=settings.chat and pair.supports_chat)
+    d = hf_assisted_defaults(pair.draft)
+    run = hf_generate(pair.target, ids, int(settings.max_new_tokens), draft=pair.draft,
+                      temperature=float(settings.temperature), top_p=float(settings.top_p), seed=int(settings.seed),
+                      eos_token_id=list(pair.eos_token_ids) or None, stop_event=stop_event, on_put=progress)
+    rounds, total = [], 0
+    for i, (t, n) in enumerate(zip(run.put_seconds, run.put_tokens)):
+        total += n
+        rounds.append(RoundPoint(step=i, num_committed=n, elapsed=t, total_new_tokens=total))
+    prec = f"target {settings.precision}, draft {settings.draft_precision}"
+    note = (f"transformers {d['transformers']} assisted generation @ {prec}: up to {d['num_assistant_tokens']} "
+            f"draft tokens per round ({d['num_assistant_tokens_schedule']}), draft stops below confidence "
+            f"{d['assistant_confidence_threshold']}")
+    return ExternalRun(label=HF_ASSISTED_LABEL, text=pair.tokenizer.decode(list(run.token_ids)),
+                       token_ids=list(run.token_ids), rounds=rounds,
+                       status="stopped" if run.stopped else "finished", note=note)

@@ -68,6 +68,51 @@ class RunRecord:
         }
 
 
+@dataclass(frozen=True)
+class RoundPoint:
+    """One decoding round of a run that has no StepTraces (transformers' assisted generation):
+    the fields the speed and tokens-per-step charts read from a ``StepTrace``."""
+
+    step: int
+    num_committed: int
+    elapsed: float  # seconds since generation started (prefill included)
+    total_new_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.total_new_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclass
+class ExternalRun:
+    """A Compare column produced by another implementation on the same models, prompt and
+    sampling settings (transformers' ``generate(assistant_model=draft)``): its text, and per
+    round the tokens delivered and the time. No tree and no per-token provenance."""
+
+    label: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    rounds: list[RoundPoint] = field(default_factory=list)
+    status: RunStatus = "running"
+    note: str = ""
+
+    @property
+    def traces(self) -> list[RoundPoint]:  # what the charts plot
+        return self.rounds
+
+    def summary(self) -> dict:
+        per = [r.num_committed for r in self.rounds]
+        last = self.rounds[-1] if self.rounds else None
+        return {
+            "steps": len(per),
+            "tokens": sum(per),
+            "seconds": last.elapsed if last else 0.0,
+            "tokens_per_s": last.tokens_per_s if last else math.nan,
+            "mean_tokens_per_step": statistics.fmean(per) if per else math.nan,
+            "finish_reason": None,
+        }
+
+
 class GenerationBusy(RuntimeError):
     """Another event is advancing this generation right now."""
 

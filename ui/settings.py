@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Optional
 
 from dyntree_core.config import METHODS, PRECISIONS, ConfigError, DecodeConfig, compatible_verifiers
 
@@ -52,6 +53,9 @@ class RunSettings:
     offload: bool = False
     precision: str = AUTO
     draft_precision: str = AUTO
+    # set by `auto` (dyntree_core.auto.AutoPlan.resolve), never by the form
+    stop_confidence: Optional[float] = None
+    sequoia_acceptance: Optional[tuple[float, ...]] = None
 
     @property
     def needs_auto(self) -> bool:
@@ -80,6 +84,8 @@ class RunSettings:
             offload_target=self.offload,
             precision=self.precision,
             draft_precision=None if self.method == "autoregressive" else self.draft_precision,
+            stop_confidence=self.stop_confidence if self.method == "chain" else None,
+            sequoia_acceptance=self.sequoia_acceptance if self.method == "sequoia" else None,
         )
 
     def pair_spec(self) -> PairSpec:
@@ -89,7 +95,7 @@ class RunSettings:
     def with_method(self, method: str) -> "RunSettings":
         """The same run with another method; the verifier falls back to ``auto`` if incompatible."""
         verifier = self.verifier if self.verifier in compatible_verifiers(method, self.temperature) else "auto"
-        return replace(self, method=method, verifier=verifier)
+        return replace(self, method=method, verifier=verifier, stop_confidence=None, sequoia_acceptance=None)
 
     def baseline_key(self) -> tuple:
         """Runs with equal keys are comparable (same pair, prompt, seed, length, sampling)."""

@@ -62,13 +62,13 @@ class TinyModelProvider:
     def auto_plan(self, settings, progress=None):
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
-        from dyntree_core.auto import AUTO_METHODS, plan_auto
+        from dyntree_core.auto import plan_auto, search_space
         from dyntree_core.testing import TinyPairCache
 
         cache = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed)
+        _, _, methods = search_space(settings.method, settings.precision, settings.draft_precision, "cpu")
         tps = ("float32",) if settings.precision == "auto" else (settings.precision,)
         dps = ("float32", "int8") if settings.draft_precision == "auto" else (settings.draft_precision,)
-        methods = AUTO_METHODS if settings.method in ("auto", *AUTO_METHODS) else ("autoregressive",)
         return plan_auto(cache, float(settings.temperature), target_precisions=tps, draft_precisions=dps,
                          methods=methods, progress=progress)
 

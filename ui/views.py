@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 import plotly.graph_objects as go
 
 from .charts import phase_figure, speed_figure, tokens_per_step_figure
-from .colored_text import build_spans, legend_html, render_html
+from .colored_text import TEXT_STYLE, build_spans, legend_html, render_html
 from .mask_figure import mask_figure, masks_figure
-from .session import RunRecord
+from .session import ExternalRun, RunRecord
 from .text_figure import text_figure
 from .tree_figure import empty_figure, tree_figure
 
@@ -98,11 +98,18 @@ def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> RunV
     )
 
 
-def compare_views(records: Sequence[RunRecord]) -> tuple[list[str], list[str], go.Figure, go.Figure]:
-    """Per-run text + stats, and the shared speed / tokens-per-step charts."""
+def external_text_html(run: ExternalRun) -> str:
+    """An external run's text, plain (it has no per-token provenance to colour), and its note."""
+    return (f'<div class="dt-text" style="{TEXT_STYLE}">{html.escape(run.text)}</div>'
+            f'<div style="color:#666;font-size:0.85em;margin-top:4px">{html.escape(run.note)}</div>')
+
+
+def compare_views(records: Sequence[RunRecord | ExternalRun]) -> tuple[list[str], list[str], go.Figure, go.Figure]:
+    """Per-run text + stats, and the shared speed / tokens-per-step charts (an ``ExternalRun``'s
+    rounds are plotted like steps)."""
     texts, stats = [], []
     for rec in records:
-        texts.append(text_html(rec, show_legend=False))
+        texts.append(external_text_html(rec) if isinstance(rec, ExternalRun) else text_html(rec, show_legend=False))
         s = rec.summary()
         stats.append(
             f"**{html.escape(rec.label)}** · {rec.status}  \n"

@@ -84,9 +84,10 @@ transformers-internal and harmless.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -105,6 +106,9 @@ class HFRun:
     assistant_tokens: Optional[int]  # transformers' final num_assistant_tokens, if exposed
     first_put_tokens: int = 0  # tokens delivered by the first put of new tokens (excluded)
     puts: int = 0  # puts of new tokens (plain: tokens; assisted: verification rounds)
+    put_seconds: tuple[float, ...] = ()  # per put of new tokens: seconds since generate() was called
+    put_tokens: tuple[int, ...] = ()  # per put of new tokens: how many it delivered
+    stopped: bool = False  # ended early by ``stop_event``
 
     @property
     def seconds_per_token(self) -> float:
@@ -118,6 +122,7 @@ class _TimingStreamer:
     prompt_seen: bool = False
     puts: list[tuple[float, list[int]]] = field(default_factory=list)
     end_time: Optional[float] = None
+    on_put: Optional[Callable[[int], None]] = None
 
     def put(self, value: torch.Tensor) -> None:
         now = time.perf_counter()
@@ -125,9 +130,22 @@ class _TimingStreamer:
             self.prompt_seen = True
             return
         self.puts.append((now, [int(t) for t in value.reshape(-1).tolist()]))
+        if self.on_put is not None:
+            self.on_put(sum(len(toks) for _, toks in self.puts))
 
     def end(self) -> None:
         self.end_time = time.perf_counter()
+
+
+class _StopOnEvent:
+    """A transformers stopping criterion that ends generation once ``event`` is set (checked after
+    every decoding step, or every assisted round)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 def _assistant_config(draft):
@@ -171,7 +189,9 @@ def _clean_generation_config(model, eos_token_id, pad_token_id):
 
 
 def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=None, temperature: float = 0.0,
-                top_p: float = 1.0, seed: int = 0, eos_token_id=None) -> HFRun:
+                top_p: float = 1.0, seed: int = 0, eos_token_id=None,
+                stop_event: Optional[threading.Event] = None,
+                on_put: Optional[Callable[[int], None]] = None) -> HFRun:
     """Generate ``new_tokens`` tokens after ``prompt_ids`` with transformers and time the decode.
 
     Args:
@@ -185,6 +205,9 @@ def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=Non
         seed: torch's global RNG is seeded with it before the call.
         eos_token_id: int or list of ints that stop generation; None = the target's
             ``generation_config.eos_token_id`` (then ``config.eos_token_id``), as our engine does.
+        stop_event: once set, generation ends after the current step / assisted round (the
+            tokens so far are returned, ``stopped=True``).
+        on_put: called with the number of new tokens so far after every step / round (progress).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -218,13 +241,18 @@ def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=Non
 
     device = target.get_input_embeddings().weight.device
     input_ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    streamer = _TimingStreamer()
+    streamer = _TimingStreamer(on_put=on_put)
+    if stop_event is not None:
+        from transformers import StoppingCriteriaList
+
+        kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(stop_event)])
     saved_target = target.generation_config
     saved_draft = copy.deepcopy(draft.generation_config) if assisted else None
     assistant_tokens: Optional[int] = None
     try:
         target.generation_config = _clean_generation_config(target, eos_token_id, pad_token_id)
         torch.manual_seed(seed)
+        t_call = time.perf_counter()
         with torch.inference_mode():
             out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), streamer=streamer, **kwargs)
         if assisted:
@@ -255,4 +283,7 @@ def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=Non
         assistant_tokens=assistant_tokens,
         first_put_tokens=first_n,
         puts=len(streamer.puts),
+        put_seconds=tuple(t - t_call for t, _ in streamer.puts),
+        put_tokens=tuple(len(toks) for _, toks in streamer.puts),
+        stopped=stop_event is not None and stop_event.is_set() and len(token_ids) < new_tokens,
     )

@@ -92,19 +92,13 @@ def load_gguf_model(
     the embedding is not: it is rebuilt from the GGUF). The returned model carries
     ``_dyntree_precision`` and ``_dyntree_load_seconds``.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     check_precision(precision, "cpu")
     t0 = time.perf_counter()
     say = progress or (lambda _m: None)
-    gf = read_gguf(gguf_path)
+    gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision)
     arch = gf.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFModelError(f"GGUF architecture {arch!r} is not supported here ({', '.join(SUPPORTED_ARCHITECTURES)})")
-    config = AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
-    dense_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dense_dtype, attn_implementation="sdpa")
     cached = quant_cache_path(cache_dir, precision) if cache_dir is not None and precision in QUANT_PRECISIONS else None
     if cached is not None and cached.is_file():
         try:
@@ -169,6 +163,69 @@ def _finish(model, precision: str) -> None:
     model.eval()
 
 
+def linear_precision(module: str, type_name: str, n_rows: int, n_cols: int, precision: str) -> str:
+    """Which kernel one GGUF linear gets under a quantized model ``precision``: ``int4`` only for
+    4-bit blocks of a shape the int4 kernel takes (never requantize below what the file ships),
+    else ``int8``; the head follows ``head_precision``."""
+    p = head_precision(precision) if module == "lm_head" else precision
+    return "int4" if (p == "int4" and type_name in FOUR_BIT_TYPES and int4_shape_ok(n_rows, n_cols)) else "int8"
+
+
+def _skeleton(gguf_path: Path | str, config_dir: Path | str, precision: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gf = read_gguf(gguf_path)
+    if gf.architecture not in SUPPORTED_ARCHITECTURES:
+        raise GGUFModelError(f"GGUF architecture {gf.architecture!r} is not supported here "
+                             f"({', '.join(SUPPORTED_ARCHITECTURES)})")
+    config = AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
+    dense_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dense_dtype, attn_implementation="sdpa")
+    return gf, config, dense_dtype, model
+
+
+def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "float32"):
+    """A model with the architecture, layer kinds and buffer shapes ``load_gguf_model(gguf_path,
+    config_dir, precision)`` would build, every weight zero.
+
+    A forward costs what the real model's costs (dense and int8/int4 kernels do not look at the
+    values, and zeros are not denormals) and it builds in seconds with no GGUF decoding: the
+    machine profile times these instead of loading every precision of both models. Its outputs
+    are meaningless. Carries ``_dyntree_precision`` and ``_dyntree_shape_twin = True``.
+    """
+    check_precision(precision, "cpu")
+    gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision)
+    tensors = dict(gf.tensors)
+    if "output.weight" not in tensors:
+        tensors = {**tensors, "output.weight": tensors["token_embd.weight"]}
+    linears = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    state: dict[str, torch.Tensor] = {}
+    for gname, t in tensors.items():
+        module, kind = hf_name(gname)
+        if kind == "bias":
+            continue
+        has_bias = gname.rsplit(".", 1)[0] + ".bias" in tensors
+        shape = tuple(int(x) for x in t.shape)
+        if module in linears and precision in QUANT_PRECISIONS:
+            n, k = shape
+            bias = torch.zeros(n) if has_bias else None
+            if linear_precision(module, t.type_name, n, k, precision) == "int4":
+                new = Int4Linear.from_buffers(torch.zeros(n, k // 2, dtype=torch.uint8),
+                                              torch.zeros(k // 32, n, 2, dtype=torch.bfloat16), bias)
+            else:
+                new = Int8Linear.from_buffers(torch.zeros(n, k, dtype=torch.int8), torch.ones(n), bias)
+            set_submodule(model, module, new)
+        else:
+            state[f"{module}.{kind}"] = torch.zeros(shape, dtype=dense_dtype)
+            if has_bias:
+                state[f"{module}.bias"] = torch.zeros(shape[0], dtype=dense_dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    _finish(model, precision)
+    model._dyntree_shape_twin = True
+    return model
+
+
 def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: float):
     tensors = dict(gf.tensors)
     n_head, n_kv = int(config.num_attention_heads), int(config.num_key_value_heads)
@@ -200,10 +257,9 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
         if module in linears and precision not in ("float32", "bfloat16"):
             bias_t = tensors.get(gname.rsplit(".", 1)[0] + ".bias")
             bias = dense(bias_t, module) if bias_t is not None else None
-            p = head_precision(precision) if module == "lm_head" else precision
             type_name = t.type_name
             n_rows, n_cols = t.shape
-            if p == "int4" and type_name in FOUR_BIT_TYPES and int4_shape_ok(n_rows, n_cols):
+            if linear_precision(module, type_name, n_rows, n_cols, precision) == "int4":
                 g = decode_4bit(t.data, type_name, n_rows, n_cols)
                 fix = rows_fix(module, n_rows)
                 if fix is not None:

@@ -291,6 +291,17 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", pr
     return model.to(device=tdev).eval()
 
 
+def load_shape_twin(src: ModelSource, device: str = "cpu", precision: str = "float32") -> Any:
+    """A zero-weight model of the same shapes and kernels as ``load_model(src, device=device,
+    precision=precision)`` (``gguf_model.shape_twin``), for timing; ``None`` where none can be built
+    (sources other than a GGUF preset, devices other than the CPU)."""
+    if not (src.kind == "preset" and src.gguf) or _torch_device(device).type != "cpu":
+        return None
+    from .gguf_model import shape_twin
+
+    return shape_twin(src.gguf, src.location, precision)
+
+
 def _has_tokenizer(src: ModelSource) -> bool:
     if src.kind in ("gguf", "hub"):
         return True
