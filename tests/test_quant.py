@@ -254,6 +254,11 @@ def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree
         out = m(x).logits[0]
         agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
         assert agree >= 0.85, agree
+        # a second load reads the packed cache (the first may have built it): a multi-token forward on
+        # the cached buffers once crashed the int4 kernel (misaligned safetensors mappings)
+        again = load_model(resolve_spec("embedded", "target"), precision="int4")
+        assert len(x[0]) >= 4 and torch.equal(again(x).logits[0], out)
+        del again
     # the machine profile times zero-weight shape twins: same tensors, shapes and dtypes as the real model
     from dyntree_core.models.load import load_shape_twin
 
@@ -266,3 +271,26 @@ def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree
     # float32 on the draft: a 6 GB zero twin of the target beside the session's pair peaked at 20 GB
     twin = load_shape_twin(resolve_spec("embedded", "draft"), "cpu", "float32")
     assert layout(twin) == layout(embedded_pair.draft)
+
+
+def test_packed_cache_tensors_are_aligned_for_the_low_bit_kernels(tmp_path):
+    """safetensors maps tensors at 8-byte offsets; the int4 CPU kernel faulted on such buffers in a
+    4-token forward of the real target read back from its cache. ``read_packed`` realigns them."""
+    from safetensors.torch import load_file, save_file
+
+    from dyntree_core.models.gguf_model import KERNEL_ALIGN, read_packed
+
+    lin = torch.nn.Linear(64, 96, bias=True)
+    q = Int4Linear.from_dense(lin.weight.detach(), lin.bias.detach())
+    tensors = {"a.odd": torch.arange(3, dtype=torch.uint8), "m.packed": q.packed, "m.scales_and_zeros": q.scales_and_zeros,
+               "m.bias": q.bias}
+    path = tmp_path / "packed.safetensors"
+    save_file(tensors, str(path))
+    raw = load_file(str(path))
+    assert any(v.data_ptr() % KERNEL_ALIGN for v in raw.values())  # the hazard is real in this file
+    got = read_packed(path)
+    assert all(v.data_ptr() % KERNEL_ALIGN == 0 for v in got.values())
+    assert all(torch.equal(got[k], tensors[k]) for k in tensors)
+    x = torch.randn(5, 64)
+    back = Int4Linear.from_buffers(got["m.packed"], got["m.scales_and_zeros"], got["m.bias"])
+    torch.testing.assert_close(back(x), q(x))

@@ -130,10 +130,24 @@ def _save_packed(model, path: Path) -> None:
     tmp.replace(path)
 
 
-def _load_packed(model, gf, path: Path, precision: str, t0: float):
+#: byte alignment the CPU low-bit kernels need for their vector loads
+KERNEL_ALIGN = 64
+
+
+def read_packed(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a packed cache file, each in memory aligned to ``KERNEL_ALIGN`` bytes.
+
+    safetensors hands out tensors at 8-byte offsets into the mapped file; torch's int4 CPU kernel
+    faults on them (measured: a segmentation fault in a 4-token int4 forward of the embedded target
+    read from its cache, while 1- and 2-token forwards ran), so misaligned tensors are copied.
+    """
     from safetensors.torch import load_file
 
-    sd = load_file(str(path))
+    return {k: v if v.data_ptr() % KERNEL_ALIGN == 0 else v.clone() for k, v in load_file(str(path)).items()}
+
+
+def _load_packed(model, gf, path: Path, precision: str, t0: float):
+    sd = read_packed(path)
     for key in [k for k in sd if k.endswith(".packed")]:
         mod = key.removesuffix(".packed")
         set_submodule(model, mod, Int4Linear.from_buffers(
