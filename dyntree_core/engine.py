@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from .kv import cache_length, compact
 from .sampling import probs_from_logits
 from .trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
 from .tree import TokenTree, count_nonzero_blocks
+from .verify.rows import LogitRows
 
 BLOCK_SIZES = (16, 32, 64)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -111,7 +112,11 @@ class SpeculativeDecoder:
     owns its KV caches, RNGs and drafter state, so calls are independent and seeded.
     """
 
-    def __init__(self, draft, target, config: DecodeConfig, eos_token_id: Optional[int | Sequence[int]] = None):
+    def __init__(self, draft, target, config: DecodeConfig, eos_token_id: Optional[int | Sequence[int]] = None,
+                 on_verify: Optional[Callable[[TokenTree, LogitRows, Any], None]] = None):
+        """``on_verify(tree, target_rows, result)`` is called after each tree step's verification
+        (benchmarks that evaluate other verifiers on the same tree use it; ``target_rows`` forms any
+        node's target distribution on demand)."""
         if not isinstance(config, DecodeConfig):
             raise TypeError("config must be a DecodeConfig")
         check_same_vocab(draft, target)
@@ -136,6 +141,7 @@ class SpeculativeDecoder:
             for m in (self.draft, self.target):
                 use_tree_attention(m, config.attention)
         self.verifier_name = config.resolved_verifier()
+        self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
         self.max_context = int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
         if eos_token_id is None:
@@ -337,12 +343,12 @@ class SpeculativeDecoder:
         timings.offload_transfer = self._transfer_seconds() - transfer_before
 
         t0 = time.perf_counter()
-        if cfg.greedy:
-            target_probs = torch.softmax(logits.float(), dim=-1).cpu()
-        else:
-            target_probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).cpu()  # verifiers widen rows they read
-        result = verifier.verify(tree, target_probs, rng)
+        # rows are formed (and moved to the host) only for the nodes the verifier visits
+        target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p)
+        result = verifier.verify(tree, target_rows, rng)
         timings.verify = time.perf_counter() - t0
+        if self.on_verify is not None:
+            self.on_verify(tree, target_rows, result)
 
         t0 = time.perf_counter()
         path = list(result.path)
@@ -352,7 +358,7 @@ class SpeculativeDecoder:
         state.draft_cached = source.commit_path([src_ids[i] for i in path])
         timings.kv_compaction = time.perf_counter() - t0
 
-        committed = self._provenance(tree, result, target_probs, state.step)
+        committed = self._provenance(tree, result, target_rows, state.step)
         status: list[NodeStatus] = []
         on_path = set(path)
         for i in range(n):
@@ -379,7 +385,7 @@ class SpeculativeDecoder:
             timings=timings,
         )
 
-    def _provenance(self, tree: TokenTree, result, target_probs: torch.Tensor, step: int) -> list[TokenProvenance]:
+    def _provenance(self, tree: TokenTree, result, target_rows: LogitRows, step: int) -> list[TokenProvenance]:
         out: list[TokenProvenance] = []
         tokens = tree.tokens.tolist()
         depth = tree.depth.tolist()
@@ -410,7 +416,7 @@ class SpeculativeDecoder:
                 node=-1,
                 kind="bonus",
                 p_draft=p_draft,
-                p_target=float(target_probs[last, bonus]),
+                p_target=target_rows.prob(last, bonus),
             )
         )
         return out

@@ -34,6 +34,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                         "ms/token: autoregressive per precision, auto, transformers generate / assisted"),
     "exactness": Subcommand("dyntree_core.bench.exactness", False,
                             "greedy token-identity of every method vs the target, tokens/s per dtype"),
+    "profile": Subcommand("dyntree_core.bench.profile", False,
+                          "the machine profile (twins), and twin vs real model forward times (--real)"),
+    "step-phases": Subcommand("dyntree_core.bench.step_phases", False,
+                              "step time by phase and the share outside the two forwards, by budget"),
+    "exact-acceptance": Subcommand("dyntree_core.bench.exact_acceptance", False,
+                                   "exact expected accepted tokens of every verifier on the same trees"),
 }
 
 

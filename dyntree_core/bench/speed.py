@@ -8,7 +8,11 @@ Rows (each over the same prompts, same new-token count, decode time only: prefil
 * ``hf_generate``: transformers' ``generate`` on the target at the best autoregressive precision;
 * ``hf_assisted``: transformers' ``generate(assistant_model=draft)``, same target precision, draft at
   the precision ``auto`` chose (``bench.hf_baselines``; its first draft/verify round is not timed);
-* ``fixed: chain k=4`` and any ``--fixed`` configs, at ``auto``'s precisions.
+* ``fixed: chain k=4`` and any ``--fixed`` configs, at ``auto``'s precisions (a Sequoia tree with the
+  acceptance vector ``auto`` measured).
+
+``auto`` chooses among ``--auto-precisions`` (default: every precision it prices on the device),
+independently of the precisions of the autoregressive rows.
 
 Every cell is the median over prompts of ms/token, with the mean tokens per step. The JSON
 (``--json``, default ``bench/results/precision_<machine label>.json``) records the CPU model and flags,
@@ -74,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6])
-    p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8", "int4"])
+    p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8", "int4"],
+                   help="precisions of the autoregressive rows")
+    p.add_argument("--auto-precisions", nargs="+", default=None,
+                   help="precisions auto may choose from (default: those it prices on this device, "
+                        "whatever --precisions says)")
     p.add_argument("--all-ar-temperatures", action="store_true",
                    help="autoregressive rows at every temperature for every precision (default: at T=0 for "
                         "all, at other temperatures only for the precision auto finds fastest: an "
@@ -129,7 +137,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     plans = {}
     for temp in args.temperatures:
-        plans[temp] = plan_auto(models, temp, target_precisions=args.precisions, progress=say)
+        plans[temp] = plan_auto(models, temp, target_precisions=args.auto_precisions, progress=say)
         record["plans"][str(temp)] = plans[temp].to_dict()
     from ..prompts import load_prompts
 
@@ -175,6 +183,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             c.extra.update(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3)
         for spec in args.fixed:
             fx = _parse_fixed(spec)
+            if fx["method"] == "sequoia":  # the acceptance vector auto measured, as auto's own Sequoia trees use
+                fx["sequoia_acceptance"] = tuple(plan.acceptance)
             cfg = DecodeConfig(temperature=temp, seed=args.seed, **fx)
             run_rows(f"fixed: {spec} @ target {plan.best.target_precision}, draft {dp}", temp, ours(pair, cfg))
         if not args.no_hf:

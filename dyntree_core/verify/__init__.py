@@ -12,6 +12,7 @@ from typing import Callable
 from .base import IncompatibleTreeError, Verifier, VerifyResult, check_compatible
 from .common import Decisions, RngDecisions
 from .greedy import GreedyVerifier
+from .rows import DenseRows, LogitRows, Target, TargetRows, as_rows
 from .point_mass import PointMassVerifier
 from .token_level import TokenLevelVerifier
 from .traversal import TraversalVerifier
@@ -36,6 +37,11 @@ def make_verifier(name: str) -> Verifier:
 
 __all__ = [
     "Decisions",
+    "DenseRows",
+    "LogitRows",
+    "Target",
+    "TargetRows",
+    "as_rows",
     "GreedyVerifier",
     "IncompatibleTreeError",
     "PointMassVerifier",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from ..tree import SampledKind, TokenTree
+from .rows import Target
 
 
 class IncompatibleTreeError(ValueError):
@@ -48,7 +48,7 @@ class Verifier(Protocol):
     def verify(
         self,
         tree: TokenTree,
-        target_probs: torch.Tensor,
+        target_probs: Target,
         rng: np.random.Generator,
     ) -> VerifyResult:
         """Verify ``tree``.
@@ -57,7 +57,8 @@ class Verifier(Protocol):
             tree: the draft tree; stochastic verifiers read ``tree.draft_dist(node)`` for each
                 internal node (float64 recommended).
             target_probs: ``[N, V]`` target next-token distributions at each node (temperature and
-                top-p applied); for the greedy verifier any scores whose argmax is the greedy token.
+                top-p applied) as a tensor, or ``TargetRows`` that form rows on demand (the engine
+                passes ``LogitRows``); for the greedy verifier any scores whose argmax is the greedy token.
             rng: source of uniforms / samples.
         Raises:
             IncompatibleTreeError: when ``tree.sampled`` is not in ``accepts``.

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Literal, Optional, Protocol
 
 import numpy as np
-import torch
 
 from ..tree import TokenTree
 from .base import VerifyResult
+from .rows import DenseRows, Target, TargetRows, as_rows, node_token_probs
 
 #: how the draft distribution at a node changes after one of its siblings was drawn
 DraftUpdate = Literal["swor", "iid"]
@@ -133,41 +133,20 @@ class SiblingDraft:
         self.q = uniform / left if left > 0 else uniform  # left == 0: every token drawn, no sibling can follow
 
 
-class ProbRows:
-    """Rows of a ``[R, V]`` probability matrix as fresh float64 numpy arrays.
-
-    The matrix is moved to the CPU once (a single device sync); each requested row is widened
-    to float64 on use, so a 768 x 151936 target never exists as one float64 array.
-    """
-
-    def __init__(self, probs: torch.Tensor):
-        t = probs.detach()
-        if t.dtype not in (torch.float32, torch.float64):
-            t = t.float()
-        self._cpu = t.cpu()
-
-    @property
-    def width(self) -> int:
-        return int(self._cpu.shape[-1])
-
-    def row(self, r: int) -> np.ndarray:
-        """``[V]`` float64 copy of row ``r`` (callers may modify it)."""
-        return np.array(self._cpu[r].numpy(), dtype=np.float64)
-
-
 class NodeInputs:
     """Per-call inputs of a stochastic verifier: tree structure as Python lists, target rows
-    ``[N, V]`` and draft rows for internal nodes, all read as CPU float64."""
+    (``[N, V]`` tensor or ``TargetRows``, read lazily) and draft rows for internal nodes, all read as
+    CPU float64."""
 
-    def __init__(self, verifier_name: str, tree: TokenTree, target_probs: torch.Tensor, need_draft: bool):
-        check_target_shape(tree, target_probs)
+    def __init__(self, verifier_name: str, tree: TokenTree, target_probs: Target, need_draft: bool):
         self.verifier_name = verifier_name
         self.tree = tree
+        self.target = as_rows(target_probs)
+        check_target_shape(tree, self.target)
         self.tokens: list[int] = tree.tokens.tolist()
         self.children: list[list[int]] = tree.children()
-        self.target = ProbRows(target_probs)
-        self.p_target = target_token_probs(tree, target_probs)
-        self._draft: Optional[ProbRows] = None
+        self.p_target = node_token_probs(self.target, tree.parents, tree.tokens)
+        self._draft: Optional[DenseRows] = None
         self._draft_row: list[int] = tree.draft_row.tolist() if tree.draft_row is not None else []
         if need_draft and tree.size > 1:
             if tree.draft_probs is None:
@@ -175,11 +154,11 @@ class NodeInputs:
                     f"verifier {verifier_name!r} needs the draft distributions of internal nodes, "
                     "but the tree has no draft_probs"
                 )
-            self._draft = ProbRows(tree.draft_probs)
-            if self._draft.width != self.target.width:
+            self._draft = DenseRows(tree.draft_probs)
+            if self._draft.shape[1] != self.target.shape[1]:
                 raise ValueError(
-                    f"draft distributions have {self._draft.width} tokens but target_probs has "
-                    f"{self.target.width}"
+                    f"draft distributions have {self._draft.shape[1]} tokens but target_probs has "
+                    f"{self.target.shape[1]}"
                 )
 
     def target_row(self, node: int) -> np.ndarray:
@@ -228,24 +207,12 @@ def check_new_sibling(node: int, child: int, token: int, seen: set[int]) -> None
     seen.add(token)
 
 
-def check_target_shape(tree: TokenTree, target_probs: torch.Tensor) -> None:
-    if target_probs.dim() != 2 or target_probs.shape[0] != tree.size:
+def check_target_shape(tree: TokenTree, target: TargetRows) -> None:
+    if target.shape[0] != tree.size:
         raise ValueError(
             f"target_probs must have shape [{tree.size}, V] (one row per tree node), "
-            f"got {tuple(target_probs.shape)}"
+            f"got {tuple(target.shape)}"
         )
-
-
-def target_token_probs(tree: TokenTree, target_probs: torch.Tensor) -> np.ndarray:
-    """``[N]`` float64 ``target_probs[parent(i), token(i)]``; NaN for the root.
-
-    Gathered on ``target_probs``' device, so only N values cross to the CPU.
-    """
-    dev = target_probs.device
-    par = tree.parents[1:].to(dev)
-    tok = tree.tokens[1:].to(dev)
-    vals = target_probs.detach()[par, tok].to(torch.float64).cpu().numpy()
-    return np.concatenate([[np.nan], vals])
 
 
 class ScriptedVerifier:
@@ -257,8 +224,8 @@ class ScriptedVerifier:
     def __init__(self, draft_update: Optional[DraftUpdate] = None):
         self.draft_update = check_draft_update(draft_update)
 
-    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
+    def verify(self, tree: TokenTree, target_probs: Target, rng: np.random.Generator) -> VerifyResult:
         return self.run(tree, target_probs, RngDecisions(rng))
 
-    def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
+    def run(self, tree: TokenTree, target_probs: Target, decisions: Decisions) -> VerifyResult:
         raise NotImplementedError

@@ -2,18 +2,18 @@
 
 The accepted path is the longest root path whose every token is the target argmax at its
 parent (the first such child in draw order when siblings repeat a token); the bonus token is
-the argmax at the last accepted node. One argmax over ``[N, V]`` on the scores' device and one
-transfer of N integers; the walk itself touches only matching nodes.
+the argmax at the last accepted node. One argmax over ``[N, V]`` (on the logits' device for
+``LogitRows``) and one transfer of N integers; the walk itself touches only matching nodes.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..tree import SampledKind, TokenTree
 from .base import VerifyResult, check_compatible
-from .common import Outcome, check_target_shape, target_token_probs
+from .common import Outcome, check_target_shape
+from .rows import Target, as_rows, node_token_probs
 
 
 class GreedyVerifier:
@@ -28,10 +28,11 @@ class GreedyVerifier:
     name = "greedy"
     accepts: frozenset[SampledKind] = frozenset({"swor", "iid", "topk"})
 
-    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
+    def verify(self, tree: TokenTree, target_probs: Target, rng: np.random.Generator) -> VerifyResult:
         check_compatible(self, tree)
-        check_target_shape(tree, target_probs)
-        argmax = _row_argmax(target_probs.detach())
+        rows = as_rows(target_probs)
+        check_target_shape(tree, rows)
+        argmax = rows.argmax()
         tokens = tree.tokens.cpu().numpy()
         parents = tree.parents.cpu().numpy()
         rank = tree.child_rank.cpu().numpy()
@@ -39,18 +40,7 @@ class GreedyVerifier:
         match[1:] = tokens[1:] == argmax[parents[1:]]
         path = _greedy_path(match, parents, rank)
         outcome = _record_tests(match, parents, rank, path)
-        return outcome.result(path, int(argmax[path[-1]]), target_token_probs(tree, target_probs))
-
-
-def _row_argmax(scores: torch.Tensor) -> np.ndarray:
-    """``[N]`` argmax of each row of ``scores`` ``[N, V]`` (first index on ties).
-
-    NumPy on CPU float tensors (several times faster than torch's CPU argmax at V = 151936),
-    torch on the scores' device otherwise.
-    """
-    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
-        return np.argmax(scores.numpy(), axis=-1)
-    return scores.argmax(dim=-1).cpu().numpy()
+        return outcome.result(path, int(argmax[path[-1]]), node_token_probs(rows, tree.parents, tree.tokens))
 
 
 def _greedy_path(match: np.ndarray, parents: np.ndarray, rank: np.ndarray) -> list[int]:

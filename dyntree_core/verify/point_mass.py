@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import torch
 
 from ..tree import SampledKind, TokenTree
 from .base import VerifyResult, check_compatible
 from .common import Decisions, NodeInputs, Outcome, RngDecisions
+from .rows import Target
 
 
 class PointMassVerifier:
@@ -30,10 +30,10 @@ class PointMassVerifier:
     name = "point_mass"
     accepts: frozenset[SampledKind] = frozenset({"swor", "iid", "topk"})
 
-    def verify(self, tree: TokenTree, target_probs: torch.Tensor, rng: np.random.Generator) -> VerifyResult:
+    def verify(self, tree: TokenTree, target_probs: Target, rng: np.random.Generator) -> VerifyResult:
         return self.run(tree, target_probs, RngDecisions(rng))
 
-    def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
+    def run(self, tree: TokenTree, target_probs: Target, decisions: Decisions) -> VerifyResult:
         """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""
         check_compatible(self, tree)
         inputs = NodeInputs(self.name, tree, target_probs, need_draft=False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import torch
 
 from ..tree import SampledKind, TokenTree
 from .base import VerifyResult, check_compatible
@@ -29,6 +28,7 @@ from .common import (
     ratio_accept,
     residual_update,
 )
+from .rows import Target
 
 
 class TokenLevelVerifier(ScriptedVerifier):
@@ -42,7 +42,7 @@ class TokenLevelVerifier(ScriptedVerifier):
     name = "token_level"
     accepts: frozenset[SampledKind] = frozenset({"swor", "iid"})
 
-    def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
+    def run(self, tree: TokenTree, target_probs: Target, decisions: Decisions) -> VerifyResult:
         """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""
         check_compatible(self, tree)
         inputs = NodeInputs(self.name, tree, target_probs, need_draft=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import torch
 
 from ..tree import SampledKind, TokenTree
 from .base import VerifyResult, check_compatible
@@ -34,6 +33,7 @@ from .common import (
     ratio_accept,
     residual_update,
 )
+from .rows import Target
 
 
 class TraversalVerifier(ScriptedVerifier):
@@ -51,7 +51,7 @@ class TraversalVerifier(ScriptedVerifier):
     name = "traversal"
     accepts: frozenset[SampledKind] = frozenset({"swor", "iid"})
 
-    def run(self, tree: TokenTree, target_probs: torch.Tensor, decisions: Decisions) -> VerifyResult:
+    def run(self, tree: TokenTree, target_probs: Target, decisions: Decisions) -> VerifyResult:
         """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""
         check_compatible(self, tree)
         walk = _Traversal(

@@ -1,0 +1,234 @@
+"""Exact expected acceptance of every compatible verifier on the same trees.
+
+    python -m dyntree_core.bench exact-acceptance --pair embedded \
+        --methods specinfer sequoia dyspec_greedy dyspec_threshold --budgets 16 64 256 \
+        --temperatures 0.6 1.0 --datasets wiki news --prompts 20 --new-tokens 64 \
+        [--precision int8 --draft-precision int4] [--decode-verifier token_level] [--json out.json]
+
+The decode follows one verifier (``--decode-verifier``, token-level by default); at every step the
+step's tree, its draft distributions and the target distributions are handed to
+``verify.expected.expected_acceptance`` for every verifier that can verify that tree (token_level,
+traversal and point_mass for sampled trees; point_mass for top-k trees; greedy at T=0). Each
+verifier is thus scored on *the same* trees with no sampling noise in its own acceptance; the
+trees themselves depend on the path the decode took.
+
+Per cell (temperature, method, budget, dataset) the table reports the mean over prompts of each
+prompt's mean expected accepted draft tokens per step, with a 95% t-interval over prompts, and the
+paired per-step difference traversal − token_level (same interval). Ctrl-C stops early and still
+writes what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..config import METHODS, TOPK_METHODS, DecodeConfig
+
+SAMPLED_VERIFIERS: tuple[str, ...] = ("token_level", "traversal", "point_mass")
+TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
+
+
+def verifiers_for(sampled: str, temperature: float) -> tuple[str, ...]:
+    """Verifiers whose exact expectation is reported for a tree of kind ``sampled``."""
+    if temperature == 0:
+        return ("greedy",)
+    return ("point_mass",) if sampled == "topk" else SAMPLED_VERIFIERS
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """``(mean, half-width of the 95% Student-t interval)``; half-width NaN for fewer than 2 values."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, float("nan")
+    from scipy.stats import t
+
+    return m, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+@dataclass
+class PromptRecord:
+    """Exact expectations of one prompt's decode, per step."""
+
+    dataset: str
+    prompt_id: str
+    steps: int = 0
+    tree_sizes: list[int] = field(default_factory=list)
+    realised: list[int] = field(default_factory=list)  # accepted draft tokens the decode's verifier drew
+    expected: dict[str, list[float]] = field(default_factory=dict)  # verifier -> per-step expectation
+
+    def mean(self, verifier: str) -> float:
+        return statistics.fmean(self.expected[verifier])
+
+    def paired(self, a: str, b: str) -> float:
+        return statistics.fmean(x - y for x, y in zip(self.expected[a], self.expected[b]))
+
+
+@dataclass
+class Cell:
+    temperature: float
+    method: str
+    budget: int
+    dataset: str
+    decode_verifier: str
+    prompts: list[PromptRecord] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        done = [p for p in self.prompts if p.steps]
+        names = [v for v in ("greedy",) + SAMPLED_VERIFIERS if any(v in p.expected for p in done)]
+        out: dict = {"temperature": self.temperature, "method": self.method, "budget": self.budget,
+                     "dataset": self.dataset, "decode_verifier": self.decode_verifier, "prompts": len(done),
+                     "steps": sum(p.steps for p in done),
+                     "mean_tree_size": statistics.fmean(s for p in done for s in p.tree_sizes) if done else float("nan"),
+                     "realised_accepted": statistics.fmean(statistics.fmean(p.realised) for p in done) if done else float("nan"),
+                     "expected_accepted": {}}
+        for v in names:
+            m, h = t_interval([p.mean(v) for p in done])
+            out["expected_accepted"][v] = {"mean": m, "ci95": h}
+        if {"traversal", "token_level"} <= set(names):
+            m, h = t_interval([p.paired("traversal", "token_level") for p in done])
+            base = out["expected_accepted"]["token_level"]["mean"]
+            out["traversal_minus_token_level"] = {"mean": m, "ci95": h, "relative": m / base if base else float("nan"),
+                                                  "ci95_relative": h / base if base else float("nan")}
+        return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dyntree_core.bench exact-acceptance")
+    p.add_argument("--pair", default="embedded", help="'embedded', 'tiny' (random test pair) or draft_spec,target_spec")
+    p.add_argument("--methods", nargs="+", default=["specinfer", "sequoia", "dyspec_greedy", "dyspec_threshold"],
+                   choices=TREE_METHODS)
+    p.add_argument("--budgets", nargs="+", type=int, default=[64])
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--width", type=int, default=8, help="SpecInfer's k (its depth is budget // k)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.6, 1.0])
+    p.add_argument("--datasets", nargs="+", default=["wiki", "news"])
+    p.add_argument("--prompts", type=int, default=20)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--decode-verifier", default="token_level", choices=SAMPLED_VERIFIERS,
+                   help="the verifier the decode itself follows (top-k methods always use point_mass)")
+    p.add_argument("--precision", default="float32", help="target precision (float32 bfloat16 int8 int4)")
+    p.add_argument("--draft-precision", default=None, help="draft precision (default: the target's)")
+    p.add_argument("--calib-prompts", type=int, default=4, help="calibration prompts per dataset for Sequoia's acceptance vector")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def _load(args):
+    if args.pair == "tiny":
+        from .decoding import _load as load_tiny
+
+        return load_tiny("tiny", "float32", args.device)
+    from ..models import load_pair
+
+    d, _, t = args.pair.partition(",")
+    return load_pair(d or "embedded", t or d or "embedded", dtype="float32", device=args.device,
+                     precision=args.precision, draft_precision=args.draft_precision)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from tqdm import tqdm
+
+    from ..engine import SpeculativeDecoder
+    from ..machine import machine_info
+    from ..prompts import load_prompts
+    from ..verify.expected import expected_acceptance
+    from .decoding import _encode, calibrate_sequoia
+
+    args = build_parser().parse_args(argv)
+    started = time.time()
+    pair = _load(args)
+    eos = list(getattr(pair, "eos_token_ids", ()) or ()) or None
+    prompts = {ds: [(p.id, _encode(pair.tokenizer, p.text, args.prompt_tokens)) for p in load_prompts(ds, args.prompts)]
+               for ds in args.datasets}
+    calib = [_encode(pair.tokenizer, p.text, 256) for ds in args.datasets
+             for p in load_prompts(ds, args.calib_prompts, split="calib")]
+    sequoia_acc: dict[float, tuple[float, ...]] = {}
+    cells: list[Cell] = []
+    record = {"bench": "exact-acceptance", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None else argv,
+              "machine_info": machine_info().to_dict(), "pair": args.pair, "precision": args.precision,
+              "draft_precision": args.draft_precision or args.precision, "new_tokens": args.new_tokens,
+              "prompt_tokens": args.prompt_tokens, "cells": []}
+
+    def save() -> None:
+        record["cells"] = [c.summary() for c in cells if any(p.steps for p in c.prompts)]
+        record["seconds"] = time.time() - started
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(record, indent=1))
+
+    plan = [(t, m, b, ds) for t in args.temperatures for m in args.methods for b in args.budgets for ds in args.datasets]
+    bar = tqdm(total=len(plan) * args.prompts, desc="exact acceptance", unit="prompt", file=sys.stderr)
+    try:
+        for temp, method, budget, ds in plan:
+            if method == "sequoia" and temp not in sequoia_acc:
+                bar.set_postfix_str(f"calibrating Sequoia at T={temp}")
+                sequoia_acc[temp] = calibrate_sequoia(pair, calib, temp)
+                bar.set_postfix_str("")
+            verifier = "point_mass" if method in TOPK_METHODS and temp > 0 else ("auto" if temp == 0 else args.decode_verifier)
+            cfg = DecodeConfig(method=method, verifier=verifier, temperature=temp, budget=budget,
+                               depth=max(1, budget // args.width) if method == "specinfer" else args.depth,
+                               width=args.width, threshold=min(0.5, 1.0 / max(2, budget)), seed=args.seed,
+                               device=args.device, trace_block_counts=False,
+                               sequoia_acceptance=sequoia_acc.get(temp) if method == "sequoia" else None)
+            cell = Cell(temp, method, budget, ds, cfg.resolved_verifier())
+            cells.append(cell)
+            current: list[PromptRecord] = []
+
+            def observe(tree, target_probs, result) -> None:
+                rec = current[-1]
+                rec.steps += 1
+                rec.tree_sizes.append(tree.size)
+                rec.realised.append(len(result.path) - 1)
+                for v in verifiers_for(tree.sampled, temp):
+                    rec.expected.setdefault(v, []).append(expected_acceptance(tree, target_probs, v).accepted)
+
+            decoder = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos, on_verify=observe)
+            for i, (pid, ids) in enumerate(prompts[ds]):
+                current.append(PromptRecord(ds, pid))
+                cell.prompts.append(current[-1])
+                for _ in decoder.generate(ids, args.new_tokens, seed=args.seed + i):
+                    pass
+                bar.update(1)
+            save()
+    except KeyboardInterrupt:
+        print("\ninterrupted: writing what was measured", file=sys.stderr)
+    bar.close()
+    save()
+    print_table(record, sys.stdout)
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+def print_table(record: dict, out=None) -> None:
+    out = out or sys.stdout
+    names = ("greedy",) + SAMPLED_VERIFIERS
+    print("\nexpected accepted draft tokens per step (mean over prompts ± 95% CI); decode followed the "
+          "verifier named in 'decode'", file=out)
+    print("| T | method | budget | dataset | prompts | steps | tree | decode | " + " | ".join(names)
+          + " | traversal − token_level |", file=out)
+    print("|---" * (9 + len(names)) + "|", file=out)
+    for c in record["cells"]:
+        vals = []
+        for v in names:
+            e = c["expected_accepted"].get(v)
+            vals.append("—" if e is None else f"{e['mean']:.3f} ± {e['ci95']:.3f}")
+        d = c.get("traversal_minus_token_level")
+        diff = "—" if d is None else f"{d['mean']:+.4f} ± {d['ci95']:.4f} ({100 * d['relative']:+.2f}% ± {100 * d['ci95_relative']:.2f}%)"
+        print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | {c['prompts']} | {c['steps']} "
+              f"| {c['mean_tree_size']:.1f} | {c['decode_verifier']} | " + " | ".join(vals) + f" | {diff} |", file=out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

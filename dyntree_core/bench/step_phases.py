@@ -1,0 +1,93 @@
+"""Where a decoding step's time goes outside the two models' forwards, by tree budget.
+
+    python -m dyntree_core.bench step-phases [--pair embedded] [--method dyspec_greedy]
+        [--budgets 64 256 768] [--depth 8] [--temperatures 0 0.6] [--steps 3] [--prompts 2]
+        [--precision int4] [--draft-precision int4] [--json out.json]
+
+For each budget and temperature, ``--steps`` steps after a 128-token prompt of each of ``--prompts``
+wiki/code prompts; per phase (draft forwards, tree build, mask, target forward, verify, KV compaction)
+the mean seconds per step, and the share of the step spent outside the two forwards (tree build,
+order and mask, verification including forming the target distributions, KV compaction, trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..config import METHODS, DecodeConfig
+
+PHASES = ("draft", "tree_build", "mask", "target_forward", "verify", "kv_compaction")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dyntree_core.bench step-phases")
+    p.add_argument("--pair", default="embedded", help="'embedded', 'tiny' or draft_spec,target_spec")
+    p.add_argument("--method", default="dyspec_greedy", choices=[m for m in METHODS if m != "autoregressive"])
+    p.add_argument("--budgets", nargs="+", type=int, default=[64, 256, 768])
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.6])
+    p.add_argument("--steps", type=int, default=3, help="steps per prompt")
+    p.add_argument("--prompts", type=int, default=2, help="prompts (alternately wiki and code, eval split)")
+    p.add_argument("--precision", default="int4")
+    p.add_argument("--draft-precision", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from ..engine import SpeculativeDecoder
+    from ..machine import machine_info
+    from ..prompts import load_prompts
+    from .decoding import _encode
+    from .exact_acceptance import _load
+
+    args = build_parser().parse_args(argv)
+    pair = _load(args)
+    texts = [p for pair_ in zip(load_prompts("wiki", args.prompts), load_prompts("code", args.prompts)) for p in pair_]
+    texts = texts[: args.prompts]
+    rows = []
+    for temp in args.temperatures:
+        for budget in args.budgets:
+            cfg = DecodeConfig(method=args.method, temperature=temp, budget=budget, depth=args.depth,
+                               threshold=min(0.5, 1.0 / budget), device=args.device, trace_block_counts=False)
+            dec = SpeculativeDecoder(pair.draft, pair.target, cfg)
+            sums = {p: [] for p in PHASES}
+            step_s: list[float] = []
+            sizes: list[int] = []
+            for i, prompt in enumerate(texts):
+                for tr in dec.generate(_encode(pair.tokenizer, prompt.text, 128), 10**6, seed=i):
+                    for p in PHASES:
+                        sums[p].append(getattr(tr.timings, p))
+                    step_s.append(tr.step_seconds)
+                    sizes.append(tr.tree_size)
+                    if tr.step + 1 >= args.steps:
+                        break
+            step = statistics.fmean(step_s)
+            phases = {p: statistics.fmean(v) for p, v in sums.items()}
+            outside = step - phases["draft"] - phases["target_forward"]
+            row = {"temperature": temp, "budget": budget, "mean_tree_size": statistics.fmean(sizes), "steps": len(step_s),
+                   "step_seconds": step, "phases": phases, "outside_forwards_seconds": outside,
+                   "outside_share": outside / step}
+            rows.append(row)
+            print(f"T={temp:<4g} budget {budget:4d} (tree {row['mean_tree_size']:6.1f}): step {step:7.3f} s, "
+                  + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
+                  + f"; outside the forwards {outside:.3f} s = {100 * outside / step:.1f}%", flush=True)
+    record = {"bench": "step-phases", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv or sys.argv[1:],
+              "machine_info": machine_info().to_dict(), "pair": args.pair, "method": args.method,
+              "precision": args.precision, "draft_precision": args.draft_precision or args.precision, "rows": rows}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Target distributions of a tree's nodes as the verifiers read them: row by row.
+
+A verifier visits few of a large tree's nodes, so the engine does not form (or copy to the host) the
+full ``[N, V]`` probability matrix: ``LogitRows`` keeps the target's logits where the forward left
+them and forms a node's distribution only when a verifier asks for that row. ``DenseRows`` wraps an
+explicit ``[N, V]`` matrix (tests, exact enumeration, benchmarks); both give the same answers.
+
+Every verifier accepts either (``as_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Union, runtime_checkable
+
+import numpy as np
+import torch
+
+from ..sampling import probs_from_logits
+
+
+@runtime_checkable
+class TargetRows(Protocol):
+    """Target next-token distributions at the ``n`` nodes of a tree."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, V)``."""
+        ...
+
+    def row(self, r: int) -> np.ndarray:
+        """``[V]`` float64 fresh copy of node ``r``'s distribution (callers may modify it)."""
+        ...
+
+    def token_probs(self, parents: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+        """``[M]`` float64 ``p(tokens[i] | parents[i])`` (``parents``, ``tokens``: ``[M]`` int64)."""
+        ...
+
+    def argmax(self) -> np.ndarray:
+        """``[N]`` int64 most likely token of every row (first index on ties)."""
+        ...
+
+
+class DenseRows:
+    """Rows of an explicit ``[N, V]`` probability (or score) matrix.
+
+    The matrix is moved to the CPU once (a single device sync); each requested row is widened to
+    float64 on use, so a 768 x 151936 target never exists as one float64 array.
+    """
+
+    def __init__(self, probs: torch.Tensor):
+        if probs.dim() != 2:
+            raise ValueError(f"target_probs must be a [N, V] matrix, got shape {tuple(probs.shape)}")
+        self._dev = probs.detach()
+        t = self._dev if self._dev.dtype in (torch.float32, torch.float64) else self._dev.float()
+        self._cpu = t.cpu()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self._cpu.shape[0]), int(self._cpu.shape[1]))
+
+    def row(self, r: int) -> np.ndarray:
+        return np.array(self._cpu[r].numpy(), dtype=np.float64)
+
+    def token_probs(self, parents: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+        dev = self._dev.device
+        return self._dev[parents.to(dev), tokens.to(dev)].to(torch.float64).cpu().numpy()
+
+    def argmax(self) -> np.ndarray:
+        if self._cpu.dtype in (torch.float32, torch.float64):
+            return np.argmax(self._cpu.numpy(), axis=-1)  # several times faster than torch's CPU argmax at V = 151936
+        return self._cpu.argmax(dim=-1).numpy()
+
+
+class LogitRows:
+    """Distributions formed from the target's logits on demand, on the logits' device.
+
+    Args:
+        logits: ``[N, V]`` target logits at the tree's nodes (any float dtype, any device).
+        temperature: > 0 for sampling (``probs_from_logits(.., temperature, top_p)``); 0 means
+            greedy decoding, whose rows are the plain softmax (what ``p_target`` reports at T=0).
+        top_p: nucleus mass (sampling only).
+
+    Only the rows a verifier asks for are formed and moved to the host; ``token_probs`` reduces the
+    parent rows on the device and moves one value per node; ``argmax`` moves N integers.
+    """
+
+    def __init__(self, logits: torch.Tensor, temperature: float, top_p: float = 1.0):
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+        self.logits = logits.detach()
+        self.temperature = float(temperature)
+        self.top_p = float(top_p) if temperature > 0 else 1.0
+        self._rows: dict[int, np.ndarray] = {}
+        self.rows_formed = 0  # distinct rows formed (for tests and traces)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.logits.shape[0]), int(self.logits.shape[1]))
+
+    def _probs(self, x: torch.Tensor) -> torch.Tensor:
+        if self.temperature > 0:
+            return probs_from_logits(x, self.temperature, self.top_p)
+        return torch.softmax(x.float(), dim=-1)
+
+    def row(self, r: int) -> np.ndarray:
+        r = int(r)
+        if r not in self._rows:
+            self._rows[r] = self._probs(self.logits[r]).to(torch.float64).cpu().numpy()
+            self.rows_formed += 1
+        return self._rows[r].copy()
+
+    def token_probs(self, parents: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+        if parents.numel() == 0:
+            return np.zeros(0)
+        dev = self.logits.device
+        par, tok = parents.to(dev), tokens.to(dev)
+        uniq, inv = torch.unique(par, return_inverse=True)
+        x = self.logits[uniq].float()
+        if self.temperature > 0:
+            x = x / self.temperature
+        if self.top_p < 1.0:
+            vals = probs_from_logits(self.logits[uniq], self.temperature, self.top_p)[inv, tok]
+        else:
+            vals = torch.exp(x[inv, tok] - torch.logsumexp(x, dim=-1)[inv])
+        return vals.to(torch.float64).cpu().numpy()
+
+    def prob(self, r: int, token: int) -> float:
+        """``p(token | node r)``."""
+        return float(self.token_probs(torch.tensor([r]), torch.tensor([token]))[0])
+
+    def argmax(self) -> np.ndarray:
+        return self.logits.argmax(dim=-1).cpu().numpy()
+
+
+Target = Union[torch.Tensor, TargetRows]
+
+
+def as_rows(target: Target) -> TargetRows:
+    """``target`` as ``TargetRows`` (a ``[N, V]`` tensor is wrapped in ``DenseRows``)."""
+    if isinstance(target, torch.Tensor):
+        return DenseRows(target)
+    if isinstance(target, TargetRows):
+        return target
+    raise TypeError(f"target distributions must be a [N, V] tensor or TargetRows, got {type(target).__name__}")
+
+
+def node_token_probs(rows: TargetRows, parents: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+    """``[N]`` float64 target probability of each node's token under its parent's row; NaN for the root
+    (``parents``, ``tokens``: the tree's ``[N]`` tensors)."""
+    return np.concatenate([[np.nan], rows.token_probs(parents[1:], tokens[1:])])

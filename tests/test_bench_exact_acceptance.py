@@ -1,0 +1,51 @@
+"""The exact-acceptance benchmark end to end on the tiny random pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dyntree_core.bench.exact_acceptance import main
+
+
+def test_scores_every_compatible_verifier_on_the_decoded_trees(tmp_path) -> None:
+    out = tmp_path / "exact.json"
+    rc = main(["--pair", "tiny", "--methods", "specinfer", "dyspec_greedy", "dynatree", "--budgets", "8",
+               "--temperatures", "0", "1.0", "--datasets", "wiki", "--prompts", "2", "--new-tokens", "12",
+               "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["machine_info"]["cpu_flags"] is not None
+    cells = {(c["method"], c["temperature"]): c for c in rec["cells"]}
+    assert len(cells) == 6 and all(c["prompts"] == 2 and c["steps"] > 0 for c in cells.values())
+    for m in ("specinfer", "dyspec_greedy", "dynatree"):
+        assert set(cells[(m, 0.0)]["expected_accepted"]) == {"greedy"}
+    sampled = cells[("dyspec_greedy", 1.0)]
+    assert set(sampled["expected_accepted"]) == {"token_level", "traversal", "point_mass"}
+    assert "traversal_minus_token_level" in sampled
+    # top-k trees: only point_mass is lossless, and the decode follows it
+    topk = cells[("dynatree", 1.0)]
+    assert set(topk["expected_accepted"]) == {"point_mass"} and topk["decode_verifier"] == "point_mass"
+    # SpecInfer with k = budget has depth 1, where Traversal is RRS(w): identical expectations
+    spec = cells[("specinfer", 1.0)]
+    assert spec["traversal_minus_token_level"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    # T = 0: the greedy expectation is the realised acceptance, step by step
+    g = cells[("dyspec_greedy", 0.0)]
+    assert g["expected_accepted"]["greedy"]["mean"] == pytest.approx(g["realised_accepted"], abs=1e-12)
+
+
+def test_step_phases_bench_reports_the_share_outside_the_forwards(tmp_path) -> None:
+    from dyntree_core.bench.step_phases import PHASES
+    from dyntree_core.bench.step_phases import main as step_phases
+
+    out = tmp_path / "phases.json"
+    assert step_phases(["--pair", "tiny", "--budgets", "8", "32", "--temperatures", "0", "1", "--steps", "2",
+                        "--prompts", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["temperature"], r["budget"]) for r in rows] == [(0.0, 8), (0.0, 32), (1.0, 8), (1.0, 32)]
+    for r in rows:
+        assert r["steps"] == 4 and set(r["phases"]) == set(PHASES)
+        assert 0.0 < r["outside_share"] < 1.0
+        assert r["outside_forwards_seconds"] == pytest.approx(
+            r["step_seconds"] - r["phases"]["draft"] - r["phases"]["target_forward"])
