@@ -71,6 +71,9 @@ class DenseRows:
         return self._cpu.argmax(dim=-1).numpy()
 
 
+_LSE_CHUNK = 64  # rows per log-sum-exp batch (bounds the float32 copy: 64 x 151936 x 4 B = 39 MB)
+
+
 class LogitRows:
     """Distributions formed from the target's logits on demand, on the logits' device.
 
@@ -115,20 +118,24 @@ class LogitRows:
         dev = self.logits.device
         par, tok = parents.to(dev), tokens.to(dev)
         uniq, inv = torch.unique(par, return_inverse=True)
-        x = self.logits[uniq].float()
-        if self.temperature > 0:
-            x = x / self.temperature
         if self.top_p < 1.0:
             vals = probs_from_logits(self.logits[uniq], self.temperature, self.top_p)[inv, tok]
-        else:
-            vals = torch.exp(x[inv, tok] - torch.logsumexp(x, dim=-1)[inv])
-        return vals.to(torch.float64).cpu().numpy()
+            return vals.to(torch.float64).cpu().numpy()
+        scale = 1.0 / self.temperature if self.temperature > 0 else 1.0
+        lse = torch.empty(uniq.numel(), dtype=torch.float32, device=dev)
+        for s in range(0, uniq.numel(), _LSE_CHUNK):  # only rows that are some node's parent, a chunk at a time
+            x = self.logits[uniq[s:s + _LSE_CHUNK]].float()
+            lse[s:s + _LSE_CHUNK] = torch.logsumexp(x.mul_(scale) if scale != 1.0 else x, dim=-1)
+        num = self.logits[par, tok].float() * scale
+        return torch.exp(num - lse[inv]).to(torch.float64).cpu().numpy()
 
     def prob(self, r: int, token: int) -> float:
         """``p(token | node r)``."""
         return float(self.token_probs(torch.tensor([r]), torch.tensor([token]))[0])
 
     def argmax(self) -> np.ndarray:
+        if self.logits.device.type == "cpu" and self.logits.dtype in (torch.float32, torch.float64):
+            return np.argmax(self.logits.numpy(), axis=-1)  # several times faster than torch's CPU argmax
         return self.logits.argmax(dim=-1).cpu().numpy()
 
 
