@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .quant.linear import CPU_ALIGN, cpu_aligned
+
 
 def tiny_config(vocab: int = 64, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
                 max_positions: int = 512):
@@ -88,7 +90,7 @@ def tiny_pair(
 
 
 #: byte alignment CPU GEMM kernels get from torch's allocator (oneDNN/MKL pick kernels by it)
-CPU_PARAM_ALIGN = 64
+CPU_PARAM_ALIGN = CPU_ALIGN
 
 
 def align_cpu_parameters(module: torch.nn.Module, align: int = CPU_PARAM_ALIGN) -> int:
@@ -103,8 +105,10 @@ def align_cpu_parameters(module: torch.nn.Module, align: int = CPU_PARAM_ALIGN) 
     """
     moved = 0
     for p in module.parameters():
-        if p.device.type == "cpu" and p.data_ptr() % align:
-            p.data = p.data.clone()
+        data = p.data  # a new view object on every access
+        aligned = cpu_aligned(data, align)
+        if aligned is not data:
+            p.data = aligned
             moved += 1
     return moved
 

@@ -278,7 +278,8 @@ def test_packed_cache_tensors_are_aligned_for_the_low_bit_kernels(tmp_path):
     4-token forward of the real target read back from its cache. ``read_packed`` realigns them."""
     from safetensors.torch import load_file, save_file
 
-    from dyntree_core.models.gguf_model import KERNEL_ALIGN, read_packed
+    from dyntree_core.models.gguf_model import read_packed
+    from dyntree_core.quant.linear import CPU_ALIGN
 
     lin = torch.nn.Linear(64, 96, bias=True)
     q = Int4Linear.from_dense(lin.weight.detach(), lin.bias.detach())
@@ -287,9 +288,9 @@ def test_packed_cache_tensors_are_aligned_for_the_low_bit_kernels(tmp_path):
     path = tmp_path / "packed.safetensors"
     save_file(tensors, str(path))
     raw = load_file(str(path))
-    assert any(v.data_ptr() % KERNEL_ALIGN for v in raw.values())  # the hazard is real in this file
+    assert any(v.data_ptr() % CPU_ALIGN for v in raw.values())  # the hazard is real in this file
     got = read_packed(path)
-    assert all(v.data_ptr() % KERNEL_ALIGN == 0 for v in got.values())
+    assert all(v.data_ptr() % CPU_ALIGN == 0 for v in got.values())
     assert all(torch.equal(got[k], tensors[k]) for k in tensors)
     x = torch.randn(5, 64)
     back = Int4Linear.from_buffers(got["m.packed"], got["m.scales_and_zeros"], got["m.bias"])

@@ -27,7 +27,7 @@ import torch
 from ..quant.apply import PRECISION_ATTR, QUANT_PRECISIONS, check_precision, head_precision, set_submodule
 from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
 from ..quant.gguf_file import read_gguf
-from ..quant.linear import Int4Linear, Int8Linear, int4_shape_ok
+from ..quant.linear import Int4Linear, Int8Linear, cpu_aligned, int4_shape_ok
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 CACHE_FORMAT = 2
@@ -130,20 +130,12 @@ def _save_packed(model, path: Path) -> None:
     tmp.replace(path)
 
 
-#: byte alignment the CPU low-bit kernels need for their vector loads
-KERNEL_ALIGN = 64
-
-
 def read_packed(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a packed cache file, each in memory aligned to ``KERNEL_ALIGN`` bytes.
-
-    safetensors hands out tensors at 8-byte offsets into the mapped file; torch's int4 CPU kernel
-    faults on them (measured: a segmentation fault in a 4-token int4 forward of the embedded target
-    read from its cache, while 1- and 2-token forwards ran), so misaligned tensors are copied.
-    """
+    """The tensors of a packed cache file, each in CPU memory aligned for the low-bit kernels
+    (``quant.linear.cpu_aligned``: safetensors maps them at 8-byte offsets)."""
     from safetensors.torch import load_file
 
-    return {k: v if v.data_ptr() % KERNEL_ALIGN == 0 else v.clone() for k, v in load_file(str(path)).items()}
+    return {k: cpu_aligned(v) for k, v in load_file(str(path)).items()}
 
 
 def _load_packed(model, gf, path: Path, precision: str, t0: float):

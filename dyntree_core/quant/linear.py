@@ -27,6 +27,19 @@ class PrecisionError(ValueError):
     """A precision that cannot run here (no kernel on the device, a shape the kernel refuses)."""
 
 
+#: byte alignment of the memory torch's allocator hands out on the CPU; the low-bit kernels' vector loads
+#: fault on less (int4), and the dense GEMM kernels choose differently-rounding paths for less
+CPU_ALIGN = 64
+
+
+def cpu_aligned(t: torch.Tensor, align: int = CPU_ALIGN) -> torch.Tensor:
+    """``t`` itself when its storage is ``align``-byte aligned (or not on the CPU), else an aligned copy.
+
+    safetensors maps tensors at 8-byte offsets into the file; torch's int4 CPU kernel segfaulted on such
+    buffers in a 4-token forward (1- and 2-token forwards ran)."""
+    return t if t.device.type != "cpu" or t.data_ptr() % align == 0 else t.clone()
+
+
 def require_cpu_kernel(precision: str, device: torch.device | str) -> None:
     dev = torch.device(device)
     if dev.type != "cpu":

@@ -188,8 +188,9 @@ def _traversal_visit(inputs: NodeInputs, mode: DraftUpdate, u: int, p_u: float, 
 
 def _from_on_path(name: str, on_path: np.ndarray, tree: TokenTree) -> ExpectedAcceptance:
     final = on_path.copy()
+    parents = tree.parents.tolist()
     for c in range(1, tree.size):  # P(u final) = P(u on path) - sum over children of P(child on path)
-        final[int(tree.parents[c])] -= on_path[c]
+        final[parents[c]] -= on_path[c]
     np.maximum(final, 0.0, out=final)
     return ExpectedAcceptance(name, on_path, final)
 
