@@ -21,6 +21,8 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 #: per-model precisions (``dyntree_core.quant``); ``auto`` is resolved by ``dyntree_core.auto``
 PRECISIONS: tuple[str, ...] = ("float32", "bfloat16", "float16", "int8", "int4")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+#: node orders of the target's tree forward (``TokenTree.order``)
+NODE_ORDERS: tuple[str, ...] = ("dfs", "hpd", "bfs")
 
 #: tree methods whose sibling draws are stochastic at T>0 (token-level / traversal apply)
 STOCHASTIC_METHODS = frozenset({"chain", "specinfer", "sequoia", "dyspec_greedy", "dyspec_threshold"})
@@ -63,6 +65,10 @@ class DecodeConfig:
         attention: tree-attention backend: ``torch`` (SDPA with a 4D mask), ``triton`` or ``auto``
             (triton on CUDA, torch elsewhere).
         offload_target: stream the target's decoder layers from pinned host memory (CUDA only).
+        node_order: the order the tree's nodes take in the target's forward: ``dfs`` (pre-order,
+            the kernel's interval form), ``hpd`` (pre-order, heaviest child first) or ``bfs``
+            (construction order by depth; the kernel reads block lists). Outputs do not depend
+            on it; the attention work does (fewer non-empty mask blocks in a pre-order).
         trace_block_counts: compute mask block counts (BFS/DFS/HPD) for every StepTrace.
         adaptive_threshold: dyspec_threshold only: retune the threshold online so the tree
             size tracks ``budget`` (``hardware.ThresholdController``).
@@ -90,6 +96,7 @@ class DecodeConfig:
     device: str = "cpu"
     attention: str = "auto"
     offload_target: bool = False
+    node_order: str = "dfs"
     trace_block_counts: bool = True
     adaptive_threshold: bool = False
     sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
@@ -107,6 +114,7 @@ class DecodeConfig:
             if value is not None:
                 _choice(name, value, PRECISIONS)
         _choice("attention", self.attention, ATTENTION_BACKENDS)
+        _choice("node_order", self.node_order, NODE_ORDERS)
         if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 10.0):
             raise ConfigError(f"temperature must be in [0, 10] (0 = greedy), got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):

@@ -9,7 +9,7 @@ verification ``commit_path`` keeps the accepted path's KV and drops the rest.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -26,15 +26,19 @@ class ModelDraftSource:
         cache: its ``DynamicCache`` holding the first ``cache_length(cache)`` committed tokens.
         pending: committed tokens not yet in the cache; ``pending[-1]`` is the tree root.
         temperature: draft temperature (> 0).
+        attn_kwargs: extra model-call keyword arguments for the attention function
+            (``forward.masked_forward``).
     """
 
-    def __init__(self, model, cache, pending: Sequence[int], temperature: float):
+    def __init__(self, model, cache, pending: Sequence[int], temperature: float,
+                 attn_kwargs: Optional[Mapping[str, Any]] = None):
         if not pending:
             raise ValueError("the draft source needs at least the root token pending")
         self.model = model
         self.cache = cache
         self.pending = list(pending)
         self.temperature = temperature
+        self.attn_kwargs = attn_kwargs
         from .quant.apply import output_dim
 
         self.vocab_size = output_dim(model)
@@ -90,7 +94,8 @@ class ModelDraftSource:
         rows = [new_slot[int(n)] - start if int(n) in new_slot else None for n in nodes]
         if any(r is None for r in rows):
             raise RuntimeError("next_probs asked twice for a node; drafters must cache distributions")
-        logits = masked_forward(self.model, self.cache, feed, positions, visible, logits_rows=rows)
+        logits = masked_forward(self.model, self.cache, feed, positions, visible, logits_rows=rows,
+                                attn_kwargs=self.attn_kwargs)
         probs = probs_from_logits(logits, self.temperature).cpu()
         self._calls += 1
         self.forward_seconds += time.perf_counter() - t0

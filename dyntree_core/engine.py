@@ -17,82 +17,19 @@ from .config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource
 from .forward import causal_forward, masked_forward, new_cache
 from .kv import cache_length, compact
+from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
+                       prepare_model, resolve_device)
 from .sampling import probs_from_logits
 from .trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
 from .tree import TokenTree, count_nonzero_blocks
 from .verify.rows import LogitRows
 
 BLOCK_SIZES = (16, 32, 64)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class VocabMismatchError(ConfigError):
-    """Draft and target do not share a vocabulary."""
-
-
-def model_vocab_size(model) -> int:
-    from .quant.apply import output_dim
-
-    return output_dim(model)
-
-
-def check_same_vocab(draft, target) -> None:
-    dv, tv = model_vocab_size(draft), model_vocab_size(target)
-    if dv != tv:
-        raise VocabMismatchError(
-            f"draft and target vocabularies differ: draft has {dv} output tokens, target has {tv}; "
-            "speculative decoding needs one shared tokenizer"
-        )
-
-
-def place_model(model, device: Optional[torch.device], dtype: torch.dtype):
-    """Move ``model`` in place to ``device`` (None = leave) and ``dtype``, keeping the rotary
-    ``inv_freq`` buffers in float32 (``Module.to(dtype)`` would round them to bf16)."""
-    if next(model.parameters()).dtype != dtype:
-        keep = {name: buf.detach().clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
-        model.to(dtype=dtype)
-        for name, buf in keep.items():
-            owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            setattr(owner, name.rsplit(".", 1)[-1], buf.to(torch.float32))
-    if device is not None:
-        model.to(device=device)
-    return model.eval()
-
-
-def prepare_model(model, device: Optional[torch.device], dtype: torch.dtype, precision: Optional[str], role: str):
-    """Bring ``model`` to ``precision`` (None: quantized models stay as loaded, dense ones take
-    ``dtype``). A dense model asked for int8/int4 is quantized in place; a quantized model cannot
-    become dense again (load it again at that precision)."""
-    from .quant.apply import QUANT_PRECISIONS, model_precision, quantize_model
-    from .quant.linear import PrecisionError
-
-    current = model_precision(model)
-    if precision is None:
-        if current in QUANT_PRECISIONS:
-            return model.eval() if device is None else model.to(device=device).eval()
-        return place_model(model, device, dtype)
-    try:
-        if precision in QUANT_PRECISIONS:
-            if current != precision:
-                if current in QUANT_PRECISIONS:
-                    raise ConfigError(f"the {role} was loaded at {current}; load it at {precision} "
-                                      f"(load_pair(..., {'draft_' if role == 'draft' else ''}precision={precision!r}))")
-                place_model(model, device, torch.float32)
-                quantize_model(model, precision)
-            return model.eval()
-        if current in QUANT_PRECISIONS:
-            raise ConfigError(f"the {role} was loaded at {current}; a {precision} run needs it loaded at {precision}")
-        return place_model(model, device, _DTYPES[precision])
-    except PrecisionError as e:
-        raise ConfigError(str(e)) from None
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} requested but CUDA is not available on this machine")
-    return torch.device(name)
+# re-exported: they lived here before ``prepared`` owned model preparation
+__all__ = ["SpeculativeDecoder", "VocabMismatchError", "check_same_vocab", "model_vocab_size", "place_model",
+           "prepare_model", "resolve_device", "PreparedPair"]
 
 
 @dataclass
@@ -108,8 +45,11 @@ class _Step:
 class SpeculativeDecoder:
     """Speculative decoding with a draft and a target HF causal LM.
 
-    Models are moved in place to ``config.device`` / ``config.dtype``. Each ``generate`` call
-    owns its KV caches, RNGs and drafter state, so calls are independent and seeded.
+    The models are prepared once per settings (``prepared.PreparedPair``: device, dtype/precision,
+    attention dispatch, offload) and only borrowed by decoders: ``SpeculativeDecoder(draft, target,
+    config)`` reuses the preparation those model objects already have when ``config`` matches it,
+    ``SpeculativeDecoder.on_pair(pair, config)`` borrows a given pair. Each ``generate`` call owns
+    its KV caches, RNGs and drafter state, so calls are independent and seeded.
     """
 
     def __init__(self, draft, target, config: DecodeConfig, eos_token_id: Optional[int | Sequence[int]] = None,
@@ -119,27 +59,36 @@ class SpeculativeDecoder:
         node's target distribution on demand)."""
         if not isinstance(config, DecodeConfig):
             raise TypeError("config must be a DecodeConfig")
-        check_same_vocab(draft, target)
+        self._borrow(PreparedPair.for_models(draft, target, config), config, eos_token_id, on_verify)
+
+    @classmethod
+    def on_pair(cls, pair: PreparedPair, config: DecodeConfig, eos_token_id: Optional[int | Sequence[int]] = None,
+                on_verify: Optional[Callable[[TokenTree, LogitRows, Any], None]] = None) -> "SpeculativeDecoder":
+        """A decoder borrowing ``pair`` (whose settings must match ``config``)."""
+        if not isinstance(config, DecodeConfig):
+            raise TypeError("config must be a DecodeConfig")
+        self = cls.__new__(cls)
+        self._borrow(pair, config, eos_token_id, on_verify)
+        return self
+
+    def _borrow(self, pair: PreparedPair, config: DecodeConfig, eos_token_id, on_verify) -> None:
+        from .attention.hf_backend import BACKEND_KWARG, check_backend, kernel_runs
+
+        pair.check(config)
+        self.pair = pair
         self.config = config
-        self.device = resolve_device(config.device)
-        dtype = _DTYPES[config.dtype]
-        self.draft = prepare_model(draft, self.device, dtype, config.draft_precision, "draft")
-        self.offload = None
-        if config.offload_target:
-            from .offload import offload_decoder_layers
-
-            if self.device.type != "cuda":
-                raise ConfigError("offload_target needs a CUDA device (device='cuda')")
-            place_model(target, None, dtype)
-            self.offload = offload_decoder_layers(target, device=str(self.device))
-            self.target = target.eval()
-        else:
-            self.target = prepare_model(target, self.device, dtype, config.precision, "target")
-        if config.attention == "triton" or (config.attention == "auto" and self.device.type == "cuda"):
-            from .attention.hf_backend import use_tree_attention
-
-            for m in (self.draft, self.target):
-                use_tree_attention(m, config.attention)
+        self.device = pair.device
+        self.draft = pair.draft
+        self.target = pair.target
+        self.offload = pair.offload
+        backend = config.attention
+        if backend == "triton":
+            try:
+                check_backend(backend)
+            except RuntimeError as e:
+                raise ConfigError(f"attention='triton': {e}") from None
+        self.attn_kwargs = {BACKEND_KWARG: backend}
+        self.kernel = kernel_runs(backend, self.device)
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -173,6 +122,7 @@ class SpeculativeDecoder:
             seed: RNG seed for this call (default ``config.seed``).
         """
         prompt = self._validate(input_ids, max_new_tokens)
+        self.pair.check(self.config)
         return self._run(prompt, max_new_tokens, stop_event, self.config.seed if seed is None else int(seed))
 
     def generate_ids(
@@ -227,9 +177,11 @@ class SpeculativeDecoder:
         t_cache = new_cache(self.target)
         d_cache = None if is_ar else new_cache(self.draft)
         if len(prompt) > 1:
-            causal_forward(self.target, t_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2])
+            causal_forward(self.target, t_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2],
+                           attn_kwargs=self.attn_kwargs)
             if d_cache is not None:
-                causal_forward(self.draft, d_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2])
+                causal_forward(self.draft, d_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2],
+                               attn_kwargs=self.attn_kwargs)
         self._sync()
         state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
         produced = 0
@@ -287,7 +239,7 @@ class SpeculativeDecoder:
         root = state.committed[-1]
         pos = len(state.committed) - 1
         t0 = time.perf_counter()
-        logits = causal_forward(self.target, t_cache, [root], pos)[0]
+        logits = causal_forward(self.target, t_cache, [root], pos, attn_kwargs=self.attn_kwargs)[0]
         self._sync()
         timings.target_forward = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -319,7 +271,8 @@ class SpeculativeDecoder:
         prefix_len = len(state.committed)
         cache_len = cache_length(t_cache)
 
-        source = ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached :], cfg.effective_draft_temperature)
+        source = ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached :],
+                                  cfg.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
         t0 = time.perf_counter()
         tree: TokenTree = drafter.draft(source, root, gen, deterministic=cfg.greedy)
         self._sync()
@@ -329,22 +282,21 @@ class SpeculativeDecoder:
 
         t0 = time.perf_counter()
         n = tree.size
-        anc = tree.ancestor_mask()
-        visible = torch.ones(n, cache_len + n, dtype=torch.bool)
-        visible[:, cache_len:] = anc
-        positions = tree.positions(prefix_len).tolist()
+        fwd = self._forward_layout(tree, cache_len, prefix_len)
         timings.mask = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         transfer_before = self._transfer_seconds()
-        logits = masked_forward(self.target, t_cache, tree.tokens.tolist(), positions, visible)
+        logits = masked_forward(self.target, t_cache, fwd.tokens, fwd.positions, fwd.visible,
+                                attn_kwargs=fwd.attn_kwargs)
         self._sync()
         timings.target_forward = time.perf_counter() - t0
         timings.offload_transfer = self._transfer_seconds() - transfer_before
 
         t0 = time.perf_counter()
-        # rows are formed (and moved to the host) only for the nodes the verifier visits
-        target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p)
+        # rows are formed (and moved to the host) only for the nodes the verifier visits; the
+        # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
+        target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p, row_of_node=fwd.slot)
         result = verifier.verify(tree, target_rows, rng)
         timings.verify = time.perf_counter() - t0
         if self.on_verify is not None:
@@ -353,7 +305,8 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         path = list(result.path)
         drafter.observe(tree, len(path) - 1)
-        compact(t_cache, cache_len, [cache_len + i for i in path])
+        slot = fwd.slot.tolist()
+        compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
         src_ids = tree.source_ids().tolist()
         state.draft_cached = source.commit_path([src_ids[i] for i in path])
         timings.kv_compaction = time.perf_counter() - t0
@@ -381,8 +334,39 @@ class SpeculativeDecoder:
             node_status=status,
             node_p_target=np.asarray(result.p_target, dtype=np.float64),
             node_accept_prob=np.asarray(result.accept_prob, dtype=np.float64),
-            block_counts=_block_counts(tree, anc) if cfg.trace_block_counts else {},
+            block_counts=_block_counts(tree, fwd.anc) if cfg.trace_block_counts else {},
             timings=timings,
+            node_order=cfg.node_order,
+            node_slots=fwd.perm.tolist(),
+            order_blocks={b: count_nonzero_blocks(fwd.visible[:, cache_len:], b) for b in BLOCK_SIZES},
+            kernel_blocks=None if fwd.meta is None else fwd.meta.blocks.num_nonzero,
+        )
+
+    def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":
+        """The target's tree forward with the nodes in ``config.node_order``: tokens, positions and
+        the ``[n, cache_len + n]`` visibility mask in slot order, plus the kernel's metadata built
+        from the tree (interval form for DFS/HPD, block lists for BFS) when the kernel runs."""
+        perm = tree.order(self.config.node_order)
+        n = tree.size
+        slot = torch.empty(n, dtype=torch.long)
+        slot[perm] = torch.arange(n)
+        anc = tree.ancestor_mask()
+        visible = torch.ones(n, cache_len + n, dtype=torch.bool)
+        visible[:, cache_len:] = anc[perm][:, perm]
+        kwargs = dict(self.attn_kwargs)
+        meta = None
+        if self.kernel:
+            from .attention.hf_backend import META_KWARG, kernel_tiles
+            from .attention.mask import meta_from_tree
+
+            block_q, block_n = kernel_tiles(self.target)
+            meta = meta_from_tree(tree, cache_len, perm, block_q, block_n, device=self.device,
+                                  mask=visible[:, cache_len:])
+            kwargs[META_KWARG] = meta
+        return _TreeForward(
+            perm=perm, slot=slot, anc=anc, visible=visible,
+            tokens=tree.tokens[perm].tolist(), positions=tree.positions(prefix_len)[perm].tolist(),
+            attn_kwargs=kwargs, meta=meta,
         )
 
     def _provenance(self, tree: TokenTree, result, target_rows: LogitRows, step: int) -> list[TokenProvenance]:
@@ -425,6 +409,20 @@ class SpeculativeDecoder:
         if self.offload is None:
             return 0.0
         return float(self.offload.stats().wait_seconds)
+
+
+@dataclass
+class _TreeForward:
+    """One tree forward laid out in a node order (slot ``j`` holds node ``perm[j]``)."""
+
+    perm: torch.Tensor  # [n] slot -> node
+    slot: torch.Tensor  # [n] node -> slot
+    anc: torch.Tensor  # [n, n] ancestor mask in node ids
+    visible: torch.Tensor  # [n, cache_len + n] bool, slot order
+    tokens: list[int]
+    positions: list[int]
+    attn_kwargs: dict
+    meta: Any
 
 
 def _sample(probs: np.ndarray, rng: np.random.Generator) -> int:

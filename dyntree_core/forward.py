@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -20,6 +20,7 @@ def masked_forward(
     positions: Sequence[int],
     visible: torch.Tensor,
     logits_rows: Optional[Sequence[int]] = None,
+    attn_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> torch.Tensor:
     """Feed ``tokens`` after the cached positions with an explicit visibility mask.
 
@@ -30,6 +31,9 @@ def masked_forward(
         positions: ``[q]`` position ids.
         visible: ``[q, kv_len]`` bool, ``kv_len = cached + q``; True = may attend.
         logits_rows: rows whose logits are wanted (None = all).
+        attn_kwargs: extra keyword arguments for the model call that transformers passes down to
+            the attention function (the tree-attention backend and kernel metadata:
+            ``attention.hf_backend.BACKEND_KWARG`` / ``META_KWARG``).
     Returns:
         ``[len(logits_rows) or q, V]`` logits (model dtype, model device).
     """
@@ -40,7 +44,7 @@ def masked_forward(
     if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
         dtype = model.get_input_embeddings().weight.dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-    kwargs = {}
+    kwargs: dict[str, Any] = dict(attn_kwargs or {})
     if logits_rows is not None:
         kwargs["logits_to_keep"] = torch.tensor(list(logits_rows), dtype=torch.long, device=device)
     with torch.no_grad():
@@ -55,7 +59,8 @@ def masked_forward(
     return out.logits[0]
 
 
-def causal_forward(model, cache, tokens: Sequence[int], start: int, logits_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
+def causal_forward(model, cache, tokens: Sequence[int], start: int, logits_rows: Optional[Sequence[int]] = None,
+                   attn_kwargs: Optional[Mapping[str, Any]] = None) -> torch.Tensor:
     """Feed a plain causal run of ``tokens`` at positions ``start, start+1, ...``.
 
     Returns ``[rows, V]`` logits (all rows when ``logits_rows`` is None).
@@ -63,4 +68,4 @@ def causal_forward(model, cache, tokens: Sequence[int], start: int, logits_rows:
     q = len(tokens)
     visible = torch.ones(q, start + q, dtype=torch.bool)
     visible[:, start:] = torch.tril(torch.ones(q, q, dtype=torch.bool))
-    return masked_forward(model, cache, tokens, range(start, start + q), visible, logits_rows)
+    return masked_forward(model, cache, tokens, range(start, start + q), visible, logits_rows, attn_kwargs)

@@ -87,6 +87,12 @@ class StepTrace:
         block_counts: ``{order: {block_size: non-empty blocks}}`` of the tree mask, orders
             ``bfs``/``dfs``/``hpd``, block sizes 16/32/64 (empty when disabled).
         timings: per-phase seconds.
+        node_order: the order the target's tree forward ran in (``dfs``/``hpd``/``bfs``;
+            ``DecodeConfig.node_order``); node ids everywhere else stay the tree's own.
+        node_slots: ``[N]`` the node at each forward slot (slot -> node permutation; empty for AR).
+        order_blocks: ``{block_size: non-empty blocks}`` of the tree mask in the order run.
+        kernel_blocks: non-empty (query block x key block) tiles the Triton kernel visited in the
+            tree part, or None when the forward did not run the kernel.
         step_seconds: wall-clock seconds of the whole step.
         elapsed: seconds since generation started (prefill included).
         total_new_tokens: tokens generated so far (this step included).
@@ -106,6 +112,10 @@ class StepTrace:
     node_accept_prob: np.ndarray = field(default_factory=lambda: np.zeros(0))
     block_counts: dict[str, dict[int, int]] = field(default_factory=dict)
     timings: PhaseTimings = field(default_factory=PhaseTimings)
+    node_order: str = ""
+    node_slots: list[int] = field(default_factory=list)
+    order_blocks: dict[int, int] = field(default_factory=dict)
+    kernel_blocks: Optional[int] = None
     step_seconds: float = 0.0
     elapsed: float = 0.0
     total_new_tokens: int = 0
@@ -159,6 +169,10 @@ class StepTrace:
             "node_accept_prob": [_f(x) for x in np.asarray(self.node_accept_prob).tolist()],
             "block_counts": {o: {str(b): n for b, n in d.items()} for o, d in self.block_counts.items()},
             "timings": self.timings.as_dict(),
+            "node_order": self.node_order,
+            "node_slots": list(self.node_slots),
+            "order_blocks": {str(b): n for b, n in self.order_blocks.items()},
+            "kernel_blocks": self.kernel_blocks,
             "step_seconds": self.step_seconds,
             "elapsed": self.elapsed,
             "total_new_tokens": self.total_new_tokens,

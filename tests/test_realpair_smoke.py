@@ -47,7 +47,9 @@ def test_vocab_and_special_tokens(pair) -> None:
     assert IM_END in pair.eos_token_ids and ENDOFTEXT in pair.eos_token_ids
     assert pair.draft_name == "qwen2.5-coder-0.5b" and pair.target_name == "qwen2.5-coder-1.5b"
     for m in (pair.draft, pair.target):
-        assert not m.training and m.config._attn_implementation == "sdpa"
+        # loaded with SDPA; a decoder that ran earlier in the session prepared the pair once, which
+        # switches it to the per-call dispatcher (SDPA unless a call names the Triton backend)
+        assert not m.training and m.config._attn_implementation in ("sdpa", "dyntree_tree_dispatch")
     assert sum(pair.load_seconds.values()) < 300
 
 

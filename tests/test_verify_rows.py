@@ -29,6 +29,24 @@ def test_logit_rows_equal_the_dense_matrix(temperature: float, top_p: float) -> 
     assert lazy.rows_formed == 3
 
 
+@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (0.7, 1.0), (1.0, 0.8)])
+def test_rows_of_a_permuted_forward_map_back_to_node_ids(temperature: float, top_p: float) -> None:
+    """The engine's forward runs the tree in another node order: row ``slot[i]`` holds node i."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(11, 30, generator=gen) * 3  # node order
+    perm = torch.randperm(11, generator=gen)  # slot -> node
+    slot = torch.empty_like(perm)
+    slot[perm] = torch.arange(11)
+    mapped, plain = LogitRows(logits[perm], temperature, top_p, row_of_node=slot), LogitRows(logits, temperature, top_p)
+    for r in range(11):
+        np.testing.assert_array_equal(mapped.row(r), plain.row(r))
+    par, tok = torch.tensor([0, 2, 2, 10, 5]), torch.tensor([3, 0, 29, 7, 7])
+    np.testing.assert_allclose(mapped.token_probs(par, tok), plain.token_probs(par, tok), rtol=1e-6)
+    np.testing.assert_array_equal(mapped.argmax(), plain.argmax())
+    with pytest.raises(ValueError, match="row_of_node"):
+        LogitRows(logits, temperature, top_p, row_of_node=slot[:5])
+
+
 @pytest.mark.parametrize("name", ["token_level", "traversal", "point_mass"])
 def test_verifiers_decide_the_same_on_lazy_and_dense_rows(name: str) -> None:
     rng = np.random.default_rng(3)

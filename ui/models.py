@@ -40,6 +40,13 @@ class LoadedPair:
     supports_chat: bool = False
     eos_token_ids: tuple[int, ...] = ()  # ids that end generation (empty: the engine's defaults)
 
+    def prepared(self, config: Any) -> Any:
+        """The ``dyntree_core.prepared.PreparedPair`` for ``config`` (a ``DecodeConfig``): prepared
+        on first use, then borrowed by every Run, Compare column and baseline with those settings."""
+        from dyntree_core.prepared import PreparedPair
+
+        return PreparedPair.for_models(self.draft, self.target, config)
+
 
 class ModelProvider(Protocol):
     """What the app needs from model loading."""

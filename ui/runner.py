@@ -63,7 +63,7 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     cfg = settings.decode_config()
     pair = provider.load(settings.pair_spec())
     ids = encode_prompt(pair.tokenizer, settings.prompt, chat=settings.chat and pair.supports_chat)
-    decoder = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=list(pair.eos_token_ids) or None)
+    decoder = SpeculativeDecoder.on_pair(pair.prepared(cfg), cfg, eos_token_id=list(pair.eos_token_ids) or None)
     stop = stop_event or threading.Event()
     steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop)
     record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer), note=note)

@@ -11,7 +11,14 @@ Registered implementations (``register()`` is idempotent and runs at import):
 - ``"dyntree_tree"`` (auto): the Triton kernel when the tensors are on CUDA, SDPA otherwise;
 - ``"dyntree_tree_triton"``: always the Triton kernel (the CPU interpreter without CUDA: slow,
   for tests);
-- ``"dyntree_tree_torch"``: always SDPA.
+- ``"dyntree_tree_torch"``: always SDPA;
+- ``"dyntree_tree_dispatch"``: the backend named per call by the ``tree_attention_backend``
+  keyword argument (``"torch"``, ``"triton"`` or ``"auto"``), SDPA when none is given. A model
+  prepared once (``dyntree_core.prepared.PreparedPair``) is switched to this implementation, so
+  decoders with different attention settings share it without switching it again.
+
+In every implementation an explicit ``tree_attention_backend=...`` keyword argument to
+``model(...)`` overrides the implementation's own backend for that call.
 
 Each is also registered in ``AttentionMaskInterface`` with SDPA's mask builder, so ordinary
 calls (prefill with a 2D mask or none) build exactly the masks SDPA would get. Any call the kernel
@@ -47,7 +54,10 @@ IMPL_NAMES: dict[str, str] = {
     "triton": "dyntree_tree_triton",
     "torch": "dyntree_tree_torch",
 }
+#: the per-call implementation (backend from ``BACKEND_KWARG``, SDPA by default)
+DISPATCH_IMPL = "dyntree_tree_dispatch"
 META_KWARG = "tree_attention_meta"
+BACKEND_KWARG = "tree_attention_backend"
 
 
 @dataclass
@@ -121,7 +131,8 @@ def _make_forward(backend: str):
     ) -> tuple[torch.Tensor, None]:
         """query ``[1, Hq, q, D]``, key/value ``[1, Hkv, kv, D]`` -> (``[1, q, Hq, D]``, None)."""
         meta: Optional[TreeAttnMeta] = kwargs.pop(META_KWARG, None)
-        if not _kernel_applicable(backend, query, key, value, attention_mask, dropout, kwargs):
+        chosen = kwargs.pop(BACKEND_KWARG, None) or backend
+        if not _kernel_applicable(chosen, query, key, value, attention_mask, dropout, kwargs):
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -139,13 +150,64 @@ def _make_forward(backend: str):
 
 
 def register() -> None:
-    """Register the three implementations with transformers (idempotent)."""
+    """Register the four implementations with transformers (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    for backend, name in IMPL_NAMES.items():
+    for backend, name in (*IMPL_NAMES.items(), ("torch", DISPATCH_IMPL)):
         AttentionInterface.register(name, _make_forward(backend))
         AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def kernel_runs(backend: str, device: torch.device) -> bool:
+    """Whether tree forwards (4D bool mask) on ``device`` run the Triton kernel for ``backend``."""
+    if not HAS_TRITON or backend == "torch":
+        return False
+    if device.type == "cuda":
+        return True
+    return backend == "triton" and interpreting()
+
+
+def kernel_tiles(model: Any) -> tuple[int, int]:
+    """``(block_q, block_n)`` the glue uses for ``model`` (query rows per tile follow its GQA group)."""
+    cfg = model.config
+    hq = int(cfg.num_attention_heads)
+    hkv = int(getattr(cfg, "num_key_value_heads", None) or hq)
+    return default_block_q(hq // hkv, TILES.block_m), TILES.block_n
+
+
+def is_tree_attention(model: Any) -> bool:
+    """Whether ``model`` runs one of this module's implementations (so ``BACKEND_KWARG`` and
+    ``META_KWARG`` reach it)."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    return impl == DISPATCH_IMPL or impl in IMPL_NAMES.values()
+
+
+def check_backend(backend: str) -> None:
+    """Raise when ``backend`` cannot run in this process (Triton missing, or the interpreter
+    requested after Triton was imported without it)."""
+    if backend not in IMPL_NAMES:
+        raise ValueError(f"backend must be one of {tuple(IMPL_NAMES)}, got {backend!r}")
+    if backend == "triton" and not HAS_TRITON:
+        raise RuntimeError("backend='triton' needs Triton installed")
+    if backend == "triton" and interpreting() and not interpreter_usable():
+        raise RuntimeError(
+            "backend='triton' without CUDA needs the Triton interpreter, but Triton was imported before "
+            "TRITON_INTERPRET=1 was set; set it at process start"
+        )
+
+
+def use_dispatch(model: Any) -> Optional[TreeAttentionHandle]:
+    """Switch ``model`` to the per-call implementation unless it already runs one of ours;
+    returns the undo handle, or None when nothing changed."""
+    if is_tree_attention(model):
+        return None
+    register()
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(DISPATCH_IMPL)
+    if model.config._attn_implementation != DISPATCH_IMPL:
+        raise RuntimeError(f"{type(model).__name__} refused attention implementation {DISPATCH_IMPL!r}")
+    return TreeAttentionHandle(model, previous)
 
 
 class TreeAttentionHandle:
@@ -174,15 +236,7 @@ def use_tree_attention(model: Any, backend: Backend = "auto") -> TreeAttentionHa
     implementation. ``backend``: ``"auto"`` (Triton on CUDA, SDPA otherwise), ``"triton"``
     (always the kernel; CPU interpreter without CUDA), ``"torch"`` (always SDPA).
     """
-    if backend not in IMPL_NAMES:
-        raise ValueError(f"backend must be one of {tuple(IMPL_NAMES)}, got {backend!r}")
-    if backend == "triton" and not HAS_TRITON:
-        raise RuntimeError("backend='triton' needs Triton installed")
-    if backend == "triton" and interpreting() and not interpreter_usable():
-        raise RuntimeError(
-            "backend='triton' without CUDA needs the Triton interpreter, but Triton was imported before "
-            "TRITON_INTERPRET=1 was set; set it at process start"
-        )
+    check_backend(backend)
     register()
     previous = model.config._attn_implementation
     model.set_attn_implementation(IMPL_NAMES[backend])

@@ -198,14 +198,15 @@ class TreeAttnMeta:
 
 def meta_from_tree(
     tree: TokenTree, prefix_len: int, order: str | torch.Tensor, block_q: int, block_n: int,
-    device: torch.device | str = "cpu", interval: Optional[bool] = None,
+    device: torch.device | str = "cpu", interval: Optional[bool] = None, mask: Optional[torch.Tensor] = None,
 ) -> TreeAttnMeta:
     """Kernel metadata for tree tokens in ``order`` after a ``prefix_len`` prefix.
 
-    ``interval=None`` uses the interval form whenever the order is a pre-order.
+    ``interval=None`` uses the interval form whenever the order is a pre-order. ``mask``: the
+    ``[T, T]`` ancestor mask in that order when the caller has it already (else it is built).
     """
     perm = order_permutation(tree, order)
-    m = tree.ancestor_mask(perm)
+    m = tree.ancestor_mask(perm) if mask is None else mask
     use_interval = is_preorder(tree, perm) if interval is None else interval
     end = subtree_end(tree, perm).to(device) if use_interval else None
     blocks = build_block_lists(m, block_q, block_n).to(device)

@@ -38,6 +38,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                           "the machine profile (twins), and twin vs real model forward times (--real)"),
     "step-phases": Subcommand("dyntree_core.bench.step_phases", False,
                               "step time by phase and the share outside the two forwards, by budget"),
+    "gpu": Subcommand("dyntree_core.bench.gpu", False,
+                      "every GPU check and benchmark in one run (<= 20 min on one H100/H200); --dry-run on CPU"),
     "exact-acceptance": Subcommand("dyntree_core.bench.exact_acceptance", False,
                                    "exact expected accepted tokens of every verifier on the same trees"),
 }

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.6])
     p.add_argument("--steps", type=int, default=3, help="steps per prompt")
     p.add_argument("--prompts", type=int, default=2, help="prompts (alternately wiki and code, eval split)")
+    p.add_argument("--node-orders", nargs="+", default=["dfs"], choices=["dfs", "hpd", "bfs"],
+                   help="node orders of the target's tree forward (DecodeConfig.node_order)")
     p.add_argument("--precision", default="int4")
     p.add_argument("--draft-precision", default=None)
     p.add_argument("--device", default="cpu")
@@ -53,32 +55,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     texts = [p for pair_ in zip(load_prompts("wiki", args.prompts), load_prompts("code", args.prompts)) for p in pair_]
     texts = texts[: args.prompts]
     rows = []
-    for temp in args.temperatures:
-        for budget in args.budgets:
-            cfg = DecodeConfig(method=args.method, temperature=temp, budget=budget, depth=args.depth,
-                               threshold=min(0.5, 1.0 / budget), device=args.device, trace_block_counts=False)
-            dec = SpeculativeDecoder(pair.draft, pair.target, cfg)
-            sums = {p: [] for p in PHASES}
-            step_s: list[float] = []
-            sizes: list[int] = []
-            for i, prompt in enumerate(texts):
-                for tr in dec.generate(_encode(pair.tokenizer, prompt.text, 128), 10**6, seed=i):
-                    for p in PHASES:
-                        sums[p].append(getattr(tr.timings, p))
-                    step_s.append(tr.step_seconds)
-                    sizes.append(tr.tree_size)
-                    if tr.step + 1 >= args.steps:
-                        break
-            step = statistics.fmean(step_s)
-            phases = {p: statistics.fmean(v) for p, v in sums.items()}
-            outside = step - phases["draft"] - phases["target_forward"]
-            row = {"temperature": temp, "budget": budget, "mean_tree_size": statistics.fmean(sizes), "steps": len(step_s),
-                   "step_seconds": step, "phases": phases, "outside_forwards_seconds": outside,
-                   "outside_share": outside / step}
-            rows.append(row)
-            print(f"T={temp:<4g} budget {budget:4d} (tree {row['mean_tree_size']:6.1f}): step {step:7.3f} s, "
-                  + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
-                  + f"; outside the forwards {outside:.3f} s = {100 * outside / step:.1f}%", flush=True)
+    for temp, budget, order in ((t, b, o) for t in args.temperatures for b in args.budgets for o in args.node_orders):
+        cfg = DecodeConfig(method=args.method, temperature=temp, budget=budget, depth=args.depth,
+                           threshold=min(0.5, 1.0 / budget), device=args.device, trace_block_counts=False,
+                           node_order=order)
+        dec = SpeculativeDecoder(pair.draft, pair.target, cfg)
+        sums = {p: [] for p in PHASES}
+        step_s: list[float] = []
+        sizes: list[int] = []
+        for i, prompt in enumerate(texts):
+            for tr in dec.generate(_encode(pair.tokenizer, prompt.text, 128), 10**6, seed=i):
+                for p in PHASES:
+                    sums[p].append(getattr(tr.timings, p))
+                step_s.append(tr.step_seconds)
+                sizes.append(tr.tree_size)
+                if tr.step + 1 >= args.steps:
+                    break
+        step = statistics.fmean(step_s)
+        phases = {p: statistics.fmean(v) for p, v in sums.items()}
+        outside = step - phases["draft"] - phases["target_forward"]
+        row = {"temperature": temp, "budget": budget, "node_order": order, "mean_tree_size": statistics.fmean(sizes), "steps": len(step_s),
+               "step_seconds": step, "phases": phases, "outside_forwards_seconds": outside,
+               "outside_share": outside / step}
+        rows.append(row)
+        print(f"T={temp:<4g} budget {budget:4d} {order} (tree {row['mean_tree_size']:6.1f}): step {step:7.3f} s, "
+              + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
+              + f"; outside the forwards {outside:.3f} s = {100 * outside / step:.1f}%", flush=True)
     record = {"bench": "step-phases", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv or sys.argv[1:],
               "machine_info": machine_info().to_dict(), "pair": args.pair, "method": args.method,
               "precision": args.precision, "draft_precision": args.draft_precision or args.precision, "rows": rows}

@@ -10,7 +10,7 @@ Every verifier accepts either (``as_rows``).
 
 from __future__ import annotations
 
-from typing import Protocol, Union, runtime_checkable
+from typing import Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
 import torch
@@ -80,15 +80,22 @@ class LogitRows:
         temperature: > 0 for sampling (``probs_from_logits(.., temperature, top_p)``); 0 means
             greedy decoding, whose rows are the plain softmax (what ``p_target`` reports at T=0).
         top_p: nucleus mass (sampling only).
+        row_of_node: ``[N]`` int64, the logits row holding node i (the forward ran the tree in
+            another order); None = row i.
 
     Only the rows a verifier asks for are formed and moved to the host; ``token_probs`` reduces the
     parent rows on the device and moves one value per node; ``argmax`` moves N integers.
     """
 
-    def __init__(self, logits: torch.Tensor, temperature: float, top_p: float = 1.0):
+    def __init__(self, logits: torch.Tensor, temperature: float, top_p: float = 1.0,
+                 row_of_node: Optional[torch.Tensor] = None):
         if logits.dim() != 2:
             raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+        if row_of_node is not None and tuple(row_of_node.shape) != (logits.shape[0],):
+            raise ValueError(f"row_of_node must be [N] = [{logits.shape[0]}], got {tuple(row_of_node.shape)}")
         self.logits = logits.detach()
+        self._map = None if row_of_node is None else row_of_node.to(torch.long)
+        self._map_dev = None if row_of_node is None else self._map.to(logits.device)
         self.temperature = float(temperature)
         self.top_p = float(top_p) if temperature > 0 else 1.0
         self._rows: dict[int, np.ndarray] = {}
@@ -106,7 +113,7 @@ class LogitRows:
     def row(self, r: int) -> np.ndarray:
         r = int(r)
         if r not in self._rows:
-            self._rows[r] = self._probs(self.logits[r]).to(torch.float64).cpu().numpy()
+            self._rows[r] = self._probs(self.logits[r if self._map is None else int(self._map[r])]).to(torch.float64).cpu().numpy()
             self.rows_formed += 1
         return self._rows[r].copy()
 
@@ -115,6 +122,8 @@ class LogitRows:
             return np.zeros(0)
         dev = self.logits.device
         par, tok = parents.to(dev), tokens.to(dev)
+        if self._map_dev is not None:
+            par = self._map_dev[par]
         uniq, inv = torch.unique(par, return_inverse=True)
         if self.top_p < 1.0:
             vals = probs_from_logits(self.logits[uniq], self.temperature, self.top_p)[inv, tok]
@@ -132,7 +141,8 @@ class LogitRows:
         return float(self.token_probs(torch.tensor([r]), torch.tensor([token]))[0])
 
     def argmax(self) -> np.ndarray:
-        return row_argmax(self.logits)
+        out = row_argmax(self.logits)
+        return out if self._map is None else out[self._map.numpy()]
 
 
 def row_argmax(scores: torch.Tensor) -> np.ndarray:

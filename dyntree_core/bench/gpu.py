@@ -1,0 +1,385 @@
+"""Every GPU check and benchmark in one command, for whoever has a GPU for 20 minutes.
+
+    python -m dyntree_core.bench gpu --out DIR            # one H100/H200: <= 20 min
+    python -m dyntree_core.bench gpu --out DIR --dry-run  # CPU: every check, tiny shapes, no CUDA timings
+
+Sections (each recorded as ok / failed / skipped with its seconds; a failure does not stop the run):
+
+1. ``kernel_oracle``: the Triton tree-attention kernel vs the per-node path oracle (no mask
+   involved), orders BFS/DFS/HPD, bf16 and fp16, 70B head shapes (64 q / 8 kv heads, d=128) at
+   tree sizes 64-1024 (FlashAttention's rule: error <= 2 x the low-precision reference's + 1e-5).
+2. ``greedy_identity``: speculative greedy output with the kernel in every node order equals the
+   target's plain greedy decoding (SDPA), on a tiny random pair and on real-shape synthetic
+   weights (Qwen2.5-0.5B- and 1.5B-shaped, fp32, sharpened output heads).
+3. ``attention``: attention time per order vs SDPA and FlexAttention, tree sizes 256-2048
+   (``bench.attention.timing_rows``).
+4. ``offload``: the 70B-shaped layer-streamed forward vs bytes / measured bandwidth, vs
+   ``accelerate``'s CPU offload and a naive per-layer copy (``bench.offload``).
+5. ``decode_step``: full decode steps of dyspec_greedy with a real-shape synthetic 0.5B-class draft
+   and an offloaded 70B-shaped target at budgets 64-768, median phase breakdown per budget.
+
+Writes ``DIR/gpu.json`` (with the machine and device named) and ``DIR/gpu.md``. Imports only
+torch, triton, transformers and accelerate (no gradio or plotly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..machine import machine_info
+
+SECTIONS: tuple[str, ...] = ("kernel_oracle", "greedy_identity", "attention", "offload", "decode_step")
+PHASES: tuple[str, ...] = ("draft", "tree_build", "mask", "target_forward", "offload_transfer", "verify", "kv_compaction")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of every section: the real ones (CUDA) or the dry-run's tiny ones (CPU)."""
+
+    dry_run: bool
+    oracle_sizes: tuple[int, ...]
+    oracle_prefixes: tuple[int, ...]
+    oracle_heads: tuple[int, int, int]  # q heads, kv heads, head dim
+    identity_seeds: int
+    identity_tokens: int
+    attention_sizes: tuple[int, ...]
+    attention_prefixes: tuple[int, ...]
+    attention_heads: tuple[int, int, int]
+    decode_budgets: tuple[int, ...]
+    decode_steps: int
+
+    @classmethod
+    def for_run(cls, dry_run: bool) -> "Plan":
+        if dry_run:
+            return cls(True, (24, 45), (0, 17), (4, 2, 32), 1, 6, (24,), (8,), (4, 2, 32), (8, 16), 2)
+        return cls(False, (64, 256, 1024), (128, 1024), (64, 8, 128), 3, 32,
+                   (256, 512, 1024, 2048), (128, 1024), (64, 8, 128), (64, 128, 256, 512, 768), 3)
+
+
+def _log(msg: str) -> None:
+    print(f"[bench gpu {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+# ------------------------------------------------------------------------------ 1. kernel oracle
+def kernel_oracle(plan: Plan, dev: torch.device) -> dict[str, Any]:
+    from ..attention import attention_mask_4d, default_block_q, meta_from_tree, path_oracle, sdpa_reference
+    from ..attention.trees import dyspec_like_tree, skewed, uniform_random_tree
+    from ..attention.triton_kernel import triton_tree_attention
+
+    hq, hkv, d = plan.oracle_heads
+    rows, failures = [], 0
+    for size in plan.oracle_sizes:
+        trees = {"dyspec": dyspec_like_tree(size, seed=size), "uniform": uniform_random_tree(size, seed=size),
+                 "skewed": skewed(size)}
+        for fam, tree in trees.items():
+            for prefix in plan.oracle_prefixes:
+                for dtype in (torch.bfloat16, torch.float16):
+                    gen = torch.Generator().manual_seed(size + prefix)
+                    q = torch.randn(hq, size, d, generator=gen).to(dev, dtype)
+                    k = torch.randn(hkv, prefix + size, d, generator=gen).to(dev, dtype)
+                    v = torch.randn(hkv, prefix + size, d, generator=gen).to(dev, dtype)
+                    for order in ("bfs", "dfs", "hpd"):
+                        meta = meta_from_tree(tree, prefix, order, default_block_q(hq // hkv, 64), 32, device=dev)
+                        out = torch.full_like(q, float("nan"))
+                        triton_tree_attention(q, k, v, meta, out=out)
+                        oracle = path_oracle(q, k, v, tree, prefix, order)
+                        low = sdpa_reference(q, k, v, attention_mask_4d(tree, prefix, order, device=dev)[0, 0],
+                                             dtype=None).float()
+                        err = float((out.float() - oracle).abs().max()) if not out.isnan().any() else math.inf
+                        ref_err = float((low - oracle).abs().max())
+                        ok = err <= 2 * ref_err + 1e-5
+                        failures += not ok
+                        rows.append(dict(family=fam, size=size, prefix=prefix, dtype=str(dtype).split(".")[-1],
+                                         order=order, interval=meta.end is not None, max_err=err,
+                                         reference_err=ref_err, ok=ok))
+    return dict(ok=failures == 0, checks=len(rows), failures=failures, heads=dict(q=hq, kv=hkv, head_dim=d), rows=rows)
+
+
+# ------------------------------------------------------------------------------ 2. greedy identity
+def _synthetic_qwen(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, seed: int,
+                    dev: torch.device, sharpen: float = 30.0):
+    """A Qwen2 model of the given shape with random weights (fp32), its output head scaled so that
+    next-token distributions are peaked (greedy choices are not near-ties)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(dev):
+            model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model.eval()
+
+
+def _identity_case(name: str, make: Callable[[], tuple[Any, Any]], dev: torch.device, tokens: int, budget: int,
+                   seed: int) -> list[dict[str, Any]]:
+    from .. import DecodeConfig, SpeculativeDecoder
+
+    draft, target = make()
+    vocab = int(target.config.vocab_size)
+    prompt = torch.randint(0, vocab, (24,), generator=torch.Generator().manual_seed(seed)).tolist()
+    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch", device=str(dev))
+                            ).generate_ids(prompt, tokens)
+    rows = []
+    for order in ("dfs", "hpd", "bfs"):
+        cfg = DecodeConfig(method="dyspec_greedy", attention="triton", node_order=order, budget=budget, depth=6,
+                           device=str(dev), seed=seed)
+        t0 = time.perf_counter()
+        traces = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, tokens))
+        out = [c.token_id for t in traces for c in t.committed]
+        first_diff = next((i for i, (a, b) in enumerate(zip(out, ar)) if a != b), None)
+        rows.append(dict(case=name, seed=seed, order=order, tokens=len(out), identical=out == ar,
+                         first_difference=first_diff, steps=len(traces),
+                         kernel_ran=all(t.kernel_blocks is not None for t in traces),
+                         seconds=time.perf_counter() - t0))
+    return rows
+
+
+def greedy_identity(plan: Plan, dev: torch.device) -> dict[str, Any]:
+    from ..testing import tiny_pair
+
+    rows: list[dict[str, Any]] = []
+    for seed in range(plan.identity_seeds):
+        def tiny(seed=seed):
+            d, t = tiny_pair(seed=seed)
+            return d.to(dev), t.to(dev)
+
+        rows += _identity_case("tiny", tiny, dev, plan.identity_tokens, 20, seed)
+    if plan.dry_run:  # same code, shapes scaled down (real shapes through the interpreter take hours)
+        shapes = dict(draft=(64, 2, 4, 2, 128), target=(96, 3, 6, 2, 192), vocab=512)
+    else:  # Qwen2.5-0.5B and -1.5B
+        shapes = dict(draft=(896, 24, 14, 2, 4864), target=(1536, 28, 12, 2, 8960), vocab=151936)
+
+    def real_shape():
+        v = shapes["vocab"]
+        return (_synthetic_qwen(*shapes["draft"], v, seed=1, dev=dev),
+                _synthetic_qwen(*shapes["target"], v, seed=2, dev=dev))
+
+    rows += _identity_case("real-shape synthetic" + (" (scaled down)" if plan.dry_run else ""), real_shape, dev,
+                           plan.identity_tokens, 64 if not plan.dry_run else 16, 0)
+    return dict(ok=all(r["identical"] and r["kernel_ran"] for r in rows), shapes=shapes, rows=rows)
+
+
+# ------------------------------------------------------------------------------ 3. attention timings
+def attention_timings(plan: Plan, dev: torch.device) -> dict[str, Any]:
+    from .attention import timing_rows
+
+    hq, hkv, d = plan.attention_heads
+    args = argparse.Namespace(family="dyspec", dtype="bfloat16" if not plan.dry_run else "float32", block_m=128,
+                              warmup=3 if not plan.dry_run else 0, iters=20 if not plan.dry_run else 1)
+    rows = timing_rows(args, dev, list(plan.attention_sizes), list(plan.attention_prefixes), hq=hq, hkv=hkv, d=d,
+                       use_flex=not plan.dry_run)
+    return dict(ok=all(max(r.get(f"kernel_{o}_maxerr_vs_sdpa", 0.0) for o in ("bfs", "dfs", "hpd")) < 0.05
+                       for r in rows),
+                timings_meaningful=not plan.dry_run, rows=rows)
+
+
+# ------------------------------------------------------------------------------ 4. offload forward
+def offload_forward(plan: Plan, dev: torch.device, out_dir: Path, seconds: float) -> dict[str, Any]:
+    from . import offload as offload_bench
+
+    path = out_dir / "offload.json"
+    if plan.dry_run:
+        argv = ["--device", "cpu", "--layers", "3", "--hidden", "128", "--vocab", "512", "--tokens", "1", "8",
+                "--buffers", "2", "--bw-mib", "4", "--accelerate-layers", "2", "--accelerate-tokens", "1",
+                "--dtype", "float32"]
+    else:
+        argv = ["--device", str(dev), "--layers", "80", "--tokens", "1", "64", "256", "768", "--slots", "2", "3",
+                "--resident", "0", "auto", "--naive-tokens", "1", "64"]
+    argv += ["--json", str(path), "--time-budget", str(int(seconds))]
+    rc = offload_bench.main(argv)
+    res = json.loads(path.read_text())
+    runs = [r for r in res["runs"] if "seconds" in r]
+    return dict(ok=rc == 0 and bool(runs), exit_code=rc, json=path.name, bandwidth=res.get("bandwidth"),
+                layer_bytes=res.get("layer_bytes"), runs=res["runs"], notes=res.get("notes", []),
+                timings_meaningful=not plan.dry_run)
+
+
+# ------------------------------------------------------------------------------ 5. decode step
+def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
+    from .. import DecodeConfig, SpeculativeDecoder
+    from ..offload.backend import make_backend
+    from ..offload.layout import LayerLayout
+    from ..offload.synthetic import StackShape, build_meta_model, cycled_host_layers, make_buffers
+    from ..prepared import PreparedPair
+
+    dtype_name = "float32" if plan.dry_run else "bfloat16"
+    dtype = getattr(torch, dtype_name)
+    vocab = 512 if plan.dry_run else 32000
+    shape = StackShape.scaled(4, 128, vocab) if plan.dry_run else StackShape(layers=80, vocab=vocab)
+    backend = make_backend(str(dev))
+    target = build_meta_model(shape, dtype, dev)
+    layout = LayerLayout.of(build_meta_model(StackShape(**{**shape.as_dict(), "layers": 1}), dtype, dev,
+                                             share_from=target).model.layers[0])
+    buffers = make_buffers(layout, min(6, shape.layers), backend.alloc_host, dev, _log)
+    dshape = (64, 2, 4, 2, 128) if plan.dry_run else (896, 24, 14, 2, 4864)  # Qwen2.5-0.5B-shaped
+    draft = _synthetic_qwen(*dshape, vocab, seed=3, dev=torch.device("cpu"), sharpen=1.0)
+    base = DecodeConfig(method="dyspec_greedy", budget=plan.decode_budgets[0], depth=8, device=str(dev),
+                        dtype=dtype_name, offload_target=True, attention="auto" if not plan.dry_run else "triton")
+    pair = PreparedPair.prepare(draft, target, base, allow_cpu_offload=plan.dry_run,
+                                offload_options=dict(host_layers=cycled_host_layers(layout, shape.layers, buffers),
+                                                     slots=2, resident_layers=0))
+    prompt = torch.randint(0, vocab, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = []
+    try:
+        for budget in plan.decode_budgets:
+            cfg = DecodeConfig(**{**base.__dict__, "budget": budget})
+            dec = SpeculativeDecoder.on_pair(pair, cfg)
+            traces = list(dec.generate(prompt, plan.decode_steps + 1))[1:]  # the first step is a warm-up
+            if not traces:
+                continue
+            med = {p: statistics.median(getattr(t.timings, p) for t in traces) for p in PHASES}
+            step = statistics.median(t.step_seconds for t in traces)
+            outside = step - med["draft"] - med["target_forward"]
+            rows.append(dict(budget=budget, tree_size=statistics.median(t.tree_size for t in traces),
+                             steps=len(traces), step_seconds=step, **{f"{p}_seconds": v for p, v in med.items()},
+                             outside_forwards_share=outside / step if step > 0 else math.nan,
+                             kernel_blocks=traces[-1].kernel_blocks, order_blocks=traces[-1].order_blocks))
+            _log(f"decode step budget {budget}: {step:.3f} s (target {med['target_forward']:.3f}, "
+                 f"draft {med['draft']:.3f}, outside {outside:.3f})")
+    finally:
+        pair.offload.close()
+    return dict(ok=len(rows) == len(plan.decode_budgets), dtype=dtype_name, target_shape=shape.as_dict(),
+                draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), dshape), vocab=vocab),
+                layer_bytes=layout.nbytes, rows=rows, timings_meaningful=not plan.dry_run,
+                note="random weights accept ~nothing: every step commits ~1 token; the timings are the point")
+
+
+# ------------------------------------------------------------------------------ driver
+def _environment(dev: torch.device, dry_run: bool) -> dict[str, Any]:
+    info: dict[str, Any] = dict(
+        date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        dry_run=dry_run, torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+        host=platform.node(), device=str(dev),
+        device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (no GPU: dry run)",
+        machine_info=machine_info().to_dict(),
+    )
+    for mod in ("triton", "transformers", "accelerate"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except ImportError:
+            info[mod] = None
+    return info
+
+
+def _markdown(res: dict[str, Any]) -> str:
+    env = res["environment"]
+    lines = [f"# bench gpu — {env['device_name']}{' (DRY RUN: timings meaningless)' if env['dry_run'] else ''}",
+             "", f"{env['date_utc']}, torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}",
+             "", "| section | status | seconds | summary |", "|---|---|---|---|"]
+    for name in SECTIONS:
+        s = res["sections"].get(name, {})
+        lines.append(f"| {name} | {s.get('status', '-')} | {s.get('seconds', 0):.1f} | {s.get('summary', '')} |")
+    dec = res["sections"].get("decode_step", {}).get("result", {})
+    if dec.get("rows"):
+        lines += ["", "## Decode step (median seconds per phase)", "",
+                  "| budget | nodes | step | draft | target fwd | offload wait | verify | outside share |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in dec["rows"]:
+            lines.append(f"| {r['budget']} | {r['tree_size']:.0f} | {r['step_seconds']:.3f} | {r['draft_seconds']:.3f} | "
+                         f"{r['target_forward_seconds']:.3f} | {r['offload_transfer_seconds']:.3f} | "
+                         f"{r['verify_seconds']:.4f} | {100 * r['outside_forwards_share']:.1f}% |")
+    att = res["sections"].get("attention", {}).get("result", {})
+    if att.get("rows"):
+        lines += ["", "## Attention (ms): kernel per order vs SDPA / FlexAttention", "",
+                  "| nodes | prefix | bfs | dfs | hpd | sdpa | flex | tiles bfs/dfs |", "|---|---|---|---|---|---|---|---|"]
+        for r in att["rows"]:
+            f = lambda k: f"{r[k]:.3f}" if isinstance(r.get(k), float) else "-"  # noqa: E731
+            lines.append(f"| {r['size']} | {r['prefix']} | {f('kernel_bfs_ms')} | {f('kernel_dfs_ms')} | "
+                         f"{f('kernel_hpd_ms')} | {f('sdpa_ms')} | {f('flex_ms')} | "
+                         f"{r.get('kernel_bfs_tiles')}/{r.get('kernel_dfs_tiles')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _summary(name: str, r: dict[str, Any]) -> str:
+    if name == "kernel_oracle":
+        return f"{r['checks'] - r['failures']}/{r['checks']} oracle checks pass"
+    if name == "greedy_identity":
+        good = sum(x["identical"] and x["kernel_ran"] for x in r["rows"])
+        return f"{good}/{len(r['rows'])} runs token-identical to greedy AR with the kernel"
+    if name == "attention":
+        return f"{len(r['rows'])} timing rows" + ("" if r["timings_meaningful"] else " (interpreter: times meaningless)")
+    if name == "offload":
+        return f"{sum('seconds' in x for x in r['runs'])} forward points, exit {r['exit_code']}"
+    if name == "decode_step":
+        return ", ".join(f"b{x['budget']}: {x['step_seconds']:.2f} s" for x in r["rows"])
+    return ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dyntree_core.bench gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="directory for gpu.json, gpu.md and offload.json")
+    p.add_argument("--dry-run", action="store_true", help="CPU: run every check on tiny shapes (no CUDA timings)")
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--offload-seconds", type=float, default=300.0, help="time budget of the offload section")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not args.dry_run and not cuda:
+        print("bench gpu needs CUDA; on a machine without a GPU run it with --dry-run", file=sys.stderr)
+        return 2
+    dev = torch.device("cpu") if args.dry_run else torch.device("cuda")
+    plan = Plan.for_run(args.dry_run)
+    args.out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = dict(environment=_environment(dev, args.dry_run), plan=plan.__dict__, sections={})
+    jobs: dict[str, Callable[[], dict[str, Any]]] = {
+        "kernel_oracle": lambda: kernel_oracle(plan, dev),
+        "greedy_identity": lambda: greedy_identity(plan, dev),
+        "attention": lambda: attention_timings(plan, dev),
+        "offload": lambda: offload_forward(plan, dev, args.out, args.offload_seconds if not args.dry_run else 60),
+        "decode_step": lambda: decode_step(plan, dev),
+    }
+    t_all = time.perf_counter()
+    for name in SECTIONS:
+        if name not in args.sections:
+            res["sections"][name] = dict(status="skipped", seconds=0.0, summary="not selected")
+            continue
+        _log(f"{name} ...")
+        t0 = time.perf_counter()
+        try:
+            r = jobs[name]()
+            res["sections"][name] = dict(status="ok" if r.get("ok") else "failed", seconds=time.perf_counter() - t0,
+                                         summary=_summary(name, r), result=r)
+        except Exception as e:  # noqa: BLE001 - recorded; the other sections still run
+            res["sections"][name] = dict(status="failed", seconds=time.perf_counter() - t0,
+                                         summary=f"{type(e).__name__}: {e}"[:200], traceback=traceback.format_exc())
+        _sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        _log(f"{name}: {res['sections'][name]['status']} ({res['sections'][name]['seconds']:.1f} s) "
+             f"{res['sections'][name]['summary']}")
+        (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))
+    res["total_seconds"] = time.perf_counter() - t_all
+    (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))
+    md = _markdown(res)
+    (args.out / "gpu.md").write_text(md)
+    print(md)
+    return 0 if all(s["status"] in ("ok", "skipped") for s in res["sections"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""A draft/target pair prepared once: device, dtype/precision, attention implementation, offload.
+
+Decoders borrow a ``PreparedPair`` and never change its models. Preparation is the one place that
+moves, casts or quantizes models in place, switches their attention to the per-call dispatcher
+(``attention.hf_backend.DISPATCH_IMPL``: each decoder names its backend on every forward, so a
+torch-attention decoder after a Triton one really runs SDPA) and wraps an offloaded target.
+
+``PreparedPair.for_models(draft, target, config)`` returns the pair already prepared for those
+model objects when its settings match ``config`` (so consecutive decoders, offloaded ones included,
+share one preparation) and prepares them otherwise; a re-preparation with other settings marks the
+previous pair stale, and decoders built on a stale pair refuse to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .config import ConfigError, DecodeConfig
+
+_ATTR = "_dyntree_prepared_pair"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class VocabMismatchError(ConfigError):
+    """Draft and target do not share a vocabulary."""
+
+
+def model_vocab_size(model) -> int:
+    from .quant.apply import output_dim
+
+    return output_dim(model)
+
+
+def check_same_vocab(draft, target) -> None:
+    dv, tv = model_vocab_size(draft), model_vocab_size(target)
+    if dv != tv:
+        raise VocabMismatchError(
+            f"draft and target vocabularies differ: draft has {dv} output tokens, target has {tv}; "
+            "speculative decoding needs one shared tokenizer"
+        )
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def place_model(model, device: Optional[torch.device], dtype: torch.dtype):
+    """Move ``model`` in place to ``device`` (None = leave) and ``dtype``, keeping the rotary
+    ``inv_freq`` buffers in float32 (``Module.to(dtype)`` would round them to bf16)."""
+    if next(model.parameters()).dtype != dtype:
+        keep = {name: buf.detach().clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+        model.to(dtype=dtype)
+        for name, buf in keep.items():
+            owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(owner, name.rsplit(".", 1)[-1], buf.to(torch.float32))
+    if device is not None:
+        model.to(device=device)
+    return model.eval()
+
+
+def prepare_model(model, device: Optional[torch.device], dtype: torch.dtype, precision: Optional[str], role: str):
+    """Bring ``model`` to ``precision`` (None: quantized models stay as loaded, dense ones take
+    ``dtype``). A dense model asked for int8/int4 is quantized in place; a quantized model cannot
+    become dense again (load it again at that precision)."""
+    from .quant.apply import QUANT_PRECISIONS, model_precision, quantize_model
+    from .quant.linear import PrecisionError
+
+    current = model_precision(model)
+    if precision is None:
+        if current in QUANT_PRECISIONS:
+            return model.eval() if device is None else model.to(device=device).eval()
+        return place_model(model, device, dtype)
+    try:
+        if precision in QUANT_PRECISIONS:
+            if current != precision:
+                if current in QUANT_PRECISIONS:
+                    raise ConfigError(f"the {role} was loaded at {current}; load it at {precision} "
+                                      f"(load_pair(..., {'draft_' if role == 'draft' else ''}precision={precision!r}))")
+                place_model(model, device, torch.float32)
+                quantize_model(model, precision)
+            return model.eval()
+        if current in QUANT_PRECISIONS:
+            raise ConfigError(f"the {role} was loaded at {current}; a {precision} run needs it loaded at {precision}")
+        return place_model(model, device, _DTYPES[precision])
+    except PrecisionError as e:
+        raise ConfigError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class PairSettings:
+    """What preparing a pair fixes (the ``DecodeConfig`` fields that change the models)."""
+
+    device: str
+    dtype: str
+    precision: Optional[str]
+    draft_precision: Optional[str]
+    offload_target: bool
+
+    @classmethod
+    def of(cls, config: DecodeConfig) -> "PairSettings":
+        return cls(str(resolve_device(config.device)), config.dtype, config.precision, config.draft_precision,
+                   bool(config.offload_target))
+
+    def differences(self, other: "PairSettings") -> list[str]:
+        return [f"{k}: {getattr(self, k)!r} vs {getattr(other, k)!r}"
+                for k in self.__dataclass_fields__ if getattr(self, k) != getattr(other, k)]
+
+
+class PreparedPair:
+    """A draft and a target on one device at fixed precisions, attention dispatched per call,
+    the target optionally streamed from host memory (CUDA).
+
+    Build with ``PreparedPair.prepare`` (always prepares) or ``PreparedPair.for_models`` (reuses
+    the preparation these model objects already have when the settings match).
+    """
+
+    def __init__(self, draft, target, settings: PairSettings, offload: Any, undo: list[Any]):
+        self.draft = draft
+        self.target = target
+        self.settings = settings
+        self.device = torch.device(settings.device)
+        self.offload = offload
+        self.vocab_size = model_vocab_size(target)
+        self.stale = False
+        self._undo = undo
+
+    @classmethod
+    def prepare(cls, draft, target, config: DecodeConfig, offload_options: Optional[dict[str, Any]] = None,
+                allow_cpu_offload: bool = False) -> "PreparedPair":
+        """Prepare ``draft`` and ``target`` (in place) for decoders with ``config``'s device,
+        dtype, precisions and offload setting.
+
+        ``offload_options``: keyword arguments for ``offload.offload_decoder_layers`` (``slots``,
+        ``resident_layers``, ``host_layers`` for synthetic stacks). ``allow_cpu_offload``: let the
+        layer streamer run with the CPU as the "device" (functional runs such as ``bench gpu
+        --dry-run`` and tests; it measures nothing).
+        """
+        if not isinstance(config, DecodeConfig):
+            raise TypeError("config must be a DecodeConfig")
+        check_same_vocab(draft, target)
+        settings = PairSettings.of(config)
+        old = target.__dict__.get(_ATTR)
+        if old is not None and old.offload is not None:
+            raise ConfigError("this target was prepared with offload_target=True and is streamed from host "
+                              "memory; load the pair again to prepare it with other settings "
+                              f"({'; '.join(old.settings.differences(settings)) or 'same settings'})")
+        device = torch.device(settings.device)
+        dtype = _DTYPES[settings.dtype]
+        prepare_model(draft, device, dtype, settings.draft_precision, "draft")
+        offload = None
+        if settings.offload_target:
+            from .offload import offload_decoder_layers
+
+            if device.type != "cuda" and not allow_cpu_offload:
+                raise ConfigError("offload_target needs a CUDA device (device='cuda')")
+            if offload_options is None or "host_layers" not in offload_options:
+                place_model(target, None, dtype)
+            offload = offload_decoder_layers(target, device=str(device), **(offload_options or {}))
+            target.eval()
+        else:
+            prepare_model(target, device, dtype, settings.precision, "target")
+        from .attention.hf_backend import use_dispatch
+
+        undo = [h for h in (use_dispatch(draft), use_dispatch(target)) if h is not None]
+        pair = cls(draft, target, settings, offload, undo)
+        for m in (draft, target):
+            prev = m.__dict__.get(_ATTR)
+            if prev is not None and prev is not pair:
+                prev.stale = True
+            m.__dict__[_ATTR] = pair  # plain attribute: not a submodule, not in state_dict
+        return pair
+
+    @classmethod
+    def for_models(cls, draft, target, config: DecodeConfig) -> "PreparedPair":
+        """The pair these two model objects were last prepared as, when its settings match
+        ``config`` (nothing is touched); otherwise ``prepare``."""
+        pair = target.__dict__.get(_ATTR)
+        if (pair is not None and not pair.stale and pair.draft is draft
+                and draft.__dict__.get(_ATTR) is pair and pair.settings == PairSettings.of(config)):
+            return pair
+        return cls.prepare(draft, target, config)
+
+    def check(self, config: DecodeConfig) -> None:
+        """Raise ``ConfigError`` when a decoder with ``config`` cannot borrow this pair."""
+        if self.stale:
+            raise ConfigError("these models were prepared again with other settings after this pair was made; "
+                              "use PreparedPair.for_models(...) for the current preparation")
+        diff = self.settings.differences(PairSettings.of(config))
+        if diff:
+            raise ConfigError("the decoder's settings differ from the prepared pair's ("
+                              + "; ".join(diff) + "): prepare a pair for these settings")
+
+    def restore_attention(self) -> None:
+        """Put back the attention implementations the models had before preparation."""
+        for h in self._undo:
+            h.restore()
+        self._undo = []
