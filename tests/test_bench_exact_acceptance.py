@@ -49,3 +49,28 @@ def test_step_phases_bench_reports_the_share_outside_the_forwards(tmp_path) -> N
         assert 0.0 < r["outside_share"] < 1.0
         assert r["outside_forwards_seconds"] == pytest.approx(
             r["step_seconds"] - r["phases"]["draft"] - r["phases"]["target_forward"])
+
+
+def test_disjoint_prompt_slices_merge_into_the_run_over_all_prompts(tmp_path) -> None:
+    common = ["--pair", "tiny", "--methods", "dyspec_greedy", "--budgets", "8", "--temperatures", "1.0",
+              "--datasets", "wiki", "news", "--new-tokens", "8"]
+    whole, a, b, merged = (tmp_path / f"{n}.json" for n in ("whole", "a", "b", "merged"))
+    assert main(common + ["--prompts", "3", "--json", str(whole)]) == 0
+    assert main(common + ["--prompts", "1", "--json", str(a)]) == 0
+    assert main(common + ["--prompts", "2", "--prompt-start", "1", "--json", str(b)]) == 0
+    assert main(["--merge", str(a), str(b), str(a), "--json", str(merged)]) == 0  # a twice: kept once
+    cells_whole = {c["dataset"]: c for c in json.loads(whole.read_text())["cells"]}
+    cells_merged = {c["dataset"]: c for c in json.loads(merged.read_text())["cells"]}
+    assert set(cells_whole) == set(cells_merged) == {"wiki", "news", "news+wiki"}
+    for ds, c in cells_whole.items():
+        m = cells_merged[ds]
+        assert m["prompts"] == c["prompts"] == (6 if "+" in ds else 3) and m["steps"] == c["steps"]
+        for v, e in c["expected_accepted"].items():
+            assert m["expected_accepted"][v]["mean"] == pytest.approx(e["mean"], abs=1e-12)
+        assert m["traversal_minus_token_level"]["ci95"] == pytest.approx(c["traversal_minus_token_level"]["ci95"])
+
+
+def test_merge_refuses_runs_at_different_precisions(tmp_path) -> None:
+    for name, prec in (("x", "int4"), ("y", "float32")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"precision": prec, "prompt_records": []}))
+    assert main(["--merge", str(tmp_path / "x.json"), str(tmp_path / "y.json")]) == 2

@@ -70,6 +70,15 @@ class PromptRecord:
     def paired(self, a: str, b: str) -> float:
         return statistics.fmean(x - y for x, y in zip(self.expected[a], self.expected[b]))
 
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "prompt_id": self.prompt_id, "steps": self.steps,
+                "tree_sizes": self.tree_sizes, "realised": self.realised, "expected": self.expected}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptRecord":
+        return cls(d["dataset"], d["prompt_id"], int(d["steps"]), list(d["tree_sizes"]), list(d["realised"]),
+                   {k: list(v) for k, v in d["expected"].items()})
+
 
 @dataclass
 class Cell:
@@ -79,6 +88,14 @@ class Cell:
     dataset: str
     decode_verifier: str
     prompts: list[PromptRecord] = field(default_factory=list)
+
+    def key(self) -> tuple:
+        return (self.temperature, self.method, self.budget, self.dataset, self.decode_verifier)
+
+    def records(self) -> list[dict]:
+        """Per-prompt records (what ``--merge`` pools across runs)."""
+        return [{"temperature": self.temperature, "method": self.method, "budget": self.budget,
+                 "decode_verifier": self.decode_verifier, **p.to_dict()} for p in self.prompts if p.steps]
 
     def summary(self) -> dict:
         done = [p for p in self.prompts if p.steps]
@@ -100,6 +117,55 @@ class Cell:
         return out
 
 
+def pooled_cells(records: list[dict]) -> list[Cell]:
+    """Cells rebuilt from per-prompt records (duplicates of one prompt in one cell kept once), plus
+    one cell per (T, method, budget, decode verifier) pooling its datasets (``wiki+news``)."""
+    by_key: dict[tuple, Cell] = {}
+    seen: set[tuple] = set()
+    for r in records:
+        rec = PromptRecord.from_dict(r)
+        key = (float(r["temperature"]), r["method"], int(r["budget"]), rec.dataset, r["decode_verifier"])
+        if key + (rec.prompt_id,) in seen:
+            continue
+        seen.add(key + (rec.prompt_id,))
+        by_key.setdefault(key, Cell(*key)).prompts.append(rec)
+    cells = sorted(by_key.values(), key=lambda c: c.key())
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.temperature, c.method, c.budget, c.decode_verifier), []).append(c)
+    for (t, m, b, v), cs in groups.items():
+        if len(cs) > 1:
+            cells.append(Cell(t, m, b, "+".join(c.dataset for c in cs), v, [p for c in cs for p in c.prompts]))
+    return cells
+
+
+def merge(paths: list[Path], out: Optional[Path]) -> int:
+    """Pool the per-prompt records of several runs (e.g. disjoint ``--prompt-start`` slices run in
+    different sessions) and print / write the combined table."""
+    records, runs = [], []
+    for path in paths:
+        d = json.loads(path.read_text())
+        if "prompt_records" not in d:
+            print(f"{path} has no per-prompt records (written before --merge existed)", file=sys.stderr)
+            return 2
+        records += d["prompt_records"]
+        runs.append({"file": path.name, "argv": d.get("argv"), "machine_info": d.get("machine_info"),
+                     "precision": d.get("precision"), "seconds": d.get("seconds")})
+    precisions = {(r["precision"], r.get("draft_precision")) for r in runs}
+    if len(precisions) > 1:
+        print(f"refusing to pool runs at different precisions: {sorted(precisions)}", file=sys.stderr)
+        return 2
+    cells = pooled_cells(records)
+    record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
+              "cells": [c.summary() for c in cells], "prompt_records": records}
+    print_table(record, sys.stdout)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dyntree_core.bench exact-acceptance")
     p.add_argument("--pair", default="embedded", help="'embedded', 'tiny' (random test pair) or draft_spec,target_spec")
@@ -111,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.6, 1.0])
     p.add_argument("--datasets", nargs="+", default=["wiki", "news"])
     p.add_argument("--prompts", type=int, default=20)
+    p.add_argument("--prompt-start", type=int, default=0,
+                   help="skip this many eval prompts per dataset (disjoint slices for runs pooled with --merge)")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="pool the per-prompt records of these JSON files (no decoding) and print the table")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--decode-verifier", default="token_level", choices=SAMPLED_VERIFIERS,
@@ -146,10 +216,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .decoding import _encode, calibrate_sequoia
 
     args = build_parser().parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.json)
+    if args.prompt_start < 0:
+        print("--prompt-start must be >= 0", file=sys.stderr)
+        return 2
     started = time.time()
     pair = _load(args)
     eos = list(getattr(pair, "eos_token_ids", ()) or ()) or None
-    prompts = {ds: [(p.id, _encode(pair.tokenizer, p.text, args.prompt_tokens)) for p in load_prompts(ds, args.prompts)]
+    prompts = {ds: [(p.id, _encode(pair.tokenizer, p.text, args.prompt_tokens))
+                    for p in load_prompts(ds, args.prompt_start + args.prompts)[args.prompt_start:]]
                for ds in args.datasets}
     calib = [_encode(pair.tokenizer, p.text, 256) for ds in args.datasets
              for p in load_prompts(ds, args.calib_prompts, split="calib")]
@@ -161,7 +237,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               "prompt_tokens": args.prompt_tokens, "cells": []}
 
     def save() -> None:
-        record["cells"] = [c.summary() for c in cells if any(p.steps for p in c.prompts)]
+        record["prompt_records"] = [r for c in cells for r in c.records()]
+        record["cells"] = [c.summary() for c in pooled_cells(record["prompt_records"])]
         record["seconds"] = time.time() - started
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -197,9 +274,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             for i, (pid, ids) in enumerate(prompts[ds]):
                 current.append(PromptRecord(ds, pid))
                 cell.prompts.append(current[-1])
-                for _ in decoder.generate(ids, args.new_tokens, seed=args.seed + i):
+                for _ in decoder.generate(ids, args.new_tokens, seed=args.seed + args.prompt_start + i):
                     pass
                 bar.update(1)
+                save()
             save()
     except KeyboardInterrupt:
         print("\ninterrupted: writing what was measured", file=sys.stderr)
