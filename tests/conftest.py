@@ -33,3 +33,19 @@ def embedded_pair():
         if not converted(cache_root() / "models" / p.name, p.sha256):
             pytest.fail(f"embedded model {name} is not in {cache_root()}; run `python -m dyntree_core fetch` first")
     return load_pair("embedded", "embedded", dtype="float32", device="cpu")
+
+
+@pytest.fixture()
+def kernel_calls(monkeypatch):
+    """Records the metadata of every Triton tree-attention kernel launch made through the HF glue."""
+    from dyntree_core.attention import hf_backend
+
+    calls = []
+    real = hf_backend.triton_tree_attention
+
+    def spy(q, k, v, meta, **kw):
+        calls.append(meta)
+        return real(q, k, v, meta, **kw)
+
+    monkeypatch.setattr(hf_backend, "triton_tree_attention", spy)
+    return calls

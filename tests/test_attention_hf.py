@@ -60,19 +60,6 @@ def _forward(model, step, backend, **extra):
     return out.logits[0]
 
 
-@pytest.fixture()
-def kernel_calls(monkeypatch):
-    calls = []
-    real = hf_backend.triton_tree_attention
-
-    def spy(q, k, v, meta, **kw):
-        calls.append(meta)
-        return real(q, k, v, meta, **kw)
-
-    monkeypatch.setattr(hf_backend, "triton_tree_attention", spy)
-    return calls
-
-
 def test_triton_glue_matches_sdpa(model, step, kernel_calls):
     ref = _forward(model, step, "torch")
     assert kernel_calls == []

@@ -24,19 +24,6 @@ needs_kernel = pytest.mark.skipif(
 PROMPT = [5, 9, 2, 7, 1, 3]
 
 
-@pytest.fixture()
-def kernel_calls(monkeypatch):
-    calls = []
-    real = hf_backend.triton_tree_attention
-
-    def spy(q, k, v, meta, **kw):
-        calls.append(meta)
-        return real(q, k, v, meta, **kw)
-
-    monkeypatch.setattr(hf_backend, "triton_tree_attention", spy)
-    return calls
-
-
 @needs_kernel
 @pytest.mark.parametrize("seed", range(10))
 def test_greedy_in_every_node_order_through_the_kernel_equals_autoregressive(seed, kernel_calls):
