@@ -35,6 +35,12 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message says which and why."""
 
 
+def default_threshold(budget: int) -> float:
+    """The value threshold that makes a threshold-grown tree about ``budget`` nodes (DySpec's
+    threshold method, and the threshold controller's starting point): ``min(0.5, 1 / budget)``."""
+    return min(0.5, 1.0 / max(2, int(budget)))
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Everything that selects and tunes a decoding run.
@@ -71,7 +77,7 @@ class DecodeConfig:
             on it; the attention work does (fewer non-empty mask blocks in a pre-order).
         trace_block_counts: compute mask block counts (BFS/DFS/HPD) for every StepTrace.
         adaptive_threshold: dyspec_threshold only: retune the threshold online so the tree
-            size tracks ``budget`` (``hardware.ThresholdController``).
+            size tracks ``budget`` (``drafting.threshold_control.ThresholdController``).
         sequoia_acceptance: measured marginal acceptance vector p_k for the Sequoia DP
             (None = a conservative default; see ``dyntree_core.drafting.sequoia``).
         stop_confidence: chain only: stop drafting after a token whose draft probability is below

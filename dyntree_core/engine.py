@@ -21,10 +21,9 @@ from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model
                        prepare_model, resolve_device)
 from .sampling import probs_from_logits
 from .trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
-from .tree import TokenTree, count_nonzero_blocks
+from .tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
 from .verify.rows import LogitRows
 
-BLOCK_SIZES = (16, 32, 64)
 
 
 # re-exported: they lived here before ``prepared`` owned model preparation
@@ -434,7 +433,7 @@ def _sample(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 def _block_counts(tree: TokenTree, anc: torch.Tensor) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
-    for order in ("bfs", "dfs", "hpd"):
+    for order in ORDERS:
         perm = tree.order(order)
         m = anc[perm][:, perm]
         out[order] = {b: count_nonzero_blocks(m, b) for b in BLOCK_SIZES}

@@ -19,13 +19,10 @@ from typing import Any, Optional
 import torch
 
 from .config import ConfigError, DecodeConfig
+from .models.load import VocabMismatchError
 
 _ATTR = "_dyntree_prepared_pair"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class VocabMismatchError(ConfigError):
-    """Draft and target do not share a vocabulary."""
 
 
 def model_vocab_size(model) -> int:

@@ -17,6 +17,8 @@ SampledKind = Literal["swor", "iid", "topk"]
 Order = Literal["bfs", "dfs", "hpd"]
 SAMPLED_KINDS: tuple[str, ...] = ("swor", "iid", "topk")
 ORDERS: tuple[str, ...] = ("bfs", "dfs", "hpd")
+#: mask block sizes the traces and the app count non-empty blocks at
+BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
 
 
 @dataclass

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .config import DecodeConfig
+from .config import DecodeConfig, default_threshold
 from .hardware import HardwareProfile, sequoia_choose
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
@@ -104,7 +104,7 @@ class TuningResult:
             raise ValueError(f"tuned for {self.method!r}, not {cfg.method!r}")
         extra = {}
         if cfg.method == "dyspec_threshold":
-            extra = {"adaptive_threshold": True, "threshold": min(0.5, 1.0 / self.best.budget)}
+            extra = {"adaptive_threshold": True, "threshold": default_threshold(self.best.budget)}
         return dataclasses.replace(cfg, budget=self.best.budget, depth=self.best.depth, width=self.best.width, **extra)
 
     def to_json(self) -> str:
@@ -280,7 +280,7 @@ def tune(
         def evaluate(budget: int, depth: int, width: int) -> TuningPoint:
             c = dataclasses.replace(
                 cfg, budget=max(2, budget), depth=depth, width=width or cfg.width, trace_block_counts=False,
-                **({"adaptive_threshold": True, "threshold": min(0.5, 1.0 / max(2, budget))}
+                **({"adaptive_threshold": True, "threshold": default_threshold(budget)}
                    if cfg.method == "dyspec_threshold" else {}),
             )
             p = calibrate_point(draft, target, c, profile, prompts, new_tokens, eos_token_id)

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from dyntree_core.drafting.threshold_control import ThresholdController
 from dyntree_core.hardware import (
     HardwareProfile,
-    ThresholdController,
     choose_budget,
     sequoia_choose,
 )

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 import gradio as gr
 
 from dyntree_core.config import DTYPES, compatible_verifiers
+from dyntree_core.tree import BLOCK_SIZES
 
 from .errors import describe_error, error_markdown
 from .export import write_images, write_json
@@ -43,7 +44,6 @@ from .views import compare_views, export_figures, run_view, step_view
 #: while a run decodes, the page pulls a fresh snapshot this often (seconds; DYNTREE_UI_STREAM_INTERVAL
 #: overrides). The pull is timer-driven in the browser, so a busy page never builds up a backlog.
 STREAM_INTERVAL_S = float(os.environ.get("DYNTREE_UI_STREAM_INTERVAL", "1.0"))
-BLOCK_SIZES = (16, 32, 64)
 N_COMPARE = 4  # Compare columns: autoregressive, chain, tree, transformers assisted
 METHOD_HINTS: dict[str, str] = {
     AUTO: "auto: this machine's measured cost model picks the method, its shape and each model's precision "

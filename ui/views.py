@@ -9,14 +9,14 @@ from typing import Optional, Sequence
 
 import plotly.graph_objects as go
 
+from dyntree_core.tree import ORDERS
+
 from .charts import phase_figure, speed_figure, tokens_per_step_figure
 from .colored_text import TEXT_STYLE, build_spans, legend_html, render_html
 from .mask_figure import mask_figure, masks_figure
 from .session import ExternalRun, RunRecord
 from .text_figure import text_figure
 from .tree_figure import empty_figure, tree_figure
-
-ORDERS: tuple[str, ...] = ("bfs", "dfs", "hpd")
 
 
 @dataclass

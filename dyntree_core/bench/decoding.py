@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..config import METHODS, DecodeConfig
+from ..config import METHODS, DecodeConfig, default_threshold
 from ..machine import machine_info
 
 CURVE_BUDGETS = (8, 16, 32, 64, 128, 256, 512, 768)
@@ -34,7 +34,7 @@ TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
 
 
 @dataclass
-class RunRecord:
+class PromptRun:
     """One generation of one prompt with one configuration."""
 
     dataset: str
@@ -138,8 +138,8 @@ def _encode(tokenizer, text: str, n_tokens: int) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])[:n_tokens]
 
 
-def _summaries(records: list[RunRecord]) -> list[dict]:
-    groups: dict[tuple, list[RunRecord]] = {}
+def _summaries(records: list[PromptRun]) -> list[dict]:
+    groups: dict[tuple, list[PromptRun]] = {}
     for r in records:
         groups.setdefault((r.dataset, r.temperature, r.method, r.verifier, r.budget, r.depth, r.label), []).append(r)
     rows = []
@@ -305,7 +305,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return item.config
         return DecodeConfig(
             method=item.method, verifier=item.verifier, temperature=item.temperature, budget=max(2, item.budget),
-            depth=args.depth, width=args.width, threshold=args.threshold or min(0.5, 1.0 / max(2, item.budget)),
+            depth=args.depth, width=args.width, threshold=args.threshold or default_threshold(item.budget),
             seed=args.seed, dtype=dtype, device=args.device,
             sequoia_acceptance=sequoia_vector(item.temperature) if item.method == "sequoia" else None,
             trace_block_counts=False,
@@ -314,7 +314,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     tunings: list[dict] = []
     started = time.time()
     partial = False
-    records: list[RunRecord] = []
+    records: list[PromptRun] = []
     try:
         if tune_methods:
             plan += _tuning_plan(args, pair, dtype, tune_methods, make_cfg, tunings)
@@ -336,7 +336,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     bar.set_postfix_str(f"{item.dataset} T={item.temperature} {item.method}/{item.verifier} "
                                         f"b={cfg.budget} d={cfg.depth} {item.label}")
                     res = run_generation(decoder, ids, args.new_tokens, seed=args.seed + i)
-                    records.append(RunRecord(item.dataset, pid, item.method, verifier, item.temperature,
+                    records.append(PromptRun(item.dataset, pid, item.method, verifier, item.temperature,
                                              cfg.budget if item.method != "autoregressive" else 1,
                                              cfg.depth if item.method != "autoregressive" else 0, item.label, **res))
                     bar.update(1)
@@ -346,7 +346,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         partial = True
         print("\ninterrupted: keeping the partial results", file=sys.stderr)
 
-    def section(r: RunRecord) -> str:
+    def section(r: PromptRun) -> str:
         return r.dataset.partition(":")[0] if ":" in r.dataset else "main"
 
     main_rows = _summaries([r for r in records if section(r) == "main"])

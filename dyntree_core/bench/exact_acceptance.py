@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import METHODS, TOPK_METHODS, DecodeConfig
+from ..config import METHODS, TOPK_METHODS, DecodeConfig, default_threshold
 
 SAMPLED_VERIFIERS: tuple[str, ...] = ("token_level", "traversal", "point_mass")
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
@@ -255,7 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             verifier = "point_mass" if method in TOPK_METHODS and temp > 0 else ("auto" if temp == 0 else args.decode_verifier)
             cfg = DecodeConfig(method=method, verifier=verifier, temperature=temp, budget=budget,
                                depth=max(1, budget // args.width) if method == "specinfer" else args.depth,
-                               width=args.width, threshold=min(0.5, 1.0 / max(2, budget)), seed=args.seed,
+                               width=args.width, threshold=default_threshold(budget), seed=args.seed,
                                device=args.device, trace_block_counts=False,
                                sequoia_acceptance=sequoia_acc.get(temp) if method == "sequoia" else None)
             cell = Cell(temp, method, budget, ds, cfg.resolved_verifier())

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..config import METHODS, DecodeConfig
+from ..config import METHODS, DecodeConfig, default_threshold
 
 DEFAULT_JSON = Path("bench/results/recorded_trees.json")
 
@@ -53,7 +53,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.time()
     for budget in args.budgets:
         cfg = DecodeConfig(method=args.method, temperature=args.temperature, budget=budget, depth=args.depth,
-                           threshold=min(0.5, 1.0 / budget), seed=args.seed, dtype=args.dtype, device=args.device,
+                           threshold=default_threshold(budget), seed=args.seed, dtype=args.dtype, device=args.device,
                            trace_block_counts=False)
         decoder = SpeculativeDecoder(pair.draft, pair.target, cfg)
         for i, prompt in enumerate(texts):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..config import METHODS, DecodeConfig
+from ..config import METHODS, DecodeConfig, default_threshold
 
 PHASES = ("draft", "tree_build", "mask", "target_forward", "verify", "kv_compaction")
 
@@ -57,7 +57,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = []
     for temp, budget, order in ((t, b, o) for t in args.temperatures for b in args.budgets for o in args.node_orders):
         cfg = DecodeConfig(method=args.method, temperature=temp, budget=budget, depth=args.depth,
-                           threshold=min(0.5, 1.0 / budget), device=args.device, trace_block_counts=False,
+                           threshold=default_threshold(budget), device=args.device, trace_block_counts=False,
                            node_order=order)
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg)
         sums = {p: [] for p in PHASES}

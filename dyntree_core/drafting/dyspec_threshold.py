@@ -38,7 +38,7 @@ import torch
 
 from ..tree import TokenTree
 from ..config import DecodeConfig
-from ..hardware import ThresholdController
+from .threshold_control import ThresholdController
 from .common import BaseDrafter, CountingSource, SiblingSampler, TreeBuilder, top_children
 
 

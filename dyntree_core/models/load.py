@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config import ConfigError
 from .presets import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, is_preset_name, resolve_preset
 
 DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
@@ -57,8 +58,10 @@ class HubUnreachableError(ModelLoadError):
     """A hub id was given, it is not in the local cache, and the hub cannot be reached."""
 
 
-class VocabMismatchError(ModelLoadError):
-    """Draft and target do not share one vocabulary (see module docstring for the exact check)."""
+class VocabMismatchError(ModelLoadError, ConfigError):
+    """Draft and target do not share one vocabulary (see module docstring for the exact check); raised
+    by loading (from the configs, before any weights) and by ``prepared.check_same_vocab`` for models
+    given directly."""
 
 
 @dataclass(frozen=True)
