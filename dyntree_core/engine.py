@@ -22,6 +22,7 @@ from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model
 from .sampling import probs_from_logits
 from .trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
 from .tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
+from .verify.common import sample_index
 from .verify.rows import LogitRows
 
 
@@ -247,7 +248,7 @@ class SpeculativeDecoder:
             p_tok = float(torch.softmax(logits.float(), -1)[token].item())
         else:
             probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).double().cpu().numpy()
-            token = _sample(probs, rng)
+            token = sample_index(probs, rng.random())
             p_tok = float(probs[token])
         timings.verify = time.perf_counter() - t0
         prov = TokenProvenance(token, state.step, 1, -1, "autoregressive", p_target=p_tok)
@@ -422,13 +423,6 @@ class _TreeForward:
     positions: list[int]
     attn_kwargs: dict
     meta: Any
-
-
-def _sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One categorical draw from ``probs`` (``[V]`` float64, sums to 1)."""
-    cdf = np.cumsum(probs)
-    u = rng.random() * cdf[-1]
-    return int(min(np.searchsorted(cdf, u, side="right"), len(probs) - 1))
 
 
 def _block_counts(tree: TokenTree, anc: torch.Tensor) -> dict[str, dict[int, int]]:

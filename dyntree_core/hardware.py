@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -77,9 +76,9 @@ def profile_key(pair_name: str, device: str, dtype: str) -> str:
 
 
 def profile_cache_path(key: str) -> Path:
-    root = Path(os.environ.get("DYNTREE_CACHE", Path.home() / ".cache" / "dyntree"))
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-    return root / "profiles" / f"{safe}.json"
+    from .paths import cache_file
+
+    return cache_file("profiles", key)
 
 
 def time_forward(model, prefix_len: int, n: int, repeats: int = 3, warmup: int = 1) -> float:
@@ -150,6 +149,12 @@ def load_or_profile(draft, target, key: str, refresh: bool = False, **kwargs) ->
 # choosing tree sizes
 
 
+def seconds_per_token(target_seconds: float, other_seconds: float, tokens_per_step: float) -> float:
+    """The speculative step's cost model: one target forward of the tree plus everything else in the
+    step (draft forwards, construction, verification), divided by the tokens a step commits."""
+    return (target_seconds + other_seconds) / tokens_per_step
+
+
 @dataclass(frozen=True)
 class TreeChoice:
     """A tree configuration and its predicted cost.
@@ -165,7 +170,7 @@ class TreeChoice:
 
     @property
     def seconds_per_token(self) -> float:
-        return (self.verify_seconds + self.draft_seconds) / self.expected_tokens
+        return seconds_per_token(self.verify_seconds, self.draft_seconds, self.expected_tokens)
 
 
 def sequoia_choose(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -104,8 +103,9 @@ def profile_key(pair_name: str, device: str, precisions: Sequence[str], ns: Sequ
 
 
 def profile_path(key: str) -> Path:
-    root = Path(os.environ.get("DYNTREE_CACHE", Path.home() / ".cache" / "dyntree"))
-    return root / "profiles" / f"machine-{key}.json"
+    from .paths import cache_root
+
+    return cache_root() / "profiles" / f"machine-{key}.json"
 
 
 class _Timer:

@@ -72,7 +72,9 @@ class Projection:
 
     @property
     def seconds_per_token(self) -> float:
-        return (self.target_seconds + self.draft_seconds) / self.tokens_per_step
+        from .hardware import seconds_per_token
+
+        return seconds_per_token(self.target_seconds, self.draft_seconds, self.tokens_per_step)
 
     @property
     def tokens_per_second(self) -> float:

@@ -32,7 +32,6 @@ import hashlib
 import inspect
 import json
 import math
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .config import DecodeConfig, default_threshold
-from .hardware import HardwareProfile, sequoia_choose
+from .hardware import HardwareProfile, seconds_per_token, sequoia_choose
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
 DEPTH_GRID: tuple[int, ...] = (2, 3, 4, 6, 8)
@@ -79,7 +78,7 @@ class TuningPoint:
 
     @property
     def predicted_seconds_per_token(self) -> float:
-        return (self.target_seconds + self.overhead_seconds) / self.tokens_per_step
+        return seconds_per_token(self.target_seconds, self.overhead_seconds, self.tokens_per_step)
 
 
 @dataclass(frozen=True)
@@ -372,9 +371,9 @@ def _tune_sequoia(cfg: DecodeConfig, profile: HardwareProfile, budgets: Sequence
 
 
 def tuning_cache_path(profile_key: str, method: str, temperature: float) -> Path:
-    root = Path(os.environ.get("DYNTREE_CACHE", Path.home() / ".cache" / "dyntree"))
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{profile_key}|{method}|T{temperature:g}")
-    return root / "tuning" / f"{safe}.json"
+    from .paths import cache_file
+
+    return cache_file("tuning", f"{profile_key}|{method}|T{temperature:g}")
 
 
 def load_or_tune(draft, target, cfg: DecodeConfig, profile: HardwareProfile, refresh: bool = False,

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from ..paths import cache_root  # re-exported as dyntree_core.models.cache_root
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, EmbeddedPreset, resolve_preset
 
 COMPLETE_MARKER = ".dyntree-complete"
@@ -60,11 +61,6 @@ def stderr_progress(msg: str) -> None:
 def _quiet(_msg: str) -> None:
     return None
 
-
-def cache_root() -> Path:
-    """``$DYNTREE_CACHE`` if set, else ``~/.cache/dyntree``."""
-    env = os.environ.get("DYNTREE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dyntree"
 
 
 # ---------------------------------------------------------------------------------- wheels
