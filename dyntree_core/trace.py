@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import numpy as np
+import torch
 
 from .tree import TokenTree
 
@@ -97,7 +98,9 @@ class StepTrace:
         elapsed: seconds since generation started (prefill included).
         total_new_tokens: tokens generated so far (this step included).
         tokens_per_s: ``total_new_tokens / elapsed``.
-        finished: True on the last step; ``finish_reason`` is ``eos`` or ``length`` then.
+        finished: True on the last step; ``finish_reason`` then says why: ``eos`` (an end-of-sequence
+            token was committed), ``length`` (``max_new_tokens`` reached), ``context`` (the model's
+            context is full) or ``stopped`` (the caller's stop event).
     """
 
     step: int
@@ -131,6 +134,45 @@ class StepTrace:
     def tree_size(self) -> int:
         return 0 if self.tree is None else self.tree.size
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepTrace":
+        """The trace ``to_dict`` wrote (after a JSON round trip). The tree comes back without the
+        draft distributions (``draft_probs``), which the export does not store."""
+        tree = None
+        if d.get("tree") is not None:
+            t = d["tree"]
+            n = len(t["tokens"])
+            value = t.get("value")
+            tree = TokenTree(
+                tokens=torch.tensor(t["tokens"], dtype=torch.long),
+                parents=torch.tensor(t["parents"], dtype=torch.long),
+                child_rank=torch.tensor(t["child_rank"], dtype=torch.long),
+                draft_logprob=torch.tensor([_nan(x) for x in t["draft_logprob"]], dtype=torch.float64),
+                sampled=t["sampled"],
+                draft_row=torch.full((n,), -1, dtype=torch.long),
+                value=None if value is None else torch.tensor([_nan(x) for x in value], dtype=torch.float64),
+            )
+        timings = PhaseTimings(**{p: float(d["timings"].get(p, 0.0)) for p in PHASES})
+        return cls(
+            step=int(d["step"]), method=d["method"], verifier=d["verifier"], tree=tree,
+            accepted_nodes=[int(x) for x in d["accepted_nodes"]], bonus_token=int(d["bonus_token"]),
+            committed=[TokenProvenance(int(c["token_id"]), int(c["step"]), int(c["depth"]), int(c["node"]), c["kind"],
+                                       _nan(c["p_draft"]), _nan(c["p_target"]), _nan(c["accept_prob"]))
+                       for c in d["committed"]],
+            node_status=list(d.get("node_status", [])),
+            node_p_target=np.array([_nan(x) for x in d.get("node_p_target", [])], dtype=np.float64),
+            node_accept_prob=np.array([_nan(x) for x in d.get("node_accept_prob", [])], dtype=np.float64),
+            block_counts={o: {int(b): int(n) for b, n in c.items()} for o, c in d.get("block_counts", {}).items()},
+            timings=timings,
+            node_order=d.get("node_order", ""),
+            node_slots=[int(x) for x in d.get("node_slots", [])],
+            order_blocks={int(b): int(n) for b, n in d.get("order_blocks", {}).items()},
+            kernel_blocks=d.get("kernel_blocks"),
+            step_seconds=float(d["step_seconds"]), elapsed=float(d["elapsed"]),
+            total_new_tokens=int(d["total_new_tokens"]), tokens_per_s=float(d["tokens_per_s"]),
+            finished=bool(d["finished"]), finish_reason=d.get("finish_reason"),
+        )
+
     def to_dict(self) -> dict:
         """JSON-ready view (tree as parent/token lists)."""
         tree = None
@@ -143,6 +185,7 @@ class StepTrace:
                 "child_rank": t.child_rank.tolist(),
                 "draft_logprob": [_f(x) for x in t.draft_logprob.tolist()],
                 "sampled": t.sampled,
+                "value": None if t.value is None else [_f(x) for x in t.value.tolist()],
             }
         return {
             "step": self.step,
@@ -185,3 +228,8 @@ class StepTrace:
 def _f(x: float) -> Optional[float]:
     x = float(x)
     return None if math.isnan(x) else x
+
+
+def _nan(x: Optional[float]) -> float:
+    """JSON ``null`` (how ``to_dict`` writes NaN) back to NaN."""
+    return math.nan if x is None else float(x)

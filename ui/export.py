@@ -70,9 +70,10 @@ def write_images(figures: Mapping[str, go.Figure], out_dir: Path, formats: Seque
 def traces_json(record: RunRecord) -> dict:
     """The run as JSON: settings, resolved config, prompt ids, token texts and every StepTrace."""
     ids = sorted({c.token_id for t in record.traces for c in t.committed}
-                 | {int(x) for t in record.traces if t.tree is not None for x in t.tree.tokens.tolist()})
+                 | {int(x) for t in record.traces if t.tree is not None for x in t.tree.tokens.tolist()}
+                 | set(record.prompt_ids[-1:]))  # the first step's root
     return {
-        "format": "dyntree.run/1",
+        "format": RUN_FORMAT,
         "settings": record.settings.to_dict(),
         "config": record.config.to_dict(),
         "status": record.status,
@@ -81,6 +82,42 @@ def traces_json(record: RunRecord) -> dict:
         "summary": {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.summary().items()},
         "steps": [t.to_dict() for t in record.traces],
     }
+
+
+RUN_FORMAT = "dyntree.run/1"
+
+
+def read_json(path: Path) -> RunRecord:
+    """An exported run (``write_json``) as a ``RunRecord`` again: settings, config, prompt ids, token
+    texts and every step, so each figure can be drawn without the models."""
+    from dataclasses import fields
+
+    from dyntree_core.config import DecodeConfig
+    from dyntree_core.trace import StepTrace
+
+    from .settings import RunSettings
+    from .tokens import StoredTokenTexts
+
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ExportError(f"cannot read run file {path}: {e}") from e
+    if not isinstance(d, dict) or d.get("format") != RUN_FORMAT:
+        raise ExportError(f"{Path(path).name} is not a DynTree run export (format {RUN_FORMAT!r})")
+
+    def build(cls, values: dict):
+        names = {f.name for f in fields(cls) if f.init}
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names}
+        return cls(**kw)
+
+    return RunRecord(
+        settings=build(RunSettings, d["settings"]),
+        config=build(DecodeConfig, d["config"]),
+        prompt_ids=[int(i) for i in d["prompt_ids"]],
+        texts=StoredTokenTexts({int(k): v for k, v in d["token_texts"].items()}),
+        traces=[StepTrace.from_dict(s) for s in d["steps"]],
+        status=d.get("status", "finished"),
+    )
 
 
 def write_json(record: RunRecord, path: Path) -> Path:

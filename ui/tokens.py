@@ -53,6 +53,21 @@ class TokenTexts:
         return [self.piece(i) for i in ids]
 
 
+class StoredTokenTexts(TokenTexts):
+    """Token texts read back from an exported run (no tokenizer): each id's stored piece; a run of
+    ids is their pieces joined."""
+
+    def __init__(self, pieces: dict[int, str]) -> None:
+        self.tokenizer = None
+        self._cache = {int(k): str(v) for k, v in pieces.items()}
+
+    def piece(self, token_id: int) -> str:
+        return self._cache.get(int(token_id), f"<{int(token_id)}>")
+
+    def joint(self, ids: Sequence[int]) -> str:
+        return "".join(self.piece(i) for i in ids)
+
+
 def group_pieces(texts: TokenTexts, ids: Sequence[int], max_run: int = 4) -> list[tuple[int, int, str]]:
     """Split ``ids`` into ``(start, end, text)`` runs: one id per run, except that ids whose own
     piece contains U+FFFD are joined with their successors (up to ``max_run`` ids) when the joint
