@@ -10,7 +10,7 @@ import pytest
 
 from dyntree_core.trace import StepTrace
 from test_ui_figures import _settings
-from ui.export import ExportError, read_json, write_json
+from ui.export import RunFileError, read_json, write_json
 from ui.runner import run_to_end
 from ui.tiny import TinyModelProvider
 from ui.views import export_figures, run_view, step_view
@@ -68,7 +68,40 @@ def test_an_exported_run_reloads_and_redraws_every_figure(runs, tmp_path):
 def test_a_file_that_is_not_a_run_export_is_refused(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"format": "something else"}))
-    with pytest.raises(ExportError, match="not a DynTree run export"):
+    with pytest.raises(RunFileError, match="not a DynTree run export"):
         read_json(bad)
-    with pytest.raises(ExportError, match="cannot read"):
+    with pytest.raises(RunFileError, match="cannot read"):
         read_json(tmp_path / "missing.json")
+
+
+def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
+    """The Live tab's "Open an exported run" handler puts the reloaded run on the page: the tree of
+    its last step, its text and status, with no model provider call."""
+    from ui.app import build_app
+    from ui.session import SessionState
+
+    class NoModels:
+        default_draft = default_target = "tiny"
+
+        def load(self, spec):  # pragma: no cover - the assertion is that this never runs
+            raise AssertionError("opening an exported run loaded a model")
+
+        def is_loaded(self, spec):
+            return False
+
+    demo = build_app(NoModels())
+    fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
+    on_open = next(f.fn for f in fns if getattr(f, "name", None) == "on_open_run")
+    run = runs[0]
+    path = write_json(run, tmp_path / "run.json")
+    state = SessionState()
+    out = on_open(state, 16, str(path))
+    assert state.record is not None and state.record.token_ids == run.token_ids
+    expected = step_view(run, len(run.traces) - 1, 16)
+    assert _same(_fig(out[0]), _fig(expected.tree))  # the tree of the last step
+    assert out[5] == run_view(run, None).text_html
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    out = on_open(state, 16, str(bad))
+    assert "Cannot open the run" in str(out[10]) and "not a DynTree run export" in str(out[10])  # inline error
+    assert state.record is not None and state.record.token_ids == run.token_ids  # the open run stays

@@ -23,7 +23,7 @@ from dyntree_core.config import DTYPES, compatible_verifiers
 from dyntree_core.tree import BLOCK_SIZES
 
 from .errors import describe_error, error_markdown
-from .export import write_images, write_json
+from .export import read_json, write_images, write_json
 from .mask_figure import MASK_LEGEND
 from .models import ModelProvider
 from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
@@ -220,6 +220,8 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                                 json_btn = gr.Button("JSON (StepTraces)", elem_id="export-json")
                             export_files = gr.File(label="Exported files", file_count="multiple", interactive=False,
                                                    elem_id="export-files")
+                            open_run = gr.File(label="Open an exported run (JSON): replays its steps, no models needed",
+                                               file_types=[".json"], file_count="single", elem_id="open-run")
                     with gr.Tab("Compare", id="compare", elem_id="compare-tab"):
                         gr.Markdown("Autoregressive vs chain vs a tree method on the **same** prompt, seed, "
                                     "sampling settings and token budget, run one after the other; optionally "
@@ -411,6 +413,24 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                 state.bump()
             return live(state, block)
 
+        def on_open_run(state: SessionState, block: int, path: Optional[str]) -> tuple:
+            """Show an exported run (``ui.export.read_json``) in the Live tab; the current generation
+            ends first (its steps are kept in its own export, not here)."""
+            if not path:  # the file was cleared
+                return tuple(gr.skip() for _ in live_io)
+            try:
+                rec = read_json(Path(path))
+            except Exception as e:  # noqa: BLE001 - shown inline, the session goes on
+                return fail(state, block, e)
+            halt(state)
+            if state.generation is not None and not state.generation.done:
+                state.generation.stop_now()
+            state.generation = None
+            state.record = rec
+            state.error = ""
+            state.bump()
+            return live(state, block)
+
         def on_compare_stop(state: SessionState) -> str:
             if state.compare_stop is not None and not state.compare_stop.is_set():
                 state.compare_stop.set()
@@ -534,6 +554,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         block_size.change(on_select_step, [session, step_slider, block_size], step_outputs, **quick)
         cmp_btn.click(on_compare, [session, cmp_method, cmp_hf, *form], compare_outputs, **load)
         cmp_stop.click(on_compare_stop, session, cmp_status, **quick)
+        open_run.upload(on_open_run, [session, block_size, open_run], live_io, **load)
         for btn, kind in ((png_btn, "png"), (svg_btn, "svg"), (json_btn, "json")):
             btn.click(on_export(kind), [session, step_slider, block_size], [export_files, error_box],
                       concurrency_id="export", concurrency_limit=1)

@@ -6,7 +6,7 @@ import logging
 
 from dyntree_core.config import ConfigError
 
-from .export import ExportError
+from .export import ExportError, RunFileError
 from .models import ModelLoadError
 from .session import GenerationBusy
 
@@ -32,6 +32,8 @@ def describe_error(exc: BaseException) -> str:
         return f"Invalid settings: {exc}"
     if isinstance(exc, ModelLoadError):
         return f"Model loading failed: {exc}"
+    if isinstance(exc, RunFileError):
+        return f"Cannot open the run: {exc}"
     if isinstance(exc, ExportError):
         return f"Export failed: {exc}"
     if isinstance(exc, GenerationBusy):

@@ -18,6 +18,10 @@ FORMATS: tuple[str, ...] = ("png", "svg")
 BROWSER_ENV = "DYNTREE_CHROMIUM"
 
 
+class RunFileError(RuntimeError):
+    """An exported run file cannot be opened (unreadable, or not a DynTree run export)."""
+
+
 class ExportError(RuntimeError):
     """Static export failed; the message says what is missing."""
 
@@ -101,9 +105,9 @@ def read_json(path: Path) -> RunRecord:
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ExportError(f"cannot read run file {path}: {e}") from e
+        raise RunFileError(f"cannot read run file {path}: {e}") from e
     if not isinstance(d, dict) or d.get("format") != RUN_FORMAT:
-        raise ExportError(f"{Path(path).name} is not a DynTree run export (format {RUN_FORMAT!r})")
+        raise RunFileError(f"{Path(path).name} is not a DynTree run export (format {RUN_FORMAT!r})")
 
     def build(cls, values: dict):
         names = {f.name for f in fields(cls) if f.init}
