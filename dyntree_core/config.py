@@ -6,16 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-METHODS: tuple[str, ...] = (
-    "autoregressive",
-    "chain",
-    "specinfer",
-    "sequoia",
-    "dyspec_greedy",
-    "dyspec_threshold",
-    "opt_tree",
-    "dynatree",
-)
+from .methods import REGISTRY
+
+METHODS: tuple[str, ...] = tuple(REGISTRY)
 VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 #: per-model precisions (``dyntree_core.quant``); ``auto`` is resolved by ``dyntree_core.auto``
@@ -25,9 +18,9 @@ ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 NODE_ORDERS: tuple[str, ...] = ("dfs", "hpd", "bfs")
 
 #: tree methods whose sibling draws are stochastic at T>0 (token-level / traversal apply)
-STOCHASTIC_METHODS = frozenset({"chain", "specinfer", "sequoia", "dyspec_greedy", "dyspec_threshold"})
+STOCHASTIC_METHODS = frozenset(m.name for m in REGISTRY.values() if m.siblings in ("iid", "swor"))
 #: tree methods with deterministic top-k siblings (only point-mass verification is lossless)
-TOPK_METHODS = frozenset({"opt_tree", "dynatree"})
+TOPK_METHODS = frozenset(m.name for m in REGISTRY.values() if m.siblings == "topk")
 MAX_BUDGET = 4096
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .config import DecodeConfig, default_threshold
+from .methods import method_spec
 from .hardware import HardwareProfile, seconds_per_token, sequoia_choose
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
@@ -98,11 +99,12 @@ class TuningResult:
     meta: dict = field(default_factory=dict)
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
-        """``cfg`` with the tuned budget / depth / width (and threshold control for DySpec-threshold)."""
+        """``cfg`` with the tuned budget / depth / width (and the threshold controller for the methods
+        the registry marks ``threshold_controlled``)."""
         if cfg.method != self.method:
             raise ValueError(f"tuned for {self.method!r}, not {cfg.method!r}")
         extra = {}
-        if cfg.method == "dyspec_threshold":
+        if method_spec(cfg.method).threshold_controlled:
             extra = {"adaptive_threshold": True, "threshold": default_threshold(self.best.budget)}
         return dataclasses.replace(cfg, budget=self.best.budget, depth=self.best.depth, width=self.best.width, **extra)
 
@@ -266,9 +268,10 @@ def tune(
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     budgets, depths = sorted(set(budgets)), sorted(set(depths))
-    if cfg.method == "autoregressive":
-        raise ValueError("the autoregressive baseline has nothing to tune")
-    if cfg.method == "sequoia":
+    spec = method_spec(cfg.method)
+    if spec.tuning == "none":
+        raise ValueError(f"{cfg.method!r} has nothing to tune")
+    if spec.tuning == "sequoia_dp":
         best, points = _tune_sequoia(cfg, profile, budgets, depths)
         strategy = "sequoia optimizer: argmin (t(n) + sum_levels draft(width)) / G(n, d) over the DP"
         n_prompts, meta = 0, {}
@@ -280,7 +283,7 @@ def tune(
             c = dataclasses.replace(
                 cfg, budget=max(2, budget), depth=depth, width=width or cfg.width, trace_block_counts=False,
                 **({"adaptive_threshold": True, "threshold": default_threshold(budget)}
-                   if cfg.method == "dyspec_threshold" else {}),
+                   if spec.threshold_controlled else {}),
             )
             p = calibrate_point(draft, target, c, profile, prompts, new_tokens, eos_token_id)
             say(f"{cfg.method} budget={c.budget} depth={depth} width={c.width}: {p.tokens_per_step:.2f} tok/step, "
@@ -288,22 +291,24 @@ def tune(
                 f"(measured {p.measured_seconds_per_token * 1e3:.1f})")
             return p
 
-        if cfg.method == "chain":
+        if spec.tuning == "chain_length":
             grid = sorted(set(CHAIN_GRID) | {cfg.depth})
             best, points = coordinate_search(
                 lambda b, d, w: evaluate(d + 1, d, cfg.width), {"depth": grid}, {"depth": _middle(grid, 4)})
             strategy = "calibrated coordinate search over the chain length"
-        elif cfg.method == "specinfer":
+        elif spec.tuning == "width_depth":
             wgrid = sorted(set(widths))
             best, points = coordinate_search(
                 lambda b, d, w: evaluate(w * d + 1, d, w), {"width": wgrid, "depth": depths},
                 {"width": _middle(wgrid, 4), "depth": _middle(depths, 4)})
             strategy = "calibrated coordinate search over width x depth"
-        else:
+        elif spec.tuning == "budget_depth":
             best, points = coordinate_search(
                 evaluate, {"budget": budgets, "depth": depths},
                 {"budget": _middle(budgets, 32), "depth": _middle(depths, 4)}, fixed={"width": cfg.width})
             strategy = "calibrated coordinate search over budget x depth"
+        else:
+            raise ValueError(f"method {cfg.method!r}: unknown tuning kind {spec.tuning!r}")
         argmin = min(points, key=lambda p: p.predicted_seconds_per_token)
         best = select_within_noise(points)
         strategy += "; smallest tree within one paired standard error of the best"

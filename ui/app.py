@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 import gradio as gr
 
 from dyntree_core.config import DTYPES, compatible_verifiers
+from dyntree_core.methods import REGISTRY
 from dyntree_core.tree import BLOCK_SIZES
 
 from .errors import describe_error, error_markdown
@@ -48,14 +49,7 @@ N_COMPARE = 4  # Compare columns: autoregressive, chain, tree, transformers assi
 METHOD_HINTS: dict[str, str] = {
     AUTO: "auto: this machine's measured cost model picks the method, its shape and each model's precision "
           "(plain decoding when no tree pays for itself here); the status line says why.",
-    "autoregressive": "Baseline: one target forward per token, no draft.",
-    "chain": "Leviathan chain: one draft sample per level, `depth` levels.",
-    "specinfer": "SpecInfer: `width` i.i.d. draft samples per level, `depth` levels.",
-    "sequoia": "Sequoia: static DP-optimal tree of `budget` nodes (depth-capped), SWOR siblings.",
-    "dyspec_greedy": "DySpec greedy heap: expand the most probable node until `budget` nodes.",
-    "dyspec_threshold": "DySpec threshold: layer by layer, keep nodes whose value exceeds `threshold`.",
-    "opt_tree": "OPT-Tree: per layer, the global top `budget`-1 nodes by path probability; stop when the gain < `threshold`.",
-    "dynatree": "DynaTree: top-k (`width`) branching where the draft's confidence is below `threshold`.",
+    **{m.name: m.hint for m in REGISTRY.values()},
 }
 
 

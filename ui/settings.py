@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from dyntree_core.config import METHODS, PRECISIONS, ConfigError, DecodeConfig, compatible_verifiers
+from dyntree_core.methods import REGISTRY
 
 from .models import PairSpec
 
@@ -17,17 +18,7 @@ PRECISION_CHOICES: tuple[str, ...] = (AUTO,) + PRECISIONS
 TREE_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("autoregressive", "chain"))
 
 #: which ``DecodeConfig`` knobs each method reads (the others are greyed out in the form)
-METHOD_PARAMS: dict[str, frozenset[str]] = {
-    AUTO: frozenset(),
-    "autoregressive": frozenset(),
-    "chain": frozenset({"depth"}),
-    "specinfer": frozenset({"depth", "width"}),
-    "sequoia": frozenset({"budget", "depth"}),
-    "dyspec_greedy": frozenset({"budget", "depth"}),
-    "dyspec_threshold": frozenset({"budget", "depth", "threshold"}),
-    "opt_tree": frozenset({"budget", "depth", "threshold"}),  # layer width = budget - 1 (global top-n)
-    "dynatree": frozenset({"budget", "depth", "threshold", "width"}),
-}
+METHOD_PARAMS: dict[str, frozenset[str]] = {AUTO: frozenset(), **{m.name: m.params for m in REGISTRY.values()}}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ excluding the time inside the source), ``reset()`` (new prompt) and ``observe(tr
 from __future__ import annotations
 
 from ..config import METHODS, ConfigError, DecodeConfig
+from ..methods import REGISTRY
 from .base import DraftSource, Drafter, PathFunctionSource
 from .chain import ChainDrafter
 from .common import BaseDrafter, DraftStats, SiblingSampler, TreeBuilder, iid_draws, sibling_orders, top_children
@@ -30,19 +31,9 @@ from .sequoia import (
 )
 from .specinfer import SpecInferDrafter
 
-_CLASSES: dict[str, type[BaseDrafter]] = {
-    "chain": ChainDrafter,
-    "specinfer": SpecInferDrafter,
-    "sequoia": SequoiaDrafter,
-    "dyspec_greedy": DySpecGreedyDrafter,
-    "dyspec_threshold": DySpecThresholdDrafter,
-    "opt_tree": OptTreeDrafter,
-    "dynatree": DynaTreeDrafter,
-}
-
-#: drafter names, in ``config.METHODS`` order
-DRAFTERS: tuple[str, ...] = tuple(m for m in METHODS if m != "autoregressive")
-assert set(DRAFTERS) == set(_CLASSES), "drafter registry out of sync with config.METHODS"
+#: drafter names, in ``config.METHODS`` order (every method of ``methods.REGISTRY`` with a drafter)
+DRAFTERS: tuple[str, ...] = tuple(m for m in METHODS if REGISTRY[m].is_tree)
+_CLASSES: dict[str, type[BaseDrafter]] = {m: REGISTRY[m].drafter_class() for m in DRAFTERS}
 
 
 def make_drafter(cfg: DecodeConfig) -> BaseDrafter:

@@ -501,11 +501,17 @@ class BaseDrafter:
     """
 
     name: str = "base"
-    stochastic_kind: SampledKind = "swor"
 
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
         self.last_stats: Optional[DraftStats] = None
+
+    @property
+    def stochastic_kind(self) -> SampledKind:
+        """How this method draws siblings at T > 0 (its ``methods.REGISTRY`` entry)."""
+        from ..methods import REGISTRY
+
+        return REGISTRY[self.name].siblings  # type: ignore[return-value]
 
     def sampled_kind(self, deterministic: bool) -> SampledKind:
         """``topk`` when deterministic, else the drafter's stochastic kind."""

@@ -109,7 +109,6 @@ class DynaTreeParams:
 
 class DynaTreeDrafter(BaseDrafter):
     name = "dynatree"
-    stochastic_kind = "topk"
 
     def __init__(self, cfg: DecodeConfig, params: Optional[DynaTreeParams] = None):
         super().__init__(cfg)

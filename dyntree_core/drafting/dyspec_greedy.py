@@ -56,7 +56,6 @@ from .common import BaseDrafter, CountingSource, SiblingSampler, TreeBuilder, to
 
 class DySpecGreedyDrafter(BaseDrafter):
     name = "dyspec_greedy"
-    stochastic_kind = "swor"
 
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool

@@ -48,7 +48,6 @@ class DySpecThresholdDrafter(BaseDrafter):
     fixed threshold under-uses the budget); ``reset()`` restores ``cfg.threshold``."""
 
     name = "dyspec_threshold"
-    stochastic_kind = "swor"
 
     def __init__(self, cfg: DecodeConfig):
         super().__init__(cfg)

@@ -37,7 +37,6 @@ from .common import BaseDrafter, CountingSource, TreeBuilder, top_children
 
 class OptTreeDrafter(BaseDrafter):
     name = "opt_tree"
-    stochastic_kind = "topk"
 
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool

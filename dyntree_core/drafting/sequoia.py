@@ -290,7 +290,6 @@ class SequoiaDrafter(BaseDrafter):
     ``cfg.budget``, ``cfg.depth + 1`` levels); node values are the DP scores ``f(v)``."""
 
     name = "sequoia"
-    stochastic_kind = "swor"
 
     def __init__(self, cfg: DecodeConfig, acceptance: Optional[Sequence[float]] = None):
         super().__init__(cfg)

@@ -18,7 +18,6 @@ from .common import BaseDrafter, CountingSource, TreeBuilder, iid_draws, sibling
 
 class SpecInferDrafter(BaseDrafter):
     name = "specinfer"
-    stochastic_kind = "iid"
 
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool

@@ -1,0 +1,48 @@
+"""One registry entry per method (``dyntree_core.methods``), and every consumer reads it: the
+configuration, the drafters, the verifier matrix, the tuner and the app."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+
+from dyntree_core.config import METHODS, STOCHASTIC_METHODS, TOPK_METHODS, DecodeConfig, compatible_verifiers
+from dyntree_core.drafting import DRAFTERS, make_drafter
+from dyntree_core.methods import REGISTRY, Tuning, method_spec
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_registry_entry_reaches_config_drafting_verifiers_tuning_and_ui(name):
+    from ui.app import METHOD_HINTS
+    from ui.settings import METHOD_CHOICES, METHOD_PARAMS
+
+    spec = REGISTRY[name]
+    assert name in METHODS and name in METHOD_CHOICES
+    assert METHOD_PARAMS[name] == spec.params and METHOD_HINTS[name] == spec.hint
+    assert spec.params <= {"budget", "depth", "width", "threshold"}
+    assert spec.tuning in get_args(Tuning)  # tuning.tune dispatches on each kind and refuses others
+    if not spec.is_tree:
+        assert name not in DRAFTERS and spec.tuning == "none"
+        assert compatible_verifiers(name, 0.7) == ["auto"]
+        return
+    drafter = make_drafter(DecodeConfig(method=name))
+    assert type(drafter) is spec.drafter_class() and drafter.name == name
+    assert drafter.sampled_kind(False) == spec.siblings and drafter.sampled_kind(True) == "topk"
+    lossless = set(compatible_verifiers(name, 0.7))
+    if spec.siblings == "topk":
+        assert name in TOPK_METHODS and lossless == {"auto", "point_mass"}
+    else:
+        assert name in STOCHASTIC_METHODS and {"token_level", "traversal", "point_mass"} <= lossless
+    assert compatible_verifiers(name, 0.0) == ["auto", "greedy"]
+
+
+def test_config_lists_exactly_the_registry():
+    assert METHODS == tuple(REGISTRY)
+    assert set(DRAFTERS) == {m for m, s in REGISTRY.items() if s.is_tree}
+    assert STOCHASTIC_METHODS | TOPK_METHODS == set(DRAFTERS)
+
+
+def test_unknown_method_names_the_known_ones():
+    with pytest.raises(KeyError, match="dyspec_greedy"):
+        method_spec("nope")
