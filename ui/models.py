@@ -12,9 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-
-class ModelLoadError(RuntimeError):
-    """The requested pair cannot be loaded; the message says why and what to try."""
+from dyntree_core.models.load import ModelLoadError  # the one "this pair cannot be loaded" error
 
 
 @dataclass(frozen=True)

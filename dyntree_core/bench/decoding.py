@@ -192,7 +192,7 @@ def curve_figure(rows: list[dict], path: Path) -> Optional[Path]:
                       yaxis_title="mean tokens per step", xaxis_type="log", template="plotly_white")
     fig.write_html(path.with_suffix(".html"))
     try:
-        from ui.export import write_images
+        from ..figure_export import write_images
 
         return write_images({path.name: fig}, path.parent, formats=("png",))[0]
     except Exception as e:  # noqa: BLE001 - a missing browser must not lose the measurements

@@ -1,0 +1,35 @@
+"""Imports point one way: the app (``ui``) uses the core, never the reverse, and the core's
+benchmarks import without the app's dependencies."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_core_never_imports_the_app():
+    offenders = []
+    for path in (ROOT / "dyntree_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n == "ui" or n.startswith("ui.")]
+    assert not offenders, offenders
+
+
+def test_benches_and_figure_export_import_without_gradio():
+    code = ("import sys; sys.modules['gradio'] = None; "
+            "import dyntree_core.bench.decoding, dyntree_core.figure_export, dyntree_core.bench.exact_acceptance")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"})
+
+
+def test_one_model_load_error_class():
+    from dyntree_core.models import ModelLoadError, VocabMismatchError
+    from ui.models import ModelLoadError as UiModelLoadError
+
+    assert UiModelLoadError is ModelLoadError and issubclass(VocabMismatchError, ModelLoadError)
