@@ -46,3 +46,15 @@ def test_config_lists_exactly_the_registry():
 def test_unknown_method_names_the_known_ones():
     with pytest.raises(KeyError, match="dyspec_greedy"):
         method_spec("nope")
+
+
+def test_every_drafter_derives_from_the_one_abstract_drafter():
+    from dyntree_core.drafting import Drafter
+
+    assert all(issubclass(REGISTRY[m].drafter_class(), Drafter) for m in DRAFTERS)
+
+    class Incomplete(Drafter):
+        name = "chain"
+
+    with pytest.raises(TypeError, match="_draft"):
+        Incomplete(DecodeConfig())

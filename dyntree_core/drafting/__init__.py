@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from ..config import METHODS, ConfigError, DecodeConfig
 from ..methods import REGISTRY
-from .base import DraftSource, Drafter, PathFunctionSource
+from .base import DraftSource, PathFunctionSource
 from .chain import ChainDrafter
-from .common import BaseDrafter, DraftStats, SiblingSampler, TreeBuilder, iid_draws, sibling_orders, top_children
+from .builder import TreeBuilder
+from .drafter import Drafter, DraftStats
+from .sampling import SiblingSampler, iid_draws, sibling_orders, top_children
 from .dynatree import DynaTreeDrafter, DynaTreeParams
 from .dyspec_greedy import DySpecGreedyDrafter
 from .dyspec_threshold import DySpecThresholdDrafter
@@ -33,10 +35,10 @@ from .specinfer import SpecInferDrafter
 
 #: drafter names, in ``config.METHODS`` order (every method of ``methods.REGISTRY`` with a drafter)
 DRAFTERS: tuple[str, ...] = tuple(m for m in METHODS if REGISTRY[m].is_tree)
-_CLASSES: dict[str, type[BaseDrafter]] = {m: REGISTRY[m].drafter_class() for m in DRAFTERS}
+_CLASSES: dict[str, type[Drafter]] = {m: REGISTRY[m].drafter_class() for m in DRAFTERS}
 
 
-def make_drafter(cfg: DecodeConfig) -> BaseDrafter:
+def make_drafter(cfg: DecodeConfig) -> Drafter:
     """The drafter for ``cfg.method`` (raises ``ConfigError`` for the autoregressive baseline)."""
     if cfg.method not in _CLASSES:
         raise ConfigError(f"method {cfg.method!r} has no drafter; drafters: {', '.join(DRAFTERS)}")
@@ -44,7 +46,6 @@ def make_drafter(cfg: DecodeConfig) -> BaseDrafter:
 
 
 __all__ = [
-    "BaseDrafter",
     "ChainDrafter",
     "DRAFTERS",
     "DraftSource",

@@ -1,5 +1,5 @@
 """The drafting interface: a ``DraftSource`` answers next-token distributions for tree nodes,
-a ``Drafter`` grows a ``TokenTree`` from it. Drafters never touch a model directly, so every
+a ``Drafter`` (``drafter.py``) grows a ``TokenTree`` from it. Drafters never touch a model directly, so every
 drafter can be tested exhaustively against a toy source (``PathFunctionSource``)."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..tree import SampledKind, TokenTree
 
 
 @runtime_checkable
@@ -32,30 +31,6 @@ class DraftSource(Protocol):
     @property
     def forward_calls(self) -> int:
         """Number of batched draft forwards issued so far (for overhead accounting)."""
-        ...
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """Grows one draft tree per decoding step.
-
-    ``deterministic=True`` (target temperature 0): siblings are the highest-probability tokens in
-    order (SWOR becomes top-k) and the tree is marked ``sampled="topk"``.
-    """
-
-    name: str
-
-    def draft(
-        self,
-        source: DraftSource,
-        root_token: int,
-        generator: torch.Generator,
-        deterministic: bool = False,
-    ) -> TokenTree:
-        ...
-
-    def sampled_kind(self, deterministic: bool) -> SampledKind:
-        """How siblings of the trees this drafter returns are produced."""
         ...
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 
 from ..tree import TokenTree
-from .common import BaseDrafter, CountingSource, TreeBuilder, iid_draws, sibling_orders
+from .builder import TreeBuilder
+from .drafter import CountingSource, Drafter
+from .sampling import iid_draws, sibling_orders
 
 
-class ChainDrafter(BaseDrafter):
+class ChainDrafter(Drafter):
     name = "chain"
 
     def _draft(

@@ -43,7 +43,9 @@ import torch
 
 from ..config import DecodeConfig
 from ..tree import TokenTree
-from .common import BaseDrafter, CountingSource, TreeBuilder, top_children
+from .builder import TreeBuilder
+from .drafter import CountingSource, Drafter
+from .sampling import top_children
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class DynaTreeParams:
         return depth < self.d0 or prob >= self.rho_deep
 
 
-class DynaTreeDrafter(BaseDrafter):
+class DynaTreeDrafter(Drafter):
     name = "dynatree"
 
     def __init__(self, cfg: DecodeConfig, params: Optional[DynaTreeParams] = None):

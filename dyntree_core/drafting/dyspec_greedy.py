@@ -51,10 +51,12 @@ import heapq
 import torch
 
 from ..tree import TokenTree
-from .common import BaseDrafter, CountingSource, SiblingSampler, TreeBuilder, top_children
+from .builder import TreeBuilder
+from .drafter import CountingSource, Drafter
+from .sampling import SiblingSampler, top_children
 
 
-class DySpecGreedyDrafter(BaseDrafter):
+class DySpecGreedyDrafter(Drafter):
     name = "dyspec_greedy"
 
     def _draft(

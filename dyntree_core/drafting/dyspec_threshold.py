@@ -39,10 +39,12 @@ import torch
 from ..tree import TokenTree
 from ..config import DecodeConfig
 from .threshold_control import ThresholdController
-from .common import BaseDrafter, CountingSource, SiblingSampler, TreeBuilder, top_children
+from .builder import TreeBuilder
+from .drafter import CountingSource, Drafter
+from .sampling import SiblingSampler, top_children
 
 
-class DySpecThresholdDrafter(BaseDrafter):
+class DySpecThresholdDrafter(Drafter):
     """With ``cfg.adaptive_threshold`` the threshold is retuned after every step by a
     ``ThresholdController`` so the tree size tracks ``cfg.budget`` (DySpec's open problem: a
     fixed threshold under-uses the budget); ``reset()`` restores ``cfg.threshold``."""

@@ -32,10 +32,12 @@ import heapq
 import torch
 
 from ..tree import TokenTree
-from .common import BaseDrafter, CountingSource, TreeBuilder, top_children
+from .builder import TreeBuilder
+from .drafter import CountingSource, Drafter
+from .sampling import top_children
 
 
-class OptTreeDrafter(BaseDrafter):
+class OptTreeDrafter(Drafter):
     name = "opt_tree"
 
     def _draft(

@@ -34,7 +34,9 @@ import torch
 
 from ..config import DecodeConfig
 from ..tree import TokenTree
-from .common import BaseDrafter, CountingSource, SiblingSampler, TreeBuilder
+from .builder import TreeBuilder
+from .drafter import CountingSource, Drafter
+from .sampling import SiblingSampler
 
 #: power-law default acceptance vector: r_k = 0.37·k^-0.5 rejection after k children
 #: (Sequoia Def. 3.5 with b = 0.5), p_k = r_{k-1} - r_k, r_0 = 1, K = 16. It fits the Sequoia
@@ -285,7 +287,7 @@ def estimate_acceptance_vector(
 
 
 # ---------------------------------------------------------------------------------- drafter
-class SequoiaDrafter(BaseDrafter):
+class SequoiaDrafter(Drafter):
     """Fills the cached DP tree for (``cfg.sequoia_acceptance`` or the default vector,
     ``cfg.budget``, ``cfg.depth + 1`` levels); node values are the DP scores ``f(v)``."""
 

@@ -1,0 +1,123 @@
+"""The ``Drafter`` base class (overhead accounting, ``reset``/``observe`` hooks) and the
+``CountingSource`` it wraps around a ``DraftSource``."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ..config import DecodeConfig
+from ..tree import SampledKind, TokenTree
+from .base import DraftSource
+
+
+class CountingSource:
+    """Wraps a ``DraftSource``: counts calls and requested nodes and times ``next_probs``."""
+
+    def __init__(self, source: DraftSource):
+        self.source = source
+        self.vocab_size = int(source.vocab_size)
+        self.calls = 0
+        self.requested = 0
+        self.seconds = 0.0
+
+    @property
+    def forward_calls(self) -> int:
+        return self.calls
+
+    def next_probs(self, tokens: Sequence[int], parents: Sequence[int], nodes: Sequence[int]) -> torch.Tensor:
+        """``[len(nodes), V]`` rows from the wrapped source (shape-checked)."""
+        t0 = time.perf_counter()
+        out = self.source.next_probs(tokens, parents, nodes)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.requested += len(nodes)
+        if out.dim() != 2 or out.shape[0] != len(nodes):
+            raise ValueError(f"DraftSource returned shape {tuple(out.shape)} for {len(nodes)} nodes")
+        return out
+
+
+@dataclass
+class DraftStats:
+    """Overhead accounting of the last ``draft`` call.
+
+    Attributes:
+        forward_calls: ``next_probs`` calls (= batched draft forwards).
+        requested_nodes: nodes whose distribution was requested, summed over calls.
+        nodes: size of the returned tree (root included).
+        construction_seconds: wall time of ``draft`` minus the time spent inside the source.
+        source_seconds: time spent inside ``source.next_probs``.
+    """
+
+    forward_calls: int
+    requested_nodes: int
+    nodes: int
+    construction_seconds: float
+    source_seconds: float
+
+
+class Drafter(ABC):
+    """Grows one draft tree per decoding step: the one interface every drafter implements.
+
+    Subclasses set ``name`` (their ``methods.REGISTRY`` entry, which also says how they draw
+    siblings) and implement ``_draft(source, root_token, generator, deterministic)``. The engine
+    calls ``reset()`` at the start of each prompt, ``draft(...)`` once per step and
+    ``observe(tree, accepted)`` after verification; ``last_stats`` holds the last step's overhead.
+    ``deterministic=True`` (target temperature 0): siblings are the highest-probability tokens in
+    order (SWOR becomes top-k) and the tree is marked ``sampled="topk"``.
+    """
+
+    name: str = "base"
+
+    def __init__(self, cfg: DecodeConfig):
+        self.cfg = cfg
+        self.last_stats: Optional[DraftStats] = None
+
+    @property
+    def stochastic_kind(self) -> SampledKind:
+        """How this method draws siblings at T > 0 (its ``methods.REGISTRY`` entry)."""
+        from ..methods import REGISTRY
+
+        return REGISTRY[self.name].siblings  # type: ignore[return-value]
+
+    def sampled_kind(self, deterministic: bool) -> SampledKind:
+        """``topk`` when deterministic, else the drafter's stochastic kind."""
+        return "topk" if deterministic else self.stochastic_kind
+
+    def reset(self) -> None:
+        """Forget per-generation state (call at the start of every prompt)."""
+
+    def observe(self, tree: TokenTree, accepted_nodes: int) -> None:
+        """Feedback after verification: ``accepted_nodes`` draft tokens of ``tree`` were accepted
+        (root and bonus token excluded). Stateless drafters ignore it."""
+
+    def draft(
+        self,
+        source: DraftSource,
+        root_token: int,
+        generator: torch.Generator,
+        deterministic: bool = False,
+    ) -> TokenTree:
+        """Grow one draft tree rooted at ``root_token``; records ``last_stats``."""
+        t0 = time.perf_counter()
+        counted = CountingSource(source)
+        tree = self._draft(counted, int(root_token), generator, bool(deterministic))
+        total = time.perf_counter() - t0
+        self.last_stats = DraftStats(
+            forward_calls=counted.calls,
+            requested_nodes=counted.requested,
+            nodes=tree.size,
+            construction_seconds=max(0.0, total - counted.seconds),
+            source_seconds=counted.seconds,
+        )
+        return tree
+
+    @abstractmethod
+    def _draft(
+        self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
+    ) -> TokenTree:
+        """Grow the tree (``source`` counts and times the draft forwards)."""
