@@ -14,17 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"]
+from ui.page_driver import CHROMIUM_FLAGS, AppStartError, choose, set_field, start_app, stop_app  # noqa: E402
 PANELS = {
     "colored_text": "#colored-text",
     "draft_tree": "#tree-plot",
@@ -58,48 +54,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_app(args, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--device", args.device]
-    if args.pair == "tiny":
-        cmd.append("--tiny")
-    else:
-        cmd += ["--draft", args.draft or args.pair, "--target", args.target or args.pair]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"app exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.terminate()
-    raise SystemExit("the app did not start within 180 s")
-
-
-def _set(page, elem: str, value) -> None:
-    box = page.locator(f"#{elem} textarea, #{elem} input").first
-    box.fill(str(value))
-    box.press("Tab")
-
-
-def _choose(page, elem: str, value: str) -> None:
-    box = page.locator(f"#{elem} input").first
-    box.click()
-    box.fill(value)
-    page.locator("ul[role=listbox] li", has_text=value).first.click()
-
-
 def take_screenshots(args, url: str) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
@@ -112,14 +66,14 @@ def take_screenshots(args, url: str) -> list[Path]:
             page = browser.new_page(viewport={"width": 1600, "height": 1200}, device_scale_factor=1)
             page.goto(url, timeout=120_000)
             page.wait_for_selector("#run-btn", timeout=120_000)
-            _choose(page, "method", args.method)
+            choose(page, "method", args.method)
             if args.prompt:
-                _set(page, "prompt", args.prompt)
+                set_field(page, "prompt", args.prompt)
             if args.max_new_tokens:
-                _set(page, "max-new-tokens", args.max_new_tokens)
+                set_field(page, "max-new-tokens", args.max_new_tokens)
             budget = args.budget or (48 if args.pair == "tiny" else None)
             if budget:
-                _set(page, "budget", budget)
+                set_field(page, "budget", budget)
             if args.temperature:
                 box = page.locator("#temperature input[type=number]").first
                 box.fill(str(args.temperature))
@@ -189,18 +143,19 @@ def main(argv=None) -> int:
         for p in export_examples(args):
             print(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
         return 0
-    port = _free_port()
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"dyntree-screenshots-{port}.log"
-    proc = _start_app(args, port, log)
+    app_args = ["--device", args.device] + (["--tiny"] if args.pair == "tiny" else
+                                                ["--draft", args.draft or args.pair, "--target", args.target or args.pair])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"dyntree-screenshots-{os.getpid()}.log"
     try:
-        for p in take_screenshots(args, f"http://127.0.0.1:{port}/"):
+        proc, url = start_app(app_args, env, log)
+    except AppStartError as e:
+        raise SystemExit(str(e)) from None
+    try:
+        for p in take_screenshots(args, url):
             print(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_app(proc)
     if not args.no_examples:
         for p in export_examples(args):
             print(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)

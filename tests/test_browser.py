@@ -9,65 +9,35 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from ui.page_driver import CHROMIUM_FLAGS, AppStartError, set_field, start_app, stop_app
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("DYNTREE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# a fresh profile comes from Playwright's launch() itself (it refuses --user-data-dir in args)
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"]
 PLOTS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium not installed (make browser)")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("app") / "app.log"
     env = dict(os.environ, DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
                DYNTREE_UI_STREAM_INTERVAL="1.5")  # slow shared CI CPUs: fewer plot repaints
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--tiny", "--port", str(port)],
-                                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"app did not start in 120 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        proc, url = start_app(["--tiny"], env, tmp_path_factory.mktemp("app") / "app.log", timeout_s=120)
+    except AppStartError as e:
+        pytest.fail(str(e))
+    try:
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_app(proc)
 
 
 def _status(page) -> str:
@@ -86,19 +56,6 @@ def _tokens(page) -> int:
 
 def _plot_title(page, elem: str) -> str:
     return page.locator(f"#{elem} .gtitle").first.text_content() or ""
-
-
-def _set_number(page, elem: str, value: int) -> None:
-    box = page.locator(f"#{elem} input").first
-    box.fill(str(value))
-    box.press("Tab")
-
-
-def _choose(page, elem: str, value: str) -> None:
-    box = page.locator(f"#{elem} input").first
-    box.click()
-    box.fill(value)
-    page.locator("ul[role=listbox] li", has_text=value).first.click()
 
 
 def test_app_end_to_end(app_url, tmp_path):
@@ -147,9 +104,9 @@ def test_app_end_to_end(app_url, tmp_path):
             assert _tokens(page) == kept
 
             # --- a long run with big trees (slow steps): live updates, Pause, Resume, Stop
-            _set_number(page, "budget", 192)
-            _set_number(page, "depth", 10)
-            _set_number(page, "max-new-tokens", 480)
+            set_field(page, "budget", 192)
+            set_field(page, "depth", 10)
+            set_field(page, "max-new-tokens", 480)
             page.click("#run-btn")
             _wait_status(page, "running", 60)
             early = _tokens(page)
@@ -188,7 +145,7 @@ def test_app_end_to_end(app_url, tmp_path):
             assert "steptraces.json" in (page.locator("#export-files a").first.get_attribute("href") or "")
 
             # --- compare mode: AR vs chain vs a tree method, same prompt/seed/length
-            _set_number(page, "max-new-tokens", 12)
+            set_field(page, "max-new-tokens", 12)
             page.get_by_role("tab", name="Compare").click()
             page.click("#compare-btn")
             page.wait_for_function(
@@ -209,7 +166,7 @@ def test_app_end_to_end(app_url, tmp_path):
             # --- a bad model id shows an error and the app stays usable
             page.click("#model-pair")
             page.locator("#draft-model textarea, #draft-model input").first.fill("no/such-model")
-            _set_number(page, "max-new-tokens", 8)
+            set_field(page, "max-new-tokens", 8)
             page.click("#run-btn")
             page.wait_for_function(
                 "() => document.querySelector('#error-box').innerText.includes('Model loading failed')",

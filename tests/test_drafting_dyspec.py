@@ -8,27 +8,7 @@ import torch
 
 from dyntree_core.config import DecodeConfig
 from dyntree_core.drafting import DySpecGreedyDrafter, DySpecThresholdDrafter, PathFunctionSource, make_drafter
-
-
-def toy(v: int, seed: int = 0, peak: float = 1.5):
-    """Path-dependent random distributions (no ties), deterministic in (seed, path)."""
-
-    def fn(path: tuple[int, ...]) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + hash(path) % (2**31))
-        return torch.softmax(torch.randn(v, generator=g, dtype=torch.float64) * peak, 0).float()
-
-    return fn
-
-
-def path_tokens(tree, node):
-    return tuple(tree.tokens[tree.path_to(node)].tolist())
-
-
-def weight(fn, path):
-    w = 1.0
-    for i in range(1, len(path)):
-        w *= float(fn(path[:i])[path[i]])
-    return w
+from drafting_toys import path_tokens, toy, weight
 
 
 def brute_force_max_subtree(fn, v, depth, size, root=0):

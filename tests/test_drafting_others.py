@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from dyntree_core.config import DecodeConfig
 from dyntree_core.drafting import DynaTreeDrafter, DynaTreeParams, PathFunctionSource, make_drafter
-
-
-def toy(v: int, seed: int = 0, peak: float = 1.5):
-    def fn(path: tuple[int, ...]) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + hash(path) % (2**31))
-        return torch.softmax(torch.randn(v, generator=g, dtype=torch.float64) * peak, 0).float()
-
-    return fn
-
-
-def path_tokens(tree, node):
-    return tuple(tree.tokens[tree.path_to(node)].tolist())
-
-
-def weight(fn, path):
-    w = 1.0
-    for i in range(1, len(path)):
-        w *= float(fn(path[:i])[path[i]])
-    return w
+from drafting_toys import path_tokens, toy, weight
 
 
 class RecordingSource(PathFunctionSource):
