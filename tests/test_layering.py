@@ -33,3 +33,13 @@ def test_one_model_load_error_class():
     from ui.models import ModelLoadError as UiModelLoadError
 
     assert UiModelLoadError is ModelLoadError and issubclass(VocabMismatchError, ModelLoadError)
+
+
+def test_build_app_only_wires_layout_to_the_controller():
+    import inspect
+
+    from ui import app
+
+    lines, _ = inspect.getsourcelines(app.build_app)
+    assert len(lines) < 120, f"build_app has {len(lines)} lines"
+    assert "def on_" not in "".join(lines)  # handlers live in ui/controller.py

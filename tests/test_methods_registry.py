@@ -14,7 +14,7 @@ from dyntree_core.methods import REGISTRY, Tuning, method_spec
 
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_registry_entry_reaches_config_drafting_verifiers_tuning_and_ui(name):
-    from ui.app import METHOD_HINTS
+    from ui.layout import METHOD_HINTS
     from ui.settings import METHOD_CHOICES, METHOD_PARAMS
 
     spec = REGISTRY[name]

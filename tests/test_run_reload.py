@@ -95,13 +95,15 @@ def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
     run = runs[0]
     path = write_json(run, tmp_path / "run.json")
     state = SessionState()
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
     out = on_open(state, 16, str(path))
     assert state.record is not None and state.record.token_ids == run.token_ids
     expected = step_view(run, len(run.traces) - 1, 16)
-    assert _same(_fig(out[0]), _fig(expected.tree))  # the tree of the last step
-    assert out[5] == run_view(run, None).text_html
+    assert _same(_fig(out[by_id["tree-plot"]]), _fig(expected.tree))  # the tree of the last step
+    assert out[by_id["colored-text"]] == run_view(run, None).text_html
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     out = on_open(state, 16, str(bad))
-    assert "Cannot open the run" in str(out[10]) and "not a DynTree run export" in str(out[10])  # inline error
+    error = str(out[by_id["error-box"]])
+    assert "Cannot open the run" in error and "not a DynTree run export" in error  # the inline error box
     assert state.record is not None and state.record.token_ids == run.token_ids  # the open run stays

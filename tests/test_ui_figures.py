@@ -308,8 +308,9 @@ def test_settings_validation():
 
 
 def test_verifier_dropdown_offers_only_compatible_choices():
-    from ui.app import _verifier_update
+    from ui.controller import Controller
 
+    _verifier_update = Controller.verifier_update
     upd = _verifier_update("dynatree", 0.9, "traversal")
     assert [c[0] for c in upd.choices] == compatible_verifiers("dynatree", 0.9)
     assert upd.value == "auto"

@@ -1,0 +1,357 @@
+"""What the page's events do: start, step, pause, stop and replay runs, compare methods, export.
+
+Every handler returns ``{component: update}`` for the components it changes (``Components`` names
+them), so an event's outputs can be reordered or extended without touching the handlers.
+Per-browser state is the ``SessionState`` the event passes in; one lock per app serialises
+decoding steps on the shared models, so sessions take turns instead of clobbering each other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import gradio as gr
+
+from .errors import describe_error, error_markdown
+from .export import read_json, write_images, write_json
+from .layout import METHOD_HINTS, N_COMPARE, Components, verifier_choices
+from .models import ModelProvider
+from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
+from .session import ExternalRun, Generation, RunRecord, SessionState
+from .settings import METHOD_PARAMS, RunSettings, settings_from_form
+from .views import compare_views, export_figures, run_view, step_view
+from .worker import DecodeWorker
+
+Updates = dict[Any, Any]
+
+
+class Controller:
+    """The handlers of one app (``build_app`` wires them to ``c``'s components)."""
+
+    def __init__(self, provider: ModelProvider, c: Components, timer: Any, examples: list[tuple[str, str]],
+                 stream_interval_s: float):
+        self.provider = provider
+        self.c = c
+        self.timer = timer
+        self.examples = dict(examples)
+        self.stream_interval_s = stream_interval_s
+        self.model_lock = threading.Lock()  # one decoding step at a time on the shared models (all sessions)
+
+    # ------------------------------------------------------------------ form helpers
+    def method_changed(self, method: str) -> Updates:
+        used = METHOD_PARAMS.get(method, frozenset())
+        c = self.c
+        return {c.method_hint: METHOD_HINTS.get(method, ""),
+                **{getattr(c, name): gr.update(interactive=name in used) for name in ("budget", "depth", "width", "threshold")}}
+
+    @staticmethod
+    def verifier_update(method: str, temperature: float, current: Optional[str]) -> Any:
+        choices = verifier_choices(method, temperature)
+        return gr.Dropdown(choices=choices, value=current if current in choices else "auto")
+
+    def example_chosen(self, label: Optional[str]) -> Any:
+        return self.examples.get(label, gr.skip()) if label else gr.skip()
+
+    # ------------------------------------------------------------------ rendering
+    def pause_label(self, state: SessionState, label: str) -> Any:
+        """Re-render the Pause/Resume button only when its label changes (a button that is
+        re-rendered on every refresh cannot be clicked reliably)."""
+        if state.pause_label == label:
+            return gr.skip()
+        state.pause_label = label
+        return gr.Button(label)
+
+    def timer_update(self, state: SessionState, active: bool) -> Any:
+        """Touch the refresh timer only when it must switch on or off."""
+        if state.timer_active == active:
+            return gr.skip()
+        state.timer_active = active
+        return gr.Timer(active=active)
+
+    def step_updates(self, record: Optional[RunRecord], step: Optional[float], block: int) -> Updates:
+        sv = step_view(record, step, block)
+        c = self.c
+        return {c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
+                c.phase_plot: sv.phases}
+
+    def live(self, state: SessionState, block: int, error: str = "", step: Optional[int] = None) -> Updates:
+        """All Live-tab updates for the session's current run (latest step unless ``step``)."""
+        state.rendered_version = state.version
+        rec = state.record
+        rv = run_view(rec, state.baseline_for(rec.settings) if rec is not None else None)
+        n = len(rec.traces) if rec is not None else 0
+        idx = n - 1 if step is None else step
+        paused = rec is not None and rec.status == "paused" and state.active and not state.running
+        c = self.c
+        return {
+            **self.step_updates(rec, step, block),
+            c.text_html: rv.text_html, c.speed_plot: rv.speed, c.steps_plot: rv.per_step,
+            c.status: rv.status + ("  \n_running the autoregressive baseline …_" if state.baseline_running else ""),
+            c.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=max(idx, 0), step=1, interactive=n > 1),
+            c.error_box: error_markdown(error),
+            c.pause_btn: self.pause_label(state, "Resume" if paused else "Pause"),
+            self.timer: self.timer_update(state, state.running),
+        }
+
+    def notice(self, state: SessionState, text: str, timer: bool = False) -> Updates:
+        """Only the status line (and the refresh timer) change; the error line clears."""
+        return {self.c.status: text, self.c.error_box: "", self.timer: self.timer_update(state, timer)}
+
+    def fail(self, state: SessionState, block: int, exc: BaseException) -> Updates:
+        msg = describe_error(exc)
+        gr.Warning(msg)
+        return self.live(state, block, msg)
+
+    # ------------------------------------------------------------------ run lifecycle
+    def halt(self, state: SessionState, wait_s: float = 120.0) -> None:
+        """Pause the background worker (if any) and wait for its current step to end."""
+        if state.worker is not None:
+            state.worker.request_pause()
+            state.worker.join(wait_s)
+
+    def launch(self, state: SessionState, gen: Optional[Generation] = None,
+               baseline_of: Optional[RunSettings] = None) -> None:
+        """Run ``gen`` (default: the session's generation) on a background worker; when
+        ``baseline_of`` is given (or was given when this run started) an AR baseline follows."""
+        gen = gen or state.generation
+        if baseline_of is None:
+            baseline_of = state.baseline_request
+        assert gen is not None
+
+        def error(e: BaseException) -> None:
+            state.error = describe_error(e)
+
+        def after() -> None:
+            rec = gen.record
+            if rec.config.method == "autoregressive" and rec.status == "finished":
+                state.baselines[rec.settings.baseline_key()] = rec
+            if baseline_of is not None and rec.status == "finished" and state.baseline_for(baseline_of) is None:
+                state.baseline_running = True
+                state.bump()
+                try:
+                    base = start_generation(self.provider, baseline_of.with_method("autoregressive"))
+                    base.record.status = "running"
+                    while not gen.stop_event.is_set():
+                        with self.model_lock:
+                            if base.advance() is None or base.done:
+                                break
+                    if base.record.status == "finished":
+                        state.baselines[baseline_of.baseline_key()] = base.record
+                finally:
+                    state.baseline_running = False
+
+        state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after).start()
+
+    def begin(self, state: SessionState, settings: RunSettings) -> Iterator[Updates]:
+        """Replace the session's generation with a new one (yields a loading notice first)."""
+        self.halt(state)
+        if state.generation is not None and not state.generation.done:
+            state.generation.stop_now()
+        if settings.needs_auto:
+            yield self.notice(state, f"auto: choosing the configuration for this machine ({settings.draft} / "
+                                     f"{settings.target}) … the first time it measures the machine profile and "
+                                     "the pair's acceptance (a few minutes on a 2-core CPU), then it is cached")
+        elif not self.provider.is_loaded(settings.pair_spec()):
+            yield self.notice(state, f"Loading models {settings.draft} / {settings.target} … "
+                                     "(the first load can take a while)")
+        state.generation = start_generation(self.provider, settings)
+        state.record = state.generation.record
+        state.error = ""
+        state.baseline_request = None
+        state.bump()
+
+    # ------------------------------------------------------------------ Live tab events
+    def on_run(self, state: SessionState, block: int, baseline: bool, *values) -> Iterator[Updates]:
+        try:
+            settings = settings_from_form(*values)
+            settings.decode_config()
+            yield from self.begin(state, settings)
+        except Exception as e:  # noqa: BLE001 - shown in the page; the app stays usable
+            yield self.fail(state, block, e)
+            return
+        state.baseline_request = settings if baseline else None
+        self.launch(state)
+        yield self.live(state, block)
+
+    def on_tick(self, state: SessionState, block: int) -> Updates:
+        """Timer refresh: repaint only when something changed; stop ticking when idle."""
+        if state.error:
+            msg, state.error = state.error, ""
+            gr.Warning(msg)
+            return self.live(state, block, msg)
+        if state.version == state.rendered_version:
+            return {self.timer: self.timer_update(state, state.running)}
+        return self.live(state, block)
+
+    def on_pause(self, state: SessionState, block: int) -> Updates:
+        rec = state.record
+        if state.running and rec is not None and rec.status == "running":
+            self.halt(state, wait_s=0)  # the worker stops after its current step; the timer shows it
+            return {**self.notice(state, "Pausing after the current step …", timer=True),
+                    self.c.pause_btn: self.pause_label(state, "Resume")}
+        if state.active and not state.running and rec is not None and rec.status == "paused":
+            self.launch(state)  # resume
+        return self.live(state, block)
+
+    def on_step(self, state: SessionState, block: int, *values) -> Iterator[Updates]:
+        try:
+            self.halt(state)
+            if not state.active:
+                settings = settings_from_form(*values)
+                settings.decode_config()
+                yield from self.begin(state, settings)
+            gen: Generation = state.generation  # type: ignore[assignment]
+            with self.model_lock:
+                gen.advance()
+            if not gen.done:
+                gen.record.status = "paused"
+            elif gen.record.config.method == "autoregressive" and gen.record.status == "finished":
+                state.baselines[gen.record.settings.baseline_key()] = gen.record
+            state.bump()
+        except Exception as e:  # noqa: BLE001
+            yield self.fail(state, block, e)
+            return
+        yield self.live(state, block)
+
+    def on_stop(self, state: SessionState, block: int) -> Updates:
+        if state.compare_stop is not None:
+            state.compare_stop.set()
+        gen = state.generation
+        if gen is not None and not gen.done:
+            if state.running:
+                gen.stop_event.set()  # the worker ends the run after its current step
+                return self.notice(state, "Stopping after the current step …", timer=True)
+            gen.stop_now()
+            state.bump()
+        return self.live(state, block)
+
+    def on_select_step(self, state: SessionState, step: float, block: int) -> Updates:
+        return self.step_updates(state.record, step, block)
+
+    def on_open_run(self, state: SessionState, block: int, path: Optional[str]) -> Updates:
+        """Show an exported run (``ui.export.read_json``) in the Live tab; the current generation
+        ends first (its steps are kept in its own export, not here)."""
+        if not path:  # the file was cleared
+            return {}
+        try:
+            rec = read_json(Path(path))
+        except Exception as e:  # noqa: BLE001 - shown inline, the session goes on
+            return self.fail(state, block, e)
+        self.halt(state)
+        if state.generation is not None and not state.generation.done:
+            state.generation.stop_now()
+        state.generation = None
+        state.record = rec
+        state.error = ""
+        state.bump()
+        return self.live(state, block)
+
+    def on_export(self, kind: str):
+        def export(state: SessionState, step: float, block: int) -> Updates:
+            rec = state.record
+            c = self.c
+            if rec is None or not rec.traces:
+                gr.Warning("Nothing to export yet: run a generation first.")
+                return {c.error_box: error_markdown("Nothing to export yet: run a generation first.")}
+            out = Path(state.export_dir()) / f"export-{time.strftime('%H%M%S')}-{kind}"
+            try:
+                if kind == "json":
+                    files = [write_json(rec, out / "steptraces.json")]
+                else:
+                    files = write_images(export_figures(rec, step, block), out, (kind,))
+            except Exception as e:  # noqa: BLE001
+                msg = describe_error(e)
+                gr.Warning(msg)
+                return {c.error_box: error_markdown(msg)}
+            return {c.export_files: [str(f) for f in files], c.error_box: ""}
+
+        export.__name__ = f"on_export_{kind}"
+        return export
+
+    # ------------------------------------------------------------------ Compare tab events
+    def compare_updates(self, records: list[RunRecord | ExternalRun], note: str, error: str = "") -> Updates:
+        texts, stats, speed, per_step = compare_views(records)
+        c = self.c
+        out: Updates = {c.cmp_speed: speed, c.cmp_steps: per_step, c.cmp_status: note, c.error_box: error_markdown(error)}
+        for i in range(N_COMPARE):
+            out[c.cmp_texts[i]] = texts[i] if i < len(texts) else ""
+            if i < len(stats):
+                out[c.cmp_stats[i]] = stats[i]
+        return out
+
+    def compare_progress(self, note: str) -> Updates:
+        return {self.c.cmp_status: note, self.c.error_box: ""}
+
+    def on_compare(self, state: SessionState, tree_method: str, with_hf: bool, *values) -> Iterator[Updates]:
+        records: list[RunRecord | ExternalRun] = []
+        stop = threading.Event()
+        state.compare_stop = stop
+        try:
+            settings = settings_from_form(*values)
+            settings.decode_config()
+            for m in ("autoregressive", "chain", tree_method):
+                s = settings.with_method(m)
+                if not self.provider.is_loaded(s.pair_spec()):
+                    yield self.compare_progress("Loading models …")
+                gen = start_generation(self.provider, s, stop)
+                records.append(gen.record)
+                gen.record.status = "running"
+                yield self.compare_updates(records, f"running {gen.record.label} …")
+                last = time.monotonic()
+                while True:
+                    with self.model_lock:
+                        if gen.advance() is None or gen.done:
+                            break
+                    if time.monotonic() - last >= 2 * self.stream_interval_s:
+                        last = time.monotonic()
+                        yield self.compare_progress(f"running {gen.record.label} … {gen.record.summary()['tokens']} tokens")
+                if stop.is_set():
+                    break
+            if with_hf and not stop.is_set():
+                yield from self.compare_hf_assisted(settings, stop, records)
+        except Exception as e:  # noqa: BLE001
+            msg = describe_error(e)
+            gr.Warning(msg)
+            state.compare = records
+            yield self.compare_updates(records, "", msg)
+            return
+        state.compare = records
+        if records and records[0].status == "finished":
+            state.baselines[records[0].settings.baseline_key()] = records[0]
+        yield self.compare_updates(records, "stopped" if stop.is_set() else "done: same prompt, seed and length")
+
+    def compare_hf_assisted(self, settings: RunSettings, stop: threading.Event,
+                            records: list[RunRecord | ExternalRun]) -> Iterator[Updates]:
+        """Run transformers' assisted generation in a thread (holding the model lock) and stream
+        its progress; its result is appended to ``records``."""
+        records.append(ExternalRun(label=HF_ASSISTED_LABEL))
+        yield self.compare_updates(records, f"running {HF_ASSISTED_LABEL} …")
+        tokens = [0]
+        box: dict = {}
+
+        def work() -> None:
+            try:
+                with self.model_lock:
+                    box["run"] = run_hf_assisted(self.provider, settings, stop,
+                                                 progress=lambda n: tokens.__setitem__(0, n))
+            except Exception as e:  # noqa: BLE001
+                box["error"] = e
+
+        th = threading.Thread(target=work, daemon=True)
+        th.start()
+        while th.is_alive():
+            th.join(2 * self.stream_interval_s)
+            if th.is_alive():
+                yield self.compare_progress(f"running {HF_ASSISTED_LABEL} … {tokens[0]} tokens")
+        if "error" in box:
+            raise box["error"]
+        records[-1] = box["run"]
+
+    def on_compare_stop(self, state: SessionState) -> Any:
+        if state.compare_stop is not None and not state.compare_stop.is_set():
+            state.compare_stop.set()
+            return "stopping after the current step …"
+        return gr.skip()

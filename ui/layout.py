@@ -1,0 +1,306 @@
+"""The page's components: ``build_layout`` places them (inside an open ``gr.Blocks``) and returns
+them by name in ``Components``; the controller and the wiring refer to them only by these names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from dyntree_core.config import DTYPES
+from dyntree_core.methods import REGISTRY
+from dyntree_core.tree import BLOCK_SIZES
+
+from .mask_figure import MASK_LEGEND
+from .runner import HF_ASSISTED_LABEL
+from .settings import AUTO, MAX_NEW_TOKENS, METHOD_CHOICES, METHOD_PARAMS, PRECISION_CHOICES, TREE_METHODS
+from .views import run_view, step_view
+
+N_COMPARE = 4  # Compare columns: autoregressive, chain, tree, transformers assisted
+METHOD_HINTS: dict[str, str] = {
+    AUTO: "auto: this machine's measured cost model picks the method, its shape and each model's precision "
+          "(plain decoding when no tree pays for itself here); the status line says why.",
+    **{m.name: m.hint for m in REGISTRY.values()},
+}
+
+
+@dataclass(frozen=True)
+class AppDefaults:
+    """Initial values of the form (the CLI fills these)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    prompt: str = "Write a Python function that returns the n-th Fibonacci number."
+    chat: bool = True
+    method: str = AUTO
+    precision: str = AUTO
+    draft_precision: str = AUTO
+    max_new_tokens: int = 64
+    budget: int = 32
+    depth: int = 6
+    width: int = 4
+    title: str = "DynTree"
+
+
+def verifier_choices(method: str, temperature: float) -> list[str]:
+    from dyntree_core.config import compatible_verifiers
+
+    return ["auto"] if method == AUTO else compatible_verifiers(method, float(temperature or 0.0))
+
+
+@dataclass(frozen=True)
+class Components:
+    """Every component an event reads or writes, by name."""
+
+    draft: Any
+    target: Any
+    device: Any
+    dtype: Any
+    precision: Any
+    draft_precision: Any
+    offload: Any
+    prompt: Any
+    chat: Any
+    example: Any
+    method: Any
+    method_hint: Any
+    verifier: Any
+    temperature: Any
+    top_p: Any
+    budget: Any
+    depth: Any
+    width: Any
+    threshold: Any
+    max_new: Any
+    seed: Any
+    with_baseline: Any
+    run_btn: Any
+    pause_btn: Any
+    step_btn: Any
+    stop_btn: Any
+    status: Any
+    error_box: Any
+    text_html: Any
+    step_slider: Any
+    block_size: Any
+    tree_plot: Any
+    mask_bfs: Any
+    mask_dfs: Any
+    mask_hpd: Any
+    speed_plot: Any
+    steps_plot: Any
+    phase_plot: Any
+    png_btn: Any
+    svg_btn: Any
+    json_btn: Any
+    export_files: Any
+    open_run: Any
+    cmp_method: Any
+    cmp_hf: Any
+    cmp_btn: Any
+    cmp_stop: Any
+    cmp_status: Any
+    cmp_speed: Any
+    cmp_steps: Any
+    cmp_texts: tuple[Any, ...]
+    cmp_stats: tuple[Any, ...]
+
+    @property
+    def form(self) -> list[Any]:
+        """The run settings, in ``settings.settings_from_form``'s argument order."""
+        return [self.draft, self.target, self.device, self.dtype, self.prompt, self.chat, self.method, self.verifier,
+                self.temperature, self.top_p, self.budget, self.depth, self.width, self.threshold, self.max_new,
+                self.seed, self.offload, self.precision, self.draft_precision]
+
+    @property
+    def masks(self) -> tuple[Any, Any, Any]:
+        return (self.mask_bfs, self.mask_dfs, self.mask_hpd)
+
+    @property
+    def step_outputs(self) -> list[Any]:
+        """What selecting another step redraws."""
+        return [self.tree_plot, *self.masks, self.phase_plot]
+
+    @property
+    def live_outputs(self) -> list[Any]:
+        """Everything the Live tab's run events may update."""
+        return [*self.step_outputs, self.text_html, self.speed_plot, self.steps_plot, self.status, self.step_slider,
+                self.error_box, self.pause_btn]
+
+    @property
+    def compare_outputs(self) -> list[Any]:
+        return [*self.cmp_texts, *self.cmp_stats, self.cmp_speed, self.cmp_steps, self.cmp_status, self.error_box]
+
+
+def build_layout(default_draft: str, default_target: str, defaults: AppDefaults, cuda: bool,
+                 examples: list[tuple[str, str]]) -> Components:
+    """Place the controls (left) and the Live / Compare tabs (right); call inside ``gr.Blocks``."""
+    with gr.Row(equal_height=False):
+        # ---------------------------------------------------------------- controls
+        with gr.Column(scale=1, min_width=330, elem_id="controls"):
+            with gr.Accordion("Model pair", open=False, elem_id="model-pair"):
+                draft = gr.Textbox(default_draft, label="Draft model",
+                                   info="'embedded', a preset, a local dir or a hub id", elem_id="draft-model")
+                target = gr.Textbox(default_target, label="Target model", elem_id="target-model")
+                with gr.Row():
+                    device = gr.Dropdown(["cpu", "cuda"] if cuda else ["cpu"], value=defaults.device,
+                                         label="Device", elem_id="device")
+                    dtype = gr.Dropdown(list(DTYPES), value=defaults.dtype, label="dtype", elem_id="dtype")
+                with gr.Row():
+                    precision = gr.Dropdown(list(PRECISION_CHOICES), value=defaults.precision,
+                                            label="Target precision", elem_id="precision",
+                                            info="auto: measured on this machine (first Run profiles it, then cached)")
+                    draft_precision = gr.Dropdown(list(PRECISION_CHOICES), value=defaults.draft_precision,
+                                                  label="Draft precision", elem_id="draft-precision")
+                offload = gr.Checkbox(False, label="Offload the target's layers to host memory (CUDA)",
+                                      visible=cuda, elem_id="offload")
+            prompt = gr.Textbox(defaults.prompt, lines=4, label="Prompt", elem_id="prompt")
+            with gr.Row():
+                chat = gr.Checkbox(defaults.chat, label="Chat template", elem_id="chat",
+                                   info="wrap the prompt when the tokenizer has one")
+                example = gr.Dropdown([label for label, _ in examples], value=None, label="Example prompt",
+                                      visible=bool(examples), elem_id="example-prompt")
+            method = gr.Dropdown(list(METHOD_CHOICES), value=defaults.method, label="Method", elem_id="method")
+            method_hint = gr.Markdown(METHOD_HINTS.get(defaults.method, ""), elem_id="method-hint")
+            verifier = gr.Dropdown(verifier_choices(defaults.method, 0.0), value="auto",
+                                   label="Verifier (lossless choices only)", elem_id="verifier")
+            with gr.Row():
+                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                        elem_id="temperature")
+                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
+            used = METHOD_PARAMS.get(defaults.method, frozenset())
+            with gr.Row():
+                budget = gr.Number(defaults.budget, label="Budget (nodes incl. root)", precision=0, minimum=2,
+                                   maximum=4096, interactive="budget" in used, elem_id="budget")
+                depth = gr.Number(defaults.depth, label="Depth", precision=0, minimum=1, maximum=256,
+                                  interactive="depth" in used, elem_id="depth")
+            with gr.Row():
+                width = gr.Number(defaults.width, label="Width", precision=0, minimum=1, maximum=256,
+                                  interactive="width" in used, elem_id="width")
+                threshold = gr.Number(0.05, label="Threshold", minimum=0.0001, maximum=0.9999, step=0.01,
+                                      interactive="threshold" in used, elem_id="threshold")
+            with gr.Row():
+                max_new = gr.Number(defaults.max_new_tokens, label="Max new tokens", precision=0, minimum=1,
+                                    maximum=MAX_NEW_TOKENS, elem_id="max-new-tokens")
+                seed = gr.Number(0, label="Seed", precision=0, elem_id="seed")
+            with_baseline = gr.Checkbox(False, label="Then run the autoregressive baseline (same prompt, seed, length)",
+                                        elem_id="with-baseline")
+            with gr.Row(elem_id="run-controls"):
+                run_btn = gr.Button("Run", variant="primary", elem_id="run-btn", min_width=60)
+                pause_btn = gr.Button("Pause", elem_id="pause-btn", min_width=60)
+                step_btn = gr.Button("Step", elem_id="step-btn", min_width=60)
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
+            status = gr.Markdown("Idle. Models load on the first Run.", elem_id="status")
+            error_box = gr.Markdown("", elem_id="error-box")
+
+        # ---------------------------------------------------------------- panels
+        with gr.Column(scale=3, min_width=600):
+            with gr.Tabs():
+                with gr.Tab("Live", id="live", elem_id="live-tab"):
+                    text_html = gr.HTML(run_view(None, None).text_html, elem_id="colored-text")
+                    with gr.Row():
+                        step_slider = gr.Slider(0, 1, value=0, step=1, label="Step (drag to revisit an earlier step)",
+                                                interactive=False, elem_id="step-slider", scale=4)
+                        block_size = gr.Radio(list(BLOCK_SIZES), value=16, label="Mask block size",
+                                              elem_id="block-size", scale=1)
+                    empty = step_view(None, None, 16)
+                    tree_plot = gr.Plot(empty.tree, label="Draft tree", elem_id="tree-plot")
+                    gr.Markdown(f"**Tree attention mask** of the selected step in three node orders. {MASK_LEGEND}",
+                                elem_id="mask-caption")
+                    with gr.Row():
+                        mask_bfs = gr.Plot(empty.masks[0], label="Mask, BFS (original) order", elem_id="mask-bfs")
+                        mask_dfs = gr.Plot(empty.masks[1], label="Mask, DFS order", elem_id="mask-dfs")
+                        mask_hpd = gr.Plot(empty.masks[2], label="Mask, HPD order", elem_id="mask-hpd")
+                    with gr.Row():
+                        speed_plot = gr.Plot(run_view(None, None).speed, label="Tokens/s", elem_id="speed-plot")
+                        steps_plot = gr.Plot(run_view(None, None).per_step, label="Tokens per step",
+                                             elem_id="tokens-per-step-plot")
+                    phase_plot = gr.Plot(empty.phases, label="Phase timings", elem_id="phase-plot")
+                    with gr.Accordion("Export", open=False, elem_id="export"):
+                        gr.Markdown("Tree and masks of the selected step, the coloured text and the tokens/s "
+                                    "chart as images (headless Chromium via kaleido), or the run's StepTraces as JSON.")
+                        with gr.Row():
+                            png_btn = gr.Button("PNG", elem_id="export-png")
+                            svg_btn = gr.Button("SVG", elem_id="export-svg")
+                            json_btn = gr.Button("JSON (StepTraces)", elem_id="export-json")
+                        export_files = gr.File(label="Exported files", file_count="multiple", interactive=False,
+                                               elem_id="export-files")
+                        open_run = gr.File(label="Open an exported run (JSON): replays its steps, no models needed",
+                                           file_types=[".json"], file_count="single", elem_id="open-run")
+                with gr.Tab("Compare", id="compare", elem_id="compare-tab"):
+                    gr.Markdown("Autoregressive vs chain vs a tree method on the **same** prompt, seed, "
+                                "sampling settings and token budget, run one after the other; optionally "
+                                "transformers' own assisted generation (`generate(assistant_model=draft)`) "
+                                "on the same models as a fourth column.")
+                    with gr.Row():
+                        cmp_method = gr.Dropdown(list(TREE_METHODS), value=defaults.method if defaults.method in TREE_METHODS
+                                                 else TREE_METHODS[0], label="Tree method", elem_id="compare-method")
+                        cmp_hf = gr.Checkbox(value=True, label="+ transformers assisted", elem_id="compare-hf")
+                        cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn")
+                        cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                    cmp_status = gr.Markdown("", elem_id="compare-status")
+                    with gr.Row():
+                        cmp_texts, cmp_stats = [], []
+                        for i, name in enumerate(("autoregressive", "chain", "tree", HF_ASSISTED_LABEL)):
+                            with gr.Column(min_width=240):
+                                cmp_stats.append(gr.Markdown(f"**{name}**", elem_id=f"compare-stats-{i}"))
+                                cmp_texts.append(gr.HTML("", elem_id=f"compare-text-{i}"))
+                    with gr.Row():
+                        cmp_speed = gr.Plot(label="Tokens/s", elem_id="compare-speed")
+                        cmp_steps = gr.Plot(label="Tokens per step", elem_id="compare-steps")
+
+    return Components(
+        draft=draft,
+        target=target,
+        device=device,
+        dtype=dtype,
+        precision=precision,
+        draft_precision=draft_precision,
+        offload=offload,
+        prompt=prompt,
+        chat=chat,
+        example=example,
+        method=method,
+        method_hint=method_hint,
+        verifier=verifier,
+        temperature=temperature,
+        top_p=top_p,
+        budget=budget,
+        depth=depth,
+        width=width,
+        threshold=threshold,
+        max_new=max_new,
+        seed=seed,
+        with_baseline=with_baseline,
+        run_btn=run_btn,
+        pause_btn=pause_btn,
+        step_btn=step_btn,
+        stop_btn=stop_btn,
+        status=status,
+        error_box=error_box,
+        text_html=text_html,
+        step_slider=step_slider,
+        block_size=block_size,
+        tree_plot=tree_plot,
+        mask_bfs=mask_bfs,
+        mask_dfs=mask_dfs,
+        mask_hpd=mask_hpd,
+        speed_plot=speed_plot,
+        steps_plot=steps_plot,
+        phase_plot=phase_plot,
+        png_btn=png_btn,
+        svg_btn=svg_btn,
+        json_btn=json_btn,
+        export_files=export_files,
+        open_run=open_run,
+        cmp_method=cmp_method,
+        cmp_hf=cmp_hf,
+        cmp_btn=cmp_btn,
+        cmp_stop=cmp_stop,
+        cmp_status=cmp_status,
+        cmp_speed=cmp_speed,
+        cmp_steps=cmp_steps,
+        cmp_texts=tuple(cmp_texts),
+        cmp_stats=tuple(cmp_stats),
+    )
