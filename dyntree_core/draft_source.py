@@ -118,3 +118,19 @@ class ModelDraftSource:
                 extra.append(self.slot[n])
         compact(self.cache, keep, extra)
         return keep + len(extra)
+
+
+class NoModelSource:
+    """The ``DraftSource`` of model-free drafters (``methods.MethodSpec.uses_draft_model`` False):
+    asking it for a distribution is a bug, and there is no draft cache to keep."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = int(vocab_size)
+        self.forward_calls = 0
+        self.forward_seconds = 0.0
+
+    def next_probs(self, tokens: Sequence[int], parents: Sequence[int], nodes: Sequence[int]) -> torch.Tensor:
+        raise RuntimeError("a model-free drafter asked for draft-model distributions")
+
+    def commit_path(self, path_source_ids: Sequence[int]) -> int:
+        return 0

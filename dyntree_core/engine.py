@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, DecodeConfig
-from .draft_source import ModelDraftSource
+from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward, new_cache
 from .kv import cache_length, compact
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
@@ -172,10 +172,12 @@ class SpeculativeDecoder:
             from .verify import make_verifier
 
             drafter = make_drafter(cfg)
-            drafter.reset()
+            drafter.reset(prompt)
             verifier = make_verifier(self.verifier_name)
         t_cache = new_cache(self.target)
-        d_cache = None if is_ar else new_cache(self.draft)
+        from .methods import method_spec
+
+        d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
         if len(prompt) > 1:
             causal_forward(self.target, t_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2],
                            attn_kwargs=self.attn_kwargs)
@@ -196,6 +198,8 @@ class SpeculativeDecoder:
             committed, reason = self._truncate(trace.committed, remaining, context_left)
             trace.committed = committed
             state.committed.extend(c.token_id for c in committed)
+            if drafter is not None:
+                drafter.extend([c.token_id for c in committed])
             produced += len(committed)
             if stop_event is not None and stop_event.is_set() and reason is None:
                 reason = "stopped"
@@ -271,8 +275,11 @@ class SpeculativeDecoder:
         prefix_len = len(state.committed)
         cache_len = cache_length(t_cache)
 
-        source = ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached :],
-                                  cfg.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
+        if d_cache is None:  # a model-free drafter
+            source = NoModelSource(self.vocab_size)
+        else:
+            source = ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached :],
+                                      cfg.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
         t0 = time.perf_counter()
         tree: TokenTree = drafter.draft(source, root, gen, deterministic=cfg.greedy)
         self._sync()

@@ -32,6 +32,7 @@ class MethodSpec:
         tuning: how the tuner searches its shape.
         threshold_controlled: the tuner runs it with the online threshold controller
             (``adaptive_threshold``) starting from ``config.default_threshold(budget)``.
+        uses_draft_model: False for model-free drafters (the engine then never runs the draft).
     """
 
     name: str
@@ -41,6 +42,7 @@ class MethodSpec:
     hint: str
     tuning: Tuning
     threshold_controlled: bool = False
+    uses_draft_model: bool = True
 
     @property
     def is_tree(self) -> bool:
@@ -74,6 +76,10 @@ REGISTRY: dict[str, MethodSpec] = {m.name: m for m in (
     MethodSpec("dynatree", _D + "dynatree:DynaTreeDrafter", "topk", frozenset({"budget", "depth", "threshold", "width"}),
                "DynaTree: top-k (`width`) branching where the draft's confidence is below `threshold`.",
                "budget_depth"),
+    MethodSpec("suffix", _D + "suffix:SuffixDrafter", "topk", frozenset({"budget", "depth", "threshold"}),
+               "Suffix (model-free): continuations already seen in the prompt and output, best-first by their "
+               "frequency until `budget` nodes or a path score below `threshold`; no draft model runs.",
+               "budget_depth", uses_draft_model=False),
 )}
 
 

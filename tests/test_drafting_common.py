@@ -10,6 +10,10 @@ import torch
 
 from dyntree_core.config import METHODS, ConfigError, DecodeConfig
 from dyntree_core.drafting import DRAFTERS, Drafter, PathFunctionSource, TreeBuilder, iid_draws, make_drafter, sibling_orders
+from dyntree_core.methods import REGISTRY
+
+#: drafters that read a draft model (the model-free ones are tested in test_drafting_suffix.py)
+MODEL_DRAFTERS = [m for m in DRAFTERS if REGISTRY[m].uses_draft_model]
 
 Q = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
 
@@ -87,7 +91,7 @@ def _toy(v: int, seed: int):
     return fn
 
 
-@pytest.mark.parametrize("method", DRAFTERS)
+@pytest.mark.parametrize("method", MODEL_DRAFTERS)
 def test_drafter_contract_on_small_cases(method):
     """Every drafter: valid tree, limits, rows and log-probs consistent with the source,
     distinct SWOR/top-k siblings, call accounting, and no request for an unused distribution

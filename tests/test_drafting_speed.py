@@ -13,6 +13,7 @@ import torch
 
 from dyntree_core.config import DecodeConfig
 from dyntree_core.drafting import DRAFTERS, make_drafter
+from dyntree_core.methods import REGISTRY
 
 V = 151_936
 
@@ -45,7 +46,7 @@ def rows() -> torch.Tensor:
     return torch.softmax(logits, dim=1)
 
 
-@pytest.mark.parametrize("method", DRAFTERS)
+@pytest.mark.parametrize("method", [m for m in DRAFTERS if REGISTRY[m].uses_draft_model])
 def test_construction_overhead_at_full_vocabulary(method: str, rows: torch.Tensor):
     cfg = DecodeConfig(method=method, budget=64, depth=8, width=8, threshold=0.01, temperature=1.0)
     drafter = make_drafter(cfg)

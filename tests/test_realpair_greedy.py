@@ -9,7 +9,7 @@ from dyntree_core.prompts import load_prompts
 
 pytestmark = pytest.mark.realpair
 
-TREE_METHODS = [m for m in METHODS if m not in ("autoregressive", "chain")]
+TREE_METHODS = [m for m in METHODS if m not in ("autoregressive", "chain", "suffix")]
 
 
 def prompt_ids(pair, n_per_dataset=1, tokens=64):
@@ -34,6 +34,11 @@ def test_chain_matches_target_greedy_3_prompts_x_64_tokens(embedded_pair, ar_out
     for prompt, ref in zip(prompt_ids(embedded_pair), ar_outputs):
         assert len(ref) == 64 or ref[-1] in embedded_pair.eos_token_ids
         assert greedy(embedded_pair, "chain", prompt, 64, depth=4) == ref
+
+
+def test_suffix_matches_target_greedy_3_prompts_x_64_tokens(embedded_pair, ar_outputs):
+    for prompt, ref in zip(prompt_ids(embedded_pair), ar_outputs):
+        assert greedy(embedded_pair, "suffix", prompt, 64, budget=16, depth=8, threshold=0.01) == ref
 
 
 @pytest.mark.parametrize("method", TREE_METHODS)

@@ -12,11 +12,19 @@ from dyntree_core.config import METHODS
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
+#: methods added after the committed bf16 latency runs, with why their rows are not there yet; an
+#: entry must go as soon as its rows exist (checked below)
+RESULTS_PENDING = {"suffix": "issue 19: its 20-prompt x 3-dataset x 2-temperature latency run has not been made"}
+
+
 def test_committed_results_cover_every_method_dataset_and_temperature():
     rows = load_rows(sorted(RESULTS.glob("latency_*_cpu_bf16*.json")))
     for ds in ("wiki", "news", "code"):
         for t in (0.0, 0.6):
             for m in METHODS:
+                if m in RESULTS_PENDING:
+                    assert rows.get((ds, t, m)) is None, f"{m} has results now: remove it from RESULTS_PENDING"
+                    continue
                 r = rows.get((ds, t, m))
                 assert r is not None, f"missing {m} on {ds} at T={t}"
                 assert r["prompts"] >= 20 and r["tokens_per_step"] >= 1.0 and r["median_seconds_per_token"] > 0

@@ -88,8 +88,12 @@ class Drafter(ABC):
         """``topk`` when deterministic, else the drafter's stochastic kind."""
         return "topk" if deterministic else self.stochastic_kind
 
-    def reset(self) -> None:
-        """Forget per-generation state (call at the start of every prompt)."""
+    def reset(self, prompt: Sequence[int] = ()) -> None:
+        """Forget per-generation state (called at the start of every prompt, with its token ids)."""
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The tokens a step committed (after ``observe``): drafters that draft from the text so far
+        index them, the others ignore them."""
 
     def observe(self, tree: TokenTree, accepted_nodes: int) -> None:
         """Feedback after verification: ``accepted_nodes`` draft tokens of ``tree`` were accepted

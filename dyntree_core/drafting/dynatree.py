@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -118,7 +118,7 @@ class DynaTreeDrafter(Drafter):
         self.params = self.initial_params
         self.history: list[float] = []
 
-    def reset(self) -> None:
+    def reset(self, prompt: Sequence[int] = ()) -> None:
         self.params = self.initial_params
         self.history = []
 

@@ -33,15 +33,16 @@ Calls per step: at most ``cfg.depth`` (one per expanded layer).
 from __future__ import annotations
 
 import heapq
+from typing import Sequence
 
 import torch
 
-from ..tree import TokenTree
 from ..config import DecodeConfig
-from .threshold_control import ThresholdController
+from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
 from .sampling import SiblingSampler, top_children
+from .threshold_control import ThresholdController
 
 
 class DySpecThresholdDrafter(Drafter):
@@ -55,7 +56,7 @@ class DySpecThresholdDrafter(Drafter):
         super().__init__(cfg)
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, prompt: Sequence[int] = ()) -> None:
         self.threshold = float(self.cfg.threshold)
         self.controller = (
             ThresholdController(self.cfg.budget, self.threshold, cap=self.cfg.budget)

@@ -1,0 +1,99 @@
+"""``suffix``: a model-free drafter that proposes continuations already seen in the prompt and the
+output so far (SuffixDecoding's idea; prompt-lookup decoding is its chain form).
+
+The tree grows best-first: a candidate child's score is the product of empirical continuation
+probabilities along its path (``SuffixIndex`` counts, longest-suffix match at every node), and the
+highest-scoring candidate is added next until ``budget`` nodes, ``depth`` levels, or no candidate
+scores at least ``threshold``. Without a match the tree is the root alone (the step is a plain
+target step). No draft model forward runs at all.
+
+The tree is deterministic given the text, so it is verified by point-mass (T > 0) or greedily
+(T = 0): every committed token is then a target sample, whatever the index proposed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Sequence
+
+import torch
+
+from ..config import DecodeConfig
+from ..tree import TokenTree
+from .drafter import CountingSource, Drafter
+from .suffix_index import SuffixIndex
+
+#: longest context suffix the index matches
+MAX_MATCH = 16
+
+
+class SuffixDrafter(Drafter):
+    name = "suffix"
+
+    def __init__(self, cfg: DecodeConfig):
+        super().__init__(cfg)
+        self.index = SuffixIndex(MAX_MATCH)
+
+    def reset(self, prompt: Sequence[int] = ()) -> None:
+        self.index = SuffixIndex(MAX_MATCH)
+        self.index.extend(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.index.extend(tokens)
+
+    def _draft(self, source: CountingSource, root_token: int, generator: torch.Generator,
+               deterministic: bool) -> TokenTree:
+        history = self.index.tokens
+        if not history or history[-1] != root_token:
+            raise RuntimeError("the suffix drafter's history must end with the root token "
+                               "(the engine calls reset(prompt) and extend(committed tokens))")
+        return suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold)
+
+
+def suffix_tree(index: SuffixIndex, budget: int, depth: int, threshold: float) -> TokenTree:
+    """The best-first continuation tree of ``index``'s sequence (its last token is the root)."""
+    history = index.tokens
+    tokens, parents, logq, value, depths = [history[-1]], [-1], [0.0], [1.0], [0]
+    paths: list[tuple[int, ...]] = [()]
+    heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent, token)
+    order = 0
+
+    def push_children(node: int) -> None:
+        nonlocal order
+        if depths[node] >= depth:
+            return
+        for tok, p in index.continuations(history + list(paths[node])).ranked():
+            score = value[node] * p
+            if score < threshold:
+                break  # ranked by probability: later siblings score lower still
+            heapq.heappush(heap, (-score, order, node, tok))
+            order += 1
+
+    push_children(0)
+    while heap and len(tokens) < budget:
+        neg, _, parent, tok = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(tok)
+        parents.append(parent)
+        value.append(-neg)
+        logq.append(math.log(-neg / value[parent]))
+        depths.append(depths[parent] + 1)
+        paths.append(paths[parent] + (tok,))
+        push_children(node)
+    # siblings are added in probability order: their rank is their order of addition
+    kept_rank: dict[int, int] = {}
+    child_rank = [0]
+    for i in range(1, len(tokens)):
+        child_rank.append(kept_rank.get(parents[i], 0))
+        kept_rank[parents[i]] = child_rank[-1] + 1
+    n = len(tokens)
+    return TokenTree(
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        parents=torch.tensor(parents, dtype=torch.long),
+        child_rank=torch.tensor(child_rank, dtype=torch.long),
+        draft_logprob=torch.tensor(logq, dtype=torch.float64),
+        sampled="topk",
+        draft_row=torch.full((n,), -1, dtype=torch.long),
+        value=torch.tensor(value, dtype=torch.float64),
+    )

@@ -1,0 +1,111 @@
+"""The model-free ``suffix`` drafter: the suffix index against brute-force substring counting, the
+best-first tree it proposes, greedy token identity with plain decoding and lossless sampling."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from dyntree_core import DecodeConfig, SpeculativeDecoder
+from dyntree_core.drafting.suffix import suffix_tree
+from dyntree_core.drafting.suffix_index import SuffixIndex
+from dyntree_core.testing import tiny_pair
+from stat_utils import chi_square_pvalue, exact_first_two, sample_first_two
+
+
+def brute_continuations(seq: list[int], context: list[int], max_len: int) -> tuple[int, dict[int, int]]:
+    ctx = context[-max_len:]
+    for length in range(len(ctx), 0, -1):
+        suf = ctx[len(ctx) - length:]
+        c = Counter(seq[i + length] for i in range(len(seq) - length) if seq[i:i + length] == suf)
+        if c:
+            return length, dict(c)
+    return 0, {}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_index_counts_equal_brute_force_substring_counts(seed):
+    rng = random.Random(seed)
+    vocab, max_len = rng.choice([2, 3, 5]), rng.choice([1, 3, 6])
+    index, seq = SuffixIndex(max_len), []
+    for _ in range(12):  # appended in random chunks, as the engine does step by step
+        chunk = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))]
+        index.extend(chunk)
+        seq += chunk
+        for _ in range(5):
+            context = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))] + (seq[-rng.randrange(0, 4):] if seq else [])
+            got = index.continuations(context)
+            assert (got.match_len, got.counts) == brute_continuations(seq, context, max_len)
+    assert index.tokens == seq
+
+
+def test_tree_is_best_first_over_empirical_continuations():
+    text = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, 3, 5, 1, 2]
+    index = SuffixIndex(4)
+    index.extend(text)
+    tree = suffix_tree(index, budget=8, depth=5, threshold=0.01)
+    assert tree.sampled == "topk" and int(tree.tokens[0]) == 2 and tree.draft_probs is None
+    values = tree.value.tolist()
+    assert all(a >= b - 1e-12 for a, b in zip(values[1:], values[2:]))  # added in score order
+    for i in range(1, tree.size):
+        path = tree.path_to(i)
+        ctx = text + tree.tokens[path[1:-1]].tolist()
+        _, counts = brute_continuations(text, ctx, 4)
+        tok, parent = int(tree.tokens[i]), int(tree.parents[i])
+        assert tok in counts  # every node continues text seen before
+        p = counts[tok] / sum(counts.values())
+        assert math.isclose(values[i], values[parent] * p, rel_tol=1e-12)
+        assert math.isclose(math.exp(float(tree.draft_logprob[path[1:]].sum())), values[i], rel_tol=1e-9)
+    # after "1 2" the text continued with 3 three times and 4 once: 3 is the first child
+    first = [i for i in range(1, tree.size) if int(tree.parents[i]) == 0]
+    assert [int(tree.tokens[i]) for i in first[:2]] == [3, 4]
+    assert tree.size == 8 and int(tree.depth.max()) <= 5
+
+
+def test_tree_limits_and_no_match():
+    index = SuffixIndex(8)
+    index.extend([4, 5, 6, 4, 5, 6, 4, 5, 6, 4])
+    assert suffix_tree(index, budget=4, depth=10, threshold=1e-6).size == 4
+    assert int(suffix_tree(index, budget=50, depth=2, threshold=1e-6).depth.max()) == 2
+    fresh = SuffixIndex(8)
+    fresh.extend([1, 2, 3, 9])  # 9 never occurred before: nothing to propose
+    assert suffix_tree(fresh, budget=16, depth=4, threshold=1e-6).size == 1
+
+
+def _repetitive_prompt(seed: int, vocab: int = 64) -> list[int]:
+    rng = random.Random(seed)
+    motif = [rng.randrange(vocab) for _ in range(rng.randrange(2, 6))]
+    return (motif * 4)[: rng.randrange(7, 16)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_suffix_decoding_equals_autoregressive(seed):
+    draft, target = tiny_pair(seed=seed)
+    prompt = _repetitive_prompt(seed)
+    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive")).generate_ids(prompt, 16)
+    cfg = DecodeConfig(method="suffix", budget=16, depth=6, threshold=0.01)
+    traces = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, 16))
+    assert [c.token_id for t in traces for c in t.committed] == ar
+    assert all(t.timings.draft == 0.0 for t in traces)  # no draft model forward ran
+    assert any(t.tree_size > 1 for t in traces)  # the repeats were proposed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_suffix_sampling_matches_the_target(temperature):
+    """Chi-square on the first two sampled tokens after a prompt whose repeats make the drafter
+    propose a tree (point-mass verification)."""
+    torch.set_num_threads(1)
+    draft, target = tiny_pair(vocab=16, seed=12, layers=2, hidden=32)
+    prompt = [3, 7, 3, 7, 3]
+    exact = exact_first_two(target, prompt, temperature)
+    cfg = DecodeConfig(method="suffix", temperature=temperature, budget=6, depth=2, threshold=0.01)
+    assert cfg.resolved_verifier() == "point_mass"
+    assert SpeculativeDecoder(draft, target, cfg).generate(prompt, 1).__next__().tree_size > 1
+    counts = sample_first_two(lambda: SpeculativeDecoder(draft, target, cfg, eos_token_id=()), prompt, 2_500,
+                              seed0=4000)
+    assert chi_square_pvalue(counts, exact) > 0.01
