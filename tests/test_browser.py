@@ -20,6 +20,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("DYNTREE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+STREAM_INTERVAL_S = 1.5  # slow shared CI CPUs: fewer plot repaints
 PLOTS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot")
 
 
@@ -29,7 +30,7 @@ def app_url(tmp_path_factory):
         pytest.skip("Chromium not installed (make browser)")
     env = dict(os.environ, DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
-               DYNTREE_UI_STREAM_INTERVAL="1.5")  # slow shared CI CPUs: fewer plot repaints
+               DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S))
     try:
         proc, url = start_app(["--tiny"], env, tmp_path_factory.mktemp("app") / "app.log", timeout_s=120)
     except AppStartError as e:
@@ -41,17 +42,40 @@ def app_url(tmp_path_factory):
 
 
 def _status(page) -> str:
-    return page.inner_text("#status")
+    return page.inner_text("#status [data-testid=markdown]")
+
+
+def _error_line(page) -> str:
+    """The inline error line's text (without the hidden progress tracker's timer)."""
+    return page.inner_text("#error-box [data-testid=markdown]")
 
 
 def _wait_status(page, word: str, timeout_s: float = 60) -> None:
-    page.wait_for_function(
-        "w => { const e = document.querySelector('#status'); return e && e.innerText.includes(w); }",
-        arg=word, timeout=timeout_s * 1000)
+    try:
+        page.wait_for_function(
+            "w => { const e = document.querySelector('#status [data-testid=markdown]'); "
+            "return e && e.innerText.includes(w); }",
+            arg=word, timeout=timeout_s * 1000)
+    except Exception as e:  # name what the page said instead
+        raise AssertionError(f"status never said {word!r} in {timeout_s} s; it says {_status(page)!r}; "
+                             f"pause button {page.inner_text('#pause-btn')!r}") from e
 
 
 def _tokens(page) -> int:
     return page.locator("#colored-text .dt-tok").count()
+
+
+def _settled_tokens(page, timeout_s: float = 10.0) -> int:
+    """The coloured text's token count once two reads one refresh apart agree."""
+    deadline = time.monotonic() + timeout_s
+    n = _tokens(page)
+    while time.monotonic() < deadline:
+        time.sleep(STREAM_INTERVAL_S)
+        m = _tokens(page)
+        if m == n:
+            return n
+        n = m
+    raise AssertionError(f"the coloured text still changes after {timeout_s} s ({n} tokens)")
 
 
 def _plot_title(page, elem: str) -> str:
@@ -92,7 +116,7 @@ def test_app_end_to_end(app_url, tmp_path):
             assert _plot_title(page, "tree-plot") != tree_title
             assert _plot_title(page, "tree-plot").startswith("step 0")
             page.click("#step-btn")
-            page.wait_for_function("() => document.querySelector('#status').innerText.includes('2 steps')",
+            page.wait_for_function("() => document.querySelector('#status [data-testid=markdown]').innerText.includes('2 steps')",
                                    timeout=60_000)
             assert _tokens(page) > one
             assert _plot_title(page, "tree-plot").startswith("step 1")
@@ -117,17 +141,17 @@ def test_app_end_to_end(app_url, tmp_path):
             _wait_status(page, "paused", 30)
             page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Resume'",
                                    timeout=10_000)
-            paused_at = _tokens(page)
-            time.sleep(1.5)
-            assert _tokens(page) == paused_at
+            paused_at = _settled_tokens(page)  # the text panel may repaint a moment after the status
+            time.sleep(2 * STREAM_INTERVAL_S)
+            assert _tokens(page) == paused_at  # nothing runs while paused
             page.click("#pause-btn")  # Resume: the worker runs at least one more step ...
             page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Pause'",
                                    timeout=30_000)
             page.click("#stop-btn")  # ... and Stop ends the run after its current step
             _wait_status(page, "stopped", 60)
-            stopped_at = _tokens(page)
+            stopped_at = _settled_tokens(page)
             assert paused_at < stopped_at < 480
-            time.sleep(1.0)
+            time.sleep(2 * STREAM_INTERVAL_S)
             assert _tokens(page) == stopped_at  # nothing runs after Stop
 
             # --- the step slider goes back to an earlier step
@@ -176,7 +200,7 @@ def test_app_end_to_end(app_url, tmp_path):
             page.click("#run-btn")
             _wait_status(page, "finished", 60)
             assert _tokens(page) == 8
-            assert page.inner_text("#error-box").strip() == ""
+            assert _error_line(page).strip() == ""
             page.wait_for_function(
                 "() => [...document.querySelectorAll('#speed-plot .legendtext')]"
                 ".some(e => e.textContent.includes('autoregressive baseline'))", timeout=60_000)

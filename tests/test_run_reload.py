@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import gradio as gr
 import pytest
 
 from dyntree_core.trace import StepTrace
@@ -75,8 +76,9 @@ def test_a_file_that_is_not_a_run_export_is_refused(tmp_path):
 
 
 def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
-    """The Live tab's "Open an exported run" handler puts the reloaded run on the page: the tree of
-    its last step, its text and status, with no model provider call."""
+    """The Live tab's "Open an exported run" handler puts the reloaded run in the session and the
+    next refresh tick draws it: the tree of its last step, its text and status, with no model
+    provider call."""
     from ui.app import build_app
     from ui.session import SessionState
 
@@ -92,18 +94,22 @@ def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
     demo = build_app(NoModels())
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
     on_open = next(f.fn for f in fns if getattr(f, "name", None) == "on_open_run")
+    on_tick = next(f.fn for f in fns if getattr(f, "name", None) == "on_tick")
     run = runs[0]
     path = write_json(run, tmp_path / "run.json")
     state = SessionState()
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
-    out = on_open(state, 16, str(path))
+    assert on_open(state, str(path)) is None  # the Live tab's components are the tick's alone
+    out = on_tick(state, 16)
     assert state.record is not None and state.record.token_ids == run.token_ids
     expected = step_view(run, len(run.traces) - 1, 16)
     assert _same(_fig(out[by_id["tree-plot"]]), _fig(expected.tree))  # the tree of the last step
     assert out[by_id["colored-text"]] == run_view(run, None).text_html
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    out = on_open(state, 16, str(bad))
+    on_open(state, str(bad))
+    out = on_tick(state, 16)
     error = str(out[by_id["error-box"]])
     assert "Cannot open the run" in error and "not a DynTree run export" in error  # the inline error box
     assert state.record is not None and state.record.token_ids == run.token_ids  # the open run stays
+    assert list(on_tick(state, 16).values()) == [gr.skip()]  # nothing changed: nothing redrawn

@@ -4,8 +4,9 @@ Layout (``layout.py``): controls on the left; on the right a *Live* tab (coloure
 draft tree, masks in BFS/DFS/HPD order, speed charts, phase timings, export and replay) and a
 *Compare* tab (AR vs chain vs a tree method on the same prompt, seed and length). What the events
 do is ``controller.py``; this module only wires components to handlers. Per-browser state lives in
-a ``gr.State`` (``SessionState``). Run starts a background ``DecodeWorker``; a ``gr.Timer`` pulls
-snapshots while it runs; Pause/Stop/Step act on the worker.
+a ``gr.State`` (``SessionState``). Run starts a background ``DecodeWorker``; Pause/Stop/Step act on
+the worker and the session's state; a ``gr.Timer`` is the Live tab's only writer: each tick draws
+the session's state if it changed since the last one.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from .layout import AppDefaults, build_layout
 from .models import ModelProvider
 from .session import SessionState
 
-#: while a run decodes, the page pulls a fresh snapshot this often (seconds; DYNTREE_UI_STREAM_INTERVAL
-#: overrides). The pull is timer-driven in the browser, so a busy page never builds up a backlog.
+#: the page pulls a fresh snapshot this often when something changed (seconds; DYNTREE_UI_STREAM_INTERVAL
+#: overrides). The pull is timer-driven in the browser, so a busy page never builds up a backlog; an
+#: idle tick returns nothing.
 STREAM_INTERVAL_S = float(os.environ.get("DYNTREE_UI_STREAM_INTERVAL", "1.0"))
 
 
@@ -52,7 +54,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
     examples = _example_prompts()
     with gr.Blocks(title=defaults.title, fill_width=True) as demo:
         session = gr.State(SessionState, delete_callback=lambda s: s.close() if isinstance(s, SessionState) else None)
-        timer = gr.Timer(STREAM_INTERVAL_S, active=False)
+        timer = gr.Timer(STREAM_INTERVAL_S)
         gr.Markdown(
             f"# {defaults.title} — see tree-based speculative decoding\n"
             "Each step the draft model proposes a token **tree**; the target verifies it in one forward pass "
@@ -61,11 +63,10 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         )
         c = build_layout(model_provider.default_draft, model_provider.default_target, defaults, _cuda_available(),
                          examples)
-        ctl = Controller(model_provider, c, timer, examples, STREAM_INTERVAL_S)
+        ctl = Controller(model_provider, c, examples, STREAM_INTERVAL_S)
 
         quick = dict(concurrency_limit=None, show_progress="hidden")
         load = dict(concurrency_id="load", concurrency_limit=1, show_progress="hidden")
-        live_io = c.live_outputs + [timer]
         view = [session, c.block_size]
 
         c.method.change(ctl.verifier_update, [c.method, c.temperature, c.verifier], c.verifier, **quick)
@@ -73,17 +74,18 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         c.temperature.change(ctl.verifier_update, [c.method, c.temperature, c.verifier], c.verifier, **quick)
         c.example.change(ctl.example_chosen, c.example, c.prompt, **quick)
 
-        c.run_btn.click(ctl.on_run, [*view, c.with_baseline, *c.form], live_io, **load)
-        timer.tick(ctl.on_tick, view, live_io, trigger_mode="once", concurrency_id="render", concurrency_limit=4,
-                   show_progress="hidden")
-        c.pause_btn.click(ctl.on_pause, view, live_io, **quick)
-        c.step_btn.click(ctl.on_step, [*view, *c.form], live_io, **load)
-        c.stop_btn.click(ctl.on_stop, view, live_io, **quick)
-        c.step_slider.release(ctl.on_select_step, [session, c.step_slider, c.block_size], c.step_outputs, **quick)
-        c.block_size.change(ctl.on_select_step, [session, c.step_slider, c.block_size], c.step_outputs, **quick)
-        c.open_run.upload(ctl.on_open_run, [*view, c.open_run], live_io, **load)
+        # the Live tab's components have one writer, the timer; the other events only change state
+        timer.tick(ctl.on_tick, view, c.live_outputs, trigger_mode="once", concurrency_id="render",
+                   concurrency_limit=4, show_progress="hidden")
+        c.run_btn.click(ctl.on_run, [session, c.with_baseline, *c.form], None, **load)
+        c.pause_btn.click(ctl.on_pause, session, None, **quick)
+        c.step_btn.click(ctl.on_step, [session, *c.form], None, **load)
+        c.stop_btn.click(ctl.on_stop, session, None, **quick)
+        c.step_slider.release(ctl.on_select_step, [session, c.step_slider], None, **quick)
+        c.block_size.change(ctl.on_block_size, session, None, **quick)
+        c.open_run.upload(ctl.on_open_run, [session, c.open_run], None, **load)
         for btn, kind in ((c.png_btn, "png"), (c.svg_btn, "svg"), (c.json_btn, "json")):
-            btn.click(ctl.on_export(kind), [session, c.step_slider, c.block_size], [c.export_files, c.error_box],
+            btn.click(ctl.on_export(kind), [session, c.step_slider, c.block_size], [c.export_files],
                       concurrency_id="export", concurrency_limit=1)
         c.cmp_btn.click(ctl.on_compare, [session, c.cmp_method, c.cmp_hf, *c.form], c.compare_outputs, **load)
         c.cmp_stop.click(ctl.on_compare_stop, session, c.cmp_status, **quick)

@@ -31,11 +31,10 @@ Updates = dict[Any, Any]
 class Controller:
     """The handlers of one app (``build_app`` wires them to ``c``'s components)."""
 
-    def __init__(self, provider: ModelProvider, c: Components, timer: Any, examples: list[tuple[str, str]],
+    def __init__(self, provider: ModelProvider, c: Components, examples: list[tuple[str, str]],
                  stream_interval_s: float):
         self.provider = provider
         self.c = c
-        self.timer = timer
         self.examples = dict(examples)
         self.stream_interval_s = stream_interval_s
         self.model_lock = threading.Lock()  # one decoding step at a time on the shared models (all sessions)
@@ -64,46 +63,44 @@ class Controller:
         state.pause_label = label
         return gr.Button(label)
 
-    def timer_update(self, state: SessionState, active: bool) -> Any:
-        """Touch the refresh timer only when it must switch on or off."""
-        if state.timer_active == active:
-            return gr.skip()
-        state.timer_active = active
-        return gr.Timer(active=active)
+    def status_line(self, state: SessionState, status: str) -> str:
+        if state.notice:
+            return state.notice
+        if state.running and state.generation is not None and state.generation.stop_event.is_set():
+            status += "  \n_stopping after the current step …_"
+        elif state.running and state.worker is not None and state.worker.pause_requested:
+            status += "  \n_pausing after the current step …_"
+        if state.baseline_running:
+            status += "  \n_running the autoregressive baseline …_"
+        return status
 
-    def step_updates(self, record: Optional[RunRecord], step: Optional[float], block: int) -> Updates:
-        sv = step_view(record, step, block)
-        c = self.c
-        return {c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
-                c.phase_plot: sv.phases}
-
-    def live(self, state: SessionState, block: int, error: str = "", step: Optional[int] = None) -> Updates:
-        """All Live-tab updates for the session's current run (latest step unless ``step``)."""
+    def live(self, state: SessionState, block: int) -> Updates:
+        """All Live-tab updates for the session's current run, at the step the user picked
+        (``state.view_step``) or else the latest."""
         state.rendered_version = state.version
         rec = state.record
         rv = run_view(rec, state.baseline_for(rec.settings) if rec is not None else None)
         n = len(rec.traces) if rec is not None else 0
-        idx = n - 1 if step is None else step
+        idx = n - 1 if state.view_step is None else min(state.view_step, n - 1)
         paused = rec is not None and rec.status == "paused" and state.active and not state.running
+        sv = step_view(rec, None if state.view_step is None else idx, block)
         c = self.c
         return {
-            **self.step_updates(rec, step, block),
+            c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
+            c.phase_plot: sv.phases,
             c.text_html: rv.text_html, c.speed_plot: rv.speed, c.steps_plot: rv.per_step,
-            c.status: rv.status + ("  \n_running the autoregressive baseline …_" if state.baseline_running else ""),
+            c.status: self.status_line(state, rv.status),
             c.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=max(idx, 0), step=1, interactive=n > 1),
-            c.error_box: error_markdown(error),
+            c.error_box: error_markdown(state.error),
             c.pause_btn: self.pause_label(state, "Resume" if paused else "Pause"),
-            self.timer: self.timer_update(state, state.running),
         }
 
-    def notice(self, state: SessionState, text: str, timer: bool = False) -> Updates:
-        """Only the status line (and the refresh timer) change; the error line clears."""
-        return {self.c.status: text, self.c.error_box: "", self.timer: self.timer_update(state, timer)}
-
-    def fail(self, state: SessionState, block: int, exc: BaseException) -> Updates:
-        msg = describe_error(exc)
-        gr.Warning(msg)
-        return self.live(state, block, msg)
+    def fail(self, state: SessionState, exc: BaseException) -> None:
+        """Show ``exc`` as a pop-up now and in the inline error line from the next refresh on."""
+        state.notice = ""
+        state.error = describe_error(exc)
+        gr.Warning(state.error)
+        state.bump()
 
     # ------------------------------------------------------------------ run lifecycle
     def halt(self, state: SessionState, wait_s: float = 120.0) -> None:
@@ -123,6 +120,7 @@ class Controller:
 
         def error(e: BaseException) -> None:
             state.error = describe_error(e)
+            state.error_popup = True
 
         def after() -> None:
             rec = gen.record
@@ -145,65 +143,73 @@ class Controller:
 
         state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after).start()
 
-    def begin(self, state: SessionState, settings: RunSettings) -> Iterator[Updates]:
-        """Replace the session's generation with a new one (yields a loading notice first)."""
+    def begin(self, state: SessionState, settings: RunSettings) -> None:
+        """Replace the session's generation with a new one (the page shows a loading notice meanwhile)."""
         self.halt(state)
         if state.generation is not None and not state.generation.done:
             state.generation.stop_now()
-        if settings.needs_auto:
-            yield self.notice(state, f"auto: choosing the configuration for this machine ({settings.draft} / "
-                                     f"{settings.target}) … the first time it measures the machine profile and "
-                                     "the pair's acceptance (a few minutes on a 2-core CPU), then it is cached")
-        elif not self.provider.is_loaded(settings.pair_spec()):
-            yield self.notice(state, f"Loading models {settings.draft} / {settings.target} … "
-                                     "(the first load can take a while)")
-        state.generation = start_generation(self.provider, settings)
-        state.record = state.generation.record
         state.error = ""
+        state.view_step = None
+        if settings.needs_auto:
+            state.notice = (f"auto: choosing the configuration for this machine ({settings.draft} / "
+                            f"{settings.target}) … the first time it measures the machine profile and "
+                            "the pair's acceptance (a few minutes on a 2-core CPU), then it is cached")
+        elif not self.provider.is_loaded(settings.pair_spec()):
+            state.notice = (f"Loading models {settings.draft} / {settings.target} … "
+                            "(the first load can take a while)")
+        state.bump()
+        try:
+            state.generation = start_generation(self.provider, settings)
+        finally:
+            state.notice = ""
+        state.generation.record.status = "running"  # it runs at once (Run or Step)
+        state.record = state.generation.record
         state.baseline_request = None
         state.bump()
 
     # ------------------------------------------------------------------ Live tab events
-    def on_run(self, state: SessionState, block: int, baseline: bool, *values) -> Iterator[Updates]:
+    # The Live tab has one writer: ``on_tick``. The other events change the session's state and
+    # bump its version; the next tick (at most one timer interval later) draws it. Two events
+    # writing the same components at once can leave the page waiting forever (seen with Gradio
+    # 6.31 when Pause was clicked while a refresh was in flight: no refresh came after it).
+    def on_tick(self, state: SessionState, block: int) -> Updates:
+        """Timer refresh: repaint only when something changed."""
+        if state.error_popup:
+            state.error_popup = False
+            gr.Warning(state.error)
+            return self.live(state, block)
+        if state.version == state.rendered_version:
+            return {self.c.status: gr.skip()}  # (an empty dict is refused as "too few outputs")
+        return self.live(state, block)
+
+    def on_run(self, state: SessionState, baseline: bool, *values) -> None:
         try:
             settings = settings_from_form(*values)
             settings.decode_config()
-            yield from self.begin(state, settings)
+            self.begin(state, settings)
         except Exception as e:  # noqa: BLE001 - shown in the page; the app stays usable
-            yield self.fail(state, block, e)
+            self.fail(state, e)
             return
         state.baseline_request = settings if baseline else None
         self.launch(state)
-        yield self.live(state, block)
 
-    def on_tick(self, state: SessionState, block: int) -> Updates:
-        """Timer refresh: repaint only when something changed; stop ticking when idle."""
-        if state.error:
-            msg, state.error = state.error, ""
-            gr.Warning(msg)
-            return self.live(state, block, msg)
-        if state.version == state.rendered_version:
-            return {self.timer: self.timer_update(state, state.running)}
-        return self.live(state, block)
-
-    def on_pause(self, state: SessionState, block: int) -> Updates:
+    def on_pause(self, state: SessionState) -> None:
         rec = state.record
         if state.running and rec is not None and rec.status == "running":
-            self.halt(state, wait_s=0)  # the worker stops after its current step; the timer shows it
-            return {**self.notice(state, "Pausing after the current step …", timer=True),
-                    self.c.pause_btn: self.pause_label(state, "Resume")}
-        if state.active and not state.running and rec is not None and rec.status == "paused":
+            self.halt(state, wait_s=0)  # the worker stops after its current step
+        elif state.active and not state.running and rec is not None and rec.status == "paused":
             self.launch(state)  # resume
-        return self.live(state, block)
+        state.bump()
 
-    def on_step(self, state: SessionState, block: int, *values) -> Iterator[Updates]:
+    def on_step(self, state: SessionState, *values) -> None:
         try:
             self.halt(state)
             if not state.active:
                 settings = settings_from_form(*values)
                 settings.decode_config()
-                yield from self.begin(state, settings)
+                self.begin(state, settings)
             gen: Generation = state.generation  # type: ignore[assignment]
+            state.view_step = None
             with self.model_lock:
                 gen.advance()
             if not gen.done:
@@ -212,50 +218,53 @@ class Controller:
                 state.baselines[gen.record.settings.baseline_key()] = gen.record
             state.bump()
         except Exception as e:  # noqa: BLE001
-            yield self.fail(state, block, e)
-            return
-        yield self.live(state, block)
+            self.fail(state, e)
 
-    def on_stop(self, state: SessionState, block: int) -> Updates:
+    def on_stop(self, state: SessionState) -> None:
         if state.compare_stop is not None:
             state.compare_stop.set()
         gen = state.generation
         if gen is not None and not gen.done:
             if state.running:
                 gen.stop_event.set()  # the worker ends the run after its current step
-                return self.notice(state, "Stopping after the current step …", timer=True)
-            gen.stop_now()
-            state.bump()
-        return self.live(state, block)
+            else:
+                gen.stop_now()
+        state.bump()
 
-    def on_select_step(self, state: SessionState, step: float, block: int) -> Updates:
-        return self.step_updates(state.record, step, block)
+    def on_select_step(self, state: SessionState, step: float) -> None:
+        n = len(state.record.traces) if state.record is not None else 0
+        state.view_step = None if n == 0 or int(step) >= n - 1 else max(int(step), 0)
+        state.bump()
 
-    def on_open_run(self, state: SessionState, block: int, path: Optional[str]) -> Updates:
+    def on_block_size(self, state: SessionState) -> None:
+        state.bump()
+
+    def on_open_run(self, state: SessionState, path: Optional[str]) -> None:
         """Show an exported run (``ui.export.read_json``) in the Live tab; the current generation
         ends first (its steps are kept in its own export, not here)."""
         if not path:  # the file was cleared
-            return {}
+            return
         try:
             rec = read_json(Path(path))
         except Exception as e:  # noqa: BLE001 - shown inline, the session goes on
-            return self.fail(state, block, e)
+            self.fail(state, e)
+            return
         self.halt(state)
         if state.generation is not None and not state.generation.done:
             state.generation.stop_now()
         state.generation = None
         state.record = rec
         state.error = ""
+        state.view_step = None
         state.bump()
-        return self.live(state, block)
 
     def on_export(self, kind: str):
         def export(state: SessionState, step: float, block: int) -> Updates:
             rec = state.record
             c = self.c
             if rec is None or not rec.traces:
-                gr.Warning("Nothing to export yet: run a generation first.")
-                return {c.error_box: error_markdown("Nothing to export yet: run a generation first.")}
+                self.fail(state, ValueError("Nothing to export yet: run a generation first."))
+                return {c.export_files: gr.skip()}
             out = Path(state.export_dir()) / f"export-{time.strftime('%H%M%S')}-{kind}"
             try:
                 if kind == "json":
@@ -263,10 +272,12 @@ class Controller:
                 else:
                     files = write_images(export_figures(rec, step, block), out, (kind,))
             except Exception as e:  # noqa: BLE001
-                msg = describe_error(e)
-                gr.Warning(msg)
-                return {c.error_box: error_markdown(msg)}
-            return {c.export_files: [str(f) for f in files], c.error_box: ""}
+                self.fail(state, e)
+                return {c.export_files: gr.skip()}
+            if state.error:
+                state.error = ""
+                state.bump()
+            return {c.export_files: [str(f) for f in files]}
 
         export.__name__ = f"on_export_{kind}"
         return export
@@ -275,7 +286,8 @@ class Controller:
     def compare_updates(self, records: list[RunRecord | ExternalRun], note: str, error: str = "") -> Updates:
         texts, stats, speed, per_step = compare_views(records)
         c = self.c
-        out: Updates = {c.cmp_speed: speed, c.cmp_steps: per_step, c.cmp_status: note, c.error_box: error_markdown(error)}
+        out: Updates = {c.cmp_speed: speed, c.cmp_steps: per_step,
+                        c.cmp_status: f"{note}\n\n{error_markdown(error)}" if error else note}
         for i in range(N_COMPARE):
             out[c.cmp_texts[i]] = texts[i] if i < len(texts) else ""
             if i < len(stats):
@@ -283,7 +295,7 @@ class Controller:
         return out
 
     def compare_progress(self, note: str) -> Updates:
-        return {self.c.cmp_status: note, self.c.error_box: ""}
+        return {self.c.cmp_status: note}
 
     def on_compare(self, state: SessionState, tree_method: str, with_hf: bool, *values) -> Iterator[Updates]:
         records: list[RunRecord | ExternalRun] = []

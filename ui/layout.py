@@ -124,13 +124,13 @@ class Components:
 
     @property
     def live_outputs(self) -> list[Any]:
-        """Everything the Live tab's run events may update."""
+        """Everything the Live tab's refresh tick draws (its only writer)."""
         return [*self.step_outputs, self.text_html, self.speed_plot, self.steps_plot, self.status, self.step_slider,
                 self.error_box, self.pause_btn]
 
     @property
     def compare_outputs(self) -> list[Any]:
-        return [*self.cmp_texts, *self.cmp_stats, self.cmp_speed, self.cmp_steps, self.cmp_status, self.error_box]
+        return [*self.cmp_texts, *self.cmp_stats, self.cmp_speed, self.cmp_steps, self.cmp_status]
 
 
 def build_layout(default_draft: str, default_target: str, defaults: AppDefaults, cuda: bool,

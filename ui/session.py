@@ -176,16 +176,16 @@ class SessionState:
         self.baselines: dict[tuple, RunRecord] = {}
         self.compare: list[RunRecord] = []
         self.compare_stop: Optional[threading.Event] = None
-        self.pause_requested = False
-        self.resume_requested = False
         self.pause_label = "Pause"  # what the page's Pause/Resume button shows
-        self.timer_active = False  # whether the page's refresh timer ticks
+        self.notice = ""  # shown instead of the run's status while models load
+        self.view_step: Optional[int] = None  # the step the user picked on the slider (None: the latest)
         self.baseline_running = False  # the worker is running the AR baseline after the run
         self.baseline_request = None  # RunSettings whose AR baseline should follow the current run
         self.worker = None  # the DecodeWorker running the current generation, if any
         self.version = 0  # bumped on every change the page should show
-        self.rendered_version = -1
-        self.error = ""  # message of the last background error, shown once by the next refresh
+        self.rendered_version = 0  # the page starts with the layout's own initial values
+        self.error = ""  # the inline error line (cleared by the next run)
+        self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None
 
     def __deepcopy__(self, memo) -> "SessionState":

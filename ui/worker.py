@@ -39,6 +39,10 @@ class DecodeWorker:
     def request_pause(self) -> None:
         self._pause.set()
 
+    @property
+    def pause_requested(self) -> bool:
+        return self._pause.is_set()
+
     def join(self, timeout: Optional[float] = None) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
