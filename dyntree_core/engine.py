@@ -347,6 +347,7 @@ class SpeculativeDecoder:
             node_slots=fwd.perm.tolist(),
             order_blocks={b: count_nonzero_blocks(fwd.visible[:, cache_len:], b) for b in BLOCK_SIZES},
             kernel_blocks=None if fwd.meta is None else fwd.meta.blocks.num_nonzero,
+            decisions=result.decisions,
         )
 
     def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .tree import TokenTree
+from .verify.base import VerifyDecision
 
 TokenKind = Literal["accepted", "bonus", "autoregressive", "prompt"]
 NodeStatus = Literal["root", "accepted", "rejected", "unverified"]
@@ -94,6 +95,7 @@ class StepTrace:
         order_blocks: ``{block_size: non-empty blocks}`` of the tree mask in the order run.
         kernel_blocks: non-empty (query block x key block) tiles the Triton kernel visited in the
             tree part, or None when the forward did not run the kernel.
+        decisions: the verifier's decisions in the order made (the verification walkthrough).
         step_seconds: wall-clock seconds of the whole step.
         elapsed: seconds since generation started (prefill included).
         total_new_tokens: tokens generated so far (this step included).
@@ -119,6 +121,7 @@ class StepTrace:
     node_slots: list[int] = field(default_factory=list)
     order_blocks: dict[int, int] = field(default_factory=dict)
     kernel_blocks: Optional[int] = None
+    decisions: list[VerifyDecision] = field(default_factory=list)
     step_seconds: float = 0.0
     elapsed: float = 0.0
     total_new_tokens: int = 0
@@ -168,6 +171,7 @@ class StepTrace:
             node_slots=[int(x) for x in d.get("node_slots", [])],
             order_blocks={int(b): int(n) for b, n in d.get("order_blocks", {}).items()},
             kernel_blocks=d.get("kernel_blocks"),
+            decisions=[VerifyDecision.from_dict(x) for x in d.get("decisions", [])],
             step_seconds=float(d["step_seconds"]), elapsed=float(d["elapsed"]),
             total_new_tokens=int(d["total_new_tokens"]), tokens_per_s=float(d["tokens_per_s"]),
             finished=bool(d["finished"]), finish_reason=d.get("finish_reason"),
@@ -216,6 +220,7 @@ class StepTrace:
             "node_slots": list(self.node_slots),
             "order_blocks": {str(b): n for b, n in self.order_blocks.items()},
             "kernel_blocks": self.kernel_blocks,
+            "decisions": [x.to_dict() for x in self.decisions],
             "step_seconds": self.step_seconds,
             "elapsed": self.elapsed,
             "total_new_tokens": self.total_new_tokens,

@@ -30,6 +30,8 @@ PANELS = {
     "tokens_per_s": "#speed-plot",
     "tokens_per_step": "#tokens-per-step-plot",
     "phase_timings": "#phase-plot",
+    "cost_model": "#cost-model-box",
+    "verify_walkthrough": "#walkthrough-box",
     "controls": "#controls",
 }
 
@@ -45,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--budget", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--precision", default=None, help="target and draft precision (default: the app's, auto)")
     p.add_argument("--step", type=int, default=2, help="step shown in the tree/mask shots and example exports")
     p.add_argument("--shots", type=Path, default=ROOT / "assets" / "screenshots")
     p.add_argument("--examples", type=Path, default=ROOT / "assets" / "examples")
@@ -67,6 +70,10 @@ def take_screenshots(args, url: str) -> list[Path]:
             page.goto(url, timeout=120_000)
             page.wait_for_selector("#run-btn", timeout=120_000)
             choose(page, "method", args.method)
+            if args.precision:
+                page.click("#model-pair")
+                choose(page, "precision", args.precision)
+                choose(page, "draft-precision", args.precision)
             if args.prompt:
                 set_field(page, "prompt", args.prompt)
             if args.max_new_tokens:
@@ -89,6 +96,12 @@ def take_screenshots(args, url: str) -> list[Path]:
             page.wait_for_function(
                 "s => (document.querySelector('#tree-plot .gtitle') || {}).textContent?.startsWith(`step ${s} `)",
                 arg=args.step, timeout=60_000)
+            for k in range(1, 4):  # walk through the first decisions of the verification
+                page.click("#walk-next")
+                page.wait_for_function(
+                    "k => /Decision (\\d+) of (\\d+)/.test((document.querySelector('#walk-current') || {}).innerText"
+                    " || '')", arg=k, timeout=60_000)
+                time.sleep(1.5)
             time.sleep(1.5)
             full = args.shots / "app_live.png"
             page.screenshot(path=str(full), full_page=True)

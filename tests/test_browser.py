@@ -78,6 +78,12 @@ def _settled_tokens(page, timeout_s: float = 10.0) -> int:
     raise AssertionError(f"the coloured text still changes after {timeout_s} s ({n} tokens)")
 
 
+def _ring(page) -> str:
+    """The tree plot's legend entry for the walkthrough's ringed node ('' when none)."""
+    names = page.locator("#tree-plot .legendtext").all_text_contents()
+    return next((n for n in names if n.startswith("walkthrough")), "")
+
+
 def _plot_title(page, elem: str) -> str:
     return page.locator(f"#{elem} .gtitle").first.text_content() or ""
 
@@ -106,6 +112,57 @@ def test_app_end_to_end(app_url, tmp_path):
             assert first_run_tokens == 24  # the tiny app's default max new tokens
             tree_title = _plot_title(page, "tree-plot")
             page.screenshot(path=str(tmp_path / "after_run.png"), full_page=True)
+
+            # --- the cost model says why the tree wins or loses on this machine
+            cost = page.inner_text("#cost-model")
+            assert "to beat AR here" in cost and "it delivers" in cost, cost
+            assert "70B target offloaded over PCIe 4.0" in cost and "projections, not measurements" in cost
+
+            # --- the verification walkthrough: each Next shows the next decision and rings its node
+            assert "decisions in step" in page.inner_text("#verify-walkthrough")
+            page.click("#walk-next")
+            page.wait_for_function("() => (document.querySelector('#walk-current') || {innerText: ''})"
+                                   ".innerText.includes('Decision 1 of')", timeout=30_000)
+            first_ring = _ring(page)
+            assert first_ring.startswith("walkthrough:"), first_ring
+            count = int(page.inner_text("#walk-current").split("Decision 1 of ")[1].split(".")[0])
+            assert count >= 2  # at least one comparison and the bonus token
+            rings = [first_ring]
+            for k in range(2, count + 1):  # step on until the ring moves
+                page.click("#walk-next")
+                page.wait_for_function(f"() => document.querySelector('#walk-current').innerText"
+                                       f".includes('Decision {k} of')", timeout=30_000)
+                rings.append(_ring(page))
+                if rings[-1] != first_ring:
+                    break
+            assert rings[-1] != first_ring, rings  # stepping moved the highlighted node
+            assert page.locator("#verify-walkthrough tr.dt-walk-current").count() == 1
+
+            # --- an out-of-range number is refused before the run starts, naming the field
+            set_field(page, "budget", 1)
+            page.click("#run-btn")
+            page.wait_for_function("() => document.querySelector('#error-box').innerText.includes('budget')",
+                                   timeout=30_000)
+            assert "[2, 4096]" in _error_line(page)
+            assert _tokens(page) == first_run_tokens  # the previous run is still shown
+            set_field(page, "budget", 24)
+
+            # --- a long prompt: the text panel scrolls instead of running over the slider
+            prompt_box = page.locator("#prompt textarea").first
+            original_prompt = prompt_box.input_value()
+            prompt_box.fill(" ".join(f"word{i % 97}" for i in range(350)))
+            set_field(page, "max-new-tokens", 8)
+            page.click("#run-btn")
+            page.wait_for_function("() => document.querySelector('#colored-text').innerText"
+                                   ".includes('earlier prompt characters not shown')", timeout=60_000)
+            page.wait_for_function("() => document.querySelectorAll('#colored-text .dt-tok').length === 8",
+                                   timeout=90_000)
+            text_box = page.locator("#colored-text").bounding_box()
+            slider_box = page.locator("#step-slider").bounding_box()
+            assert text_box["y"] + text_box["height"] <= slider_box["y"] + 1, (text_box, slider_box)
+            assert "earlier prompt characters not shown" in page.inner_text("#colored-text")
+            prompt_box.fill(original_prompt)
+            set_field(page, "max-new-tokens", 24)
 
             # --- Step: a new generation advanced by exactly one step
             page.click("#step-btn")

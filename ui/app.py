@@ -83,6 +83,8 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         c.stop_btn.click(ctl.on_stop, session, None, **quick)
         c.step_slider.release(ctl.on_select_step, [session, c.step_slider], None, **quick)
         c.block_size.change(ctl.on_block_size, session, None, **quick)
+        c.walk_prev.click(ctl.on_walk(-1), session, None, **quick)
+        c.walk_next.click(ctl.on_walk(+1), session, None, **quick)
         c.open_run.upload(ctl.on_open_run, [session, c.open_run], None, **load)
         for btn, kind in ((c.png_btn, "png"), (c.svg_btn, "svg"), (c.json_btn, "json")):
             btn.click(ctl.on_export(kind), [session, c.step_slider, c.block_size], [c.export_files],

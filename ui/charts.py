@@ -19,17 +19,18 @@ def _series(traces: Sequence[StepTrace]) -> tuple[list[int], list[float], list[i
 
 def speed_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]], baseline: Optional[Sequence[StepTrace]] = None,
                  title: str = "tokens/s (cumulative, prefill included)") -> go.Figure:
-    """Cumulative tokens/s after each step, one line per run, the AR baseline dashed."""
+    """Cumulative tokens/s against tokens generated, one line per run, the AR baseline dashed:
+    runs that take different numbers of steps share one x axis."""
     fig = go.Figure()
     for i, (name, traces) in enumerate(runs):
-        steps, tps, _ = _series(traces)
-        fig.add_trace(go.Scatter(x=steps, y=tps, mode="lines+markers", name=name,
+        fig.add_trace(go.Scatter(x=[t.total_new_tokens for t in traces], y=[t.tokens_per_s for t in traces],
+                                 mode="lines+markers", name=name,
                                  line=dict(color=METHOD_COLORS[i % len(METHOD_COLORS)], width=2), marker=dict(size=4)))
     if baseline:
-        steps, tps, _ = _series(baseline)
-        fig.add_trace(go.Scatter(x=steps, y=tps, mode="lines", name="autoregressive baseline",
+        fig.add_trace(go.Scatter(x=[t.total_new_tokens for t in baseline], y=[t.tokens_per_s for t in baseline],
+                                 mode="lines", name="autoregressive baseline",
                                  line=dict(color=BASELINE_COLOR, dash="dash", width=2)))
-    _style(fig, title, "step", "tokens/s")
+    _style(fig, title, "tokens generated", "tokens/s")
     return fig
 
 
@@ -89,5 +90,9 @@ def _style(fig: go.Figure, title: str, xlabel: str, ylabel: str) -> None:
         xaxis_title=xlabel, yaxis_title=ylabel, plot_bgcolor="white", paper_bgcolor="white",
         legend=dict(orientation="h", y=-0.25, yanchor="top"),
     )
-    fig.update_xaxes(showgrid=True, gridcolor="#eeeeee")
+    fig.update_xaxes(showgrid=True, gridcolor="#eeeeee", tickformat="d")
+    if xlabel in ("step", "tokens generated"):  # whole numbers only (no ticks at 0.5, 1.5)
+        xs = [x for tr in fig.data for x in (tr.x or []) if x is not None]
+        if xs and max(xs) - min(xs) <= 8:
+            fig.update_xaxes(dtick=1)
     fig.update_yaxes(showgrid=True, gridcolor="#eeeeee", rangemode="tozero")

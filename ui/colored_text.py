@@ -21,7 +21,9 @@ from .tokens import TokenTexts, group_pieces
 
 TEXT_STYLE = ("white-space:pre-wrap;word-break:break-word;font-family:'DejaVu Sans Mono',ui-monospace,monospace;"
               "font-size:14px;line-height:1.7;padding:8px;border:1px solid #e5e5e5;border-radius:6px;"
-              "background:#ffffff;color:#111111")
+              "background:#ffffff;color:#111111;max-height:420px;overflow-y:auto")
+#: a longer prompt shows only its end (the page stays readable; the export keeps it whole)
+PROMPT_SHOWN_CHARS = 1500
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ def render_html(spans: Sequence[TextSpan], prompt: Optional[str] = None, placeho
     """The coloured text as a self-contained HTML fragment (inline styles, escaped content)."""
     parts = [f'<div id="dt-colored-text" class="dt-text" style="{TEXT_STYLE}">']
     if prompt:
+        if len(prompt) > PROMPT_SHOWN_CHARS:
+            parts.append(f'<span class="dt-prompt-cut" style="color:#999">[… {len(prompt) - PROMPT_SHOWN_CHARS:,} '
+                         f'earlier prompt characters not shown …] </span>')
+            prompt = prompt[-PROMPT_SHOWN_CHARS:]
         parts.append(f'<span class="dt-prompt" style="color:{PROMPT_COLOR}" title="prompt">{html.escape(prompt)}</span>')
     if not spans and placeholder:
         parts.append(f'<span class="dt-placeholder" style="color:#999">{html.escape(placeholder)}</span>')

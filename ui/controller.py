@@ -83,12 +83,13 @@ class Controller:
         n = len(rec.traces) if rec is not None else 0
         idx = n - 1 if state.view_step is None else min(state.view_step, n - 1)
         paused = rec is not None and rec.status == "paused" and state.active and not state.running
-        sv = step_view(rec, None if state.view_step is None else idx, block)
+        decision = state.walk[1] if state.walk is not None and state.walk[0] == idx else None
+        sv = step_view(rec, None if state.view_step is None else idx, block, decision)
         c = self.c
         return {
             c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
-            c.phase_plot: sv.phases,
-            c.text_html: rv.text_html, c.speed_plot: rv.speed, c.steps_plot: rv.per_step,
+            c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough,
+            c.text_html: rv.text_html, c.cost_model: rv.cost, c.speed_plot: rv.speed, c.steps_plot: rv.per_step,
             c.status: self.status_line(state, rv.status),
             c.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=max(idx, 0), step=1, interactive=n > 1),
             c.error_box: error_markdown(state.error),
@@ -162,10 +163,24 @@ class Controller:
             state.generation = start_generation(self.provider, settings)
         finally:
             state.notice = ""
+        self.measure_costs(state.generation.record)
         state.generation.record.status = "running"  # it runs at once (Run or Step)
         state.record = state.generation.record
         state.baseline_request = None
         state.bump()
+
+    def measure_costs(self, rec: RunRecord) -> None:
+        """What the cost-model panel needs besides the run's own timings: the pair's parameter
+        counts and, for a tree method, the target's one-token forward time (measured once per
+        pair and precision, under the model lock)."""
+        try:
+            pair = self.provider.load(rec.settings.pair_spec())
+            with self.model_lock:
+                rec.model_params = pair.params()
+                if rec.config.method != "autoregressive":
+                    rec.one_token_forward_s = pair.one_token_forward_s(rec.config, len(rec.prompt_ids))
+        except Exception:  # noqa: BLE001 - the panel then asks for the AR baseline instead
+            rec.one_token_forward_s = None
 
     # ------------------------------------------------------------------ Live tab events
     # The Live tab has one writer: ``on_tick``. The other events change the session's state and
@@ -235,6 +250,26 @@ class Controller:
         n = len(state.record.traces) if state.record is not None else 0
         state.view_step = None if n == 0 or int(step) >= n - 1 else max(int(step), 0)
         state.bump()
+
+    def on_walk(self, delta: int):
+        """Previous (``delta = -1``) / next (``+1``) decision of the shown step's verification."""
+        def walk(state: SessionState) -> None:
+            rec = state.record
+            if rec is None or not rec.traces:
+                return
+            n = len(rec.traces)
+            step = n - 1 if state.view_step is None else min(state.view_step, n - 1)
+            count = len(rec.traces[step].decisions)
+            if count == 0:
+                return
+            if state.walk is None or state.walk[0] != step:
+                state.walk = (step, 0 if delta > 0 else count - 1)
+            else:
+                state.walk = (step, max(0, min(count - 1, state.walk[1] + delta)))
+            state.bump()
+
+        walk.__name__ = "on_walk_next" if delta > 0 else "on_walk_prev"
+        return walk
 
     def on_block_size(self, state: SessionState) -> None:
         state.bump()
@@ -317,9 +352,10 @@ class Controller:
                     with self.model_lock:
                         if gen.advance() is None or gen.done:
                             break
-                    if time.monotonic() - last >= 2 * self.stream_interval_s:
+                    if time.monotonic() - last >= 2 * self.stream_interval_s:  # partial text as it grows
                         last = time.monotonic()
-                        yield self.compare_progress(f"running {gen.record.label} … {gen.record.summary()['tokens']} tokens")
+                        yield self.compare_updates(records, f"running {gen.record.label} … "
+                                                            f"{gen.record.summary()['tokens']} tokens")
                 if stop.is_set():
                     break
             if with_hf and not stop.is_set():

@@ -85,9 +85,13 @@ class Components:
     step_slider: Any
     block_size: Any
     tree_plot: Any
+    walk_prev: Any
+    walk_next: Any
+    walkthrough: Any
     mask_bfs: Any
     mask_dfs: Any
     mask_hpd: Any
+    cost_model: Any
     speed_plot: Any
     steps_plot: Any
     phase_plot: Any
@@ -120,17 +124,24 @@ class Components:
     @property
     def step_outputs(self) -> list[Any]:
         """What selecting another step redraws."""
-        return [self.tree_plot, *self.masks, self.phase_plot]
+        return [self.tree_plot, *self.masks, self.phase_plot, self.walkthrough]
 
     @property
     def live_outputs(self) -> list[Any]:
         """Everything the Live tab's refresh tick draws (its only writer)."""
-        return [*self.step_outputs, self.text_html, self.speed_plot, self.steps_plot, self.status, self.step_slider,
+        return [*self.step_outputs, self.text_html, self.cost_model, self.speed_plot, self.steps_plot, self.status,
+                self.step_slider,
                 self.error_box, self.pause_btn]
 
     @property
     def compare_outputs(self) -> list[Any]:
         return [*self.cmp_texts, *self.cmp_stats, self.cmp_speed, self.cmp_steps, self.cmp_status]
+
+
+#: page-wide rules: the inline error line in red; disabled inputs visibly disabled
+PAGE_STYLE = ("<style>#error-box .prose, #error-box .prose *{color:#b42318 !important}"
+              "input:disabled, textarea:disabled{opacity:0.45;cursor:not-allowed}"
+              "#colored-text .dt-text{max-height:420px;overflow-y:auto}</style>")
 
 
 def build_layout(default_draft: str, default_target: str, defaults: AppDefaults, cuda: bool,
@@ -171,18 +182,20 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
             used = METHOD_PARAMS.get(defaults.method, frozenset())
             with gr.Row():
-                budget = gr.Number(defaults.budget, label="Budget (nodes incl. root)", precision=0, minimum=2,
-                                   maximum=4096, interactive="budget" in used, elem_id="budget")
-                depth = gr.Number(defaults.depth, label="Depth", precision=0, minimum=1, maximum=256,
+                # no minimum/maximum on the numbers: Gradio would answer an out-of-range value with a
+                # bare "Error"; RunSettings/DecodeConfig name the field and its range inline instead
+                budget = gr.Number(defaults.budget, label="Budget (nodes incl. root, 2-4096)", precision=0,
+                                   interactive="budget" in used, elem_id="budget")
+                depth = gr.Number(defaults.depth, label="Depth (1-256)", precision=0,
                                   interactive="depth" in used, elem_id="depth")
             with gr.Row():
-                width = gr.Number(defaults.width, label="Width", precision=0, minimum=1, maximum=256,
+                width = gr.Number(defaults.width, label="Width (1-256)", precision=0,
                                   interactive="width" in used, elem_id="width")
-                threshold = gr.Number(0.05, label="Threshold", minimum=0.0001, maximum=0.9999, step=0.01,
+                threshold = gr.Number(0.05, label="Threshold (0-1)", step=0.01,
                                       interactive="threshold" in used, elem_id="threshold")
             with gr.Row():
-                max_new = gr.Number(defaults.max_new_tokens, label="Max new tokens", precision=0, minimum=1,
-                                    maximum=MAX_NEW_TOKENS, elem_id="max-new-tokens")
+                max_new = gr.Number(defaults.max_new_tokens, label=f"Max new tokens (1-{MAX_NEW_TOKENS})", precision=0,
+                                    elem_id="max-new-tokens")
                 seed = gr.Number(0, label="Seed", precision=0, elem_id="seed")
             with_baseline = gr.Checkbox(False, label="Then run the autoregressive baseline (same prompt, seed, length)",
                                         elem_id="with-baseline")
@@ -191,14 +204,18 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                 pause_btn = gr.Button("Pause", elem_id="pause-btn", min_width=60)
                 step_btn = gr.Button("Step", elem_id="step-btn", min_width=60)
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
-            status = gr.Markdown("Idle. Models load on the first Run.", elem_id="status")
+            status = gr.Markdown("Idle. Press Run, or Step through one step at a time.", elem_id="status")
             error_box = gr.Markdown("", elem_id="error-box")
+            gr.HTML(PAGE_STYLE, elem_id="page-style", padding=False)
 
         # ---------------------------------------------------------------- panels
         with gr.Column(scale=3, min_width=600):
             with gr.Tabs():
                 with gr.Tab("Live", id="live", elem_id="live-tab"):
                     text_html = gr.HTML(run_view(None, None).text_html, elem_id="colored-text")
+                    with gr.Accordion("Why is it faster or slower than plain decoding here? (cost model)", open=True,
+                                      elem_id="cost-model-box"):
+                        cost_model = gr.HTML(run_view(None, None).cost, elem_id="cost-model")
                     with gr.Row():
                         step_slider = gr.Slider(0, 1, value=0, step=1, label="Step (drag to revisit an earlier step)",
                                                 interactive=False, elem_id="step-slider", scale=4)
@@ -206,6 +223,11 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                                               elem_id="block-size", scale=1)
                     empty = step_view(None, None, 16)
                     tree_plot = gr.Plot(empty.tree, label="Draft tree", elem_id="tree-plot")
+                    with gr.Accordion("How the verifier decided (walkthrough)", open=True, elem_id="walkthrough-box"):
+                        with gr.Row():
+                            walk_prev = gr.Button("◀ Previous decision", elem_id="walk-prev", size="sm")
+                            walk_next = gr.Button("Next decision ▶", elem_id="walk-next", size="sm")
+                        walkthrough = gr.HTML(empty.walkthrough, elem_id="verify-walkthrough")
                     gr.Markdown(f"**Tree attention mask** of the selected step in three node orders. {MASK_LEGEND}",
                                 elem_id="mask-caption")
                     with gr.Row():
@@ -283,9 +305,13 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
         step_slider=step_slider,
         block_size=block_size,
         tree_plot=tree_plot,
+        walk_prev=walk_prev,
+        walk_next=walk_next,
+        walkthrough=walkthrough,
         mask_bfs=mask_bfs,
         mask_dfs=mask_dfs,
         mask_hpd=mask_hpd,
+        cost_model=cost_model,
         speed_plot=speed_plot,
         steps_plot=steps_plot,
         phase_plot=phase_plot,

@@ -23,9 +23,10 @@ from .tree_figure import empty_figure
 ORDER_TITLES = {"bfs": "BFS (original)", "dfs": "DFS", "hpd": "HPD"}
 MAX_CELLS = 256  # larger masks are shown downsampled (any() over tiles)
 #: colour of each cell value 0..3 (see the module docstring)
-MASK_COLORS: tuple[str, ...] = ("#ffffff", "#dbe9f6", "#2b6cb0", "#2ca02c")
-MASK_LEGEND = ("white: all-zero block (skipped) · light blue: masked cell inside a computed block · "
-               "blue: visible ancestor · green: accepted path rows · orange lines: block grid")
+MASK_COLORS: tuple[str, ...] = ("#ffffff", "#f9c784", "#2b6cb0", "#2ca02c")
+MASK_LEGEND = ("white: all-zero block, **skipped** by the kernel · amber: a masked cell inside a **computed** block "
+               "(work done, then thrown away) · blue: visible ancestor · green: accepted path rows · "
+               "grey lines: block grid")
 
 
 def _colorscale() -> list[list]:
@@ -90,8 +91,8 @@ def mask_heatmap(trace: StepTrace, order: str, block_size: int) -> tuple[go.Heat
     edge = n / scale
     for b in range(1, nb):
         c = b * block_size / scale - 0.5
-        lines.append(dict(type="line", x0=c, x1=c, y0=-0.5, y1=edge - 0.5, line=dict(color="#e07b00", width=1)))
-        lines.append(dict(type="line", y0=c, y1=c, x0=-0.5, x1=edge - 0.5, line=dict(color="#e07b00", width=1)))
+        lines.append(dict(type="line", x0=c, x1=c, y0=-0.5, y1=edge - 0.5, line=dict(color="#7a7a7a", width=1)))
+        lines.append(dict(type="line", y0=c, y1=c, x0=-0.5, x1=edge - 0.5, line=dict(color="#7a7a7a", width=1)))
     note = f" · shown ÷{scale}" if scale > 1 else ""
     title = f"{ORDER_TITLES[order]}: {blocks} of {nb * nb} blocks non-zero ({block_size}×{block_size}){note}"
     return heat, lines, title, blocks

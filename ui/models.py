@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 from dyntree_core.models.load import ModelLoadError  # the one "this pair cannot be loaded" error
@@ -37,6 +37,25 @@ class LoadedPair:
     description: str = ""
     supports_chat: bool = False
     eos_token_ids: tuple[int, ...] = ()  # ids that end generation (empty: the engine's defaults)
+    measured: dict = field(default_factory=dict)  # per-pair measurements the cost model reuses
+
+    def one_token_forward_s(self, config: Any, prefix_len: int) -> float:
+        """The prepared target's one-token forward time (median of 3 after a warm-up), measured once
+        per precision / attention settings on this pair and then reused."""
+        key = ("ar", config.precision, config.attention, config.offload_target)
+        if key not in self.measured:
+            from dyntree_core.hardware import time_forward
+
+            prepared = self.prepared(config)
+            self.measured[key] = time_forward(prepared.target, min(prefix_len, 256), 1, repeats=3, warmup=1)
+        return self.measured[key]
+
+    def params(self) -> tuple[int, int]:
+        if "params" not in self.measured:
+            from dyntree_core.cost_model import logical_params
+
+            self.measured["params"] = (logical_params(self.draft), logical_params(self.target))
+        return self.measured["params"]
 
     def prepared(self, config: Any) -> Any:
         """The ``dyntree_core.prepared.PreparedPair`` for ``config`` (a ``DecodeConfig``): prepared

@@ -37,6 +37,8 @@ class RunRecord:
     status: RunStatus = "paused"
     message: str = ""
     note: str = ""  # why auto chose this configuration (empty when nothing was auto)
+    one_token_forward_s: Optional[float] = None  # the target's measured 1-token forward (cost model)
+    model_params: tuple[int, int] = (0, 0)  # logical parameter counts (draft, target)
 
     @property
     def label(self) -> str:
@@ -179,6 +181,7 @@ class SessionState:
         self.pause_label = "Pause"  # what the page's Pause/Resume button shows
         self.notice = ""  # shown instead of the run's status while models load
         self.view_step: Optional[int] = None  # the step the user picked on the slider (None: the latest)
+        self.walk: Optional[tuple[int, int]] = None  # (step, decision) the walkthrough shows
         self.baseline_running = False  # the worker is running the AR baseline after the run
         self.baseline_request = None  # RunSettings whose AR baseline should follow the current run
         self.worker = None  # the DecodeWorker running the current generation, if any

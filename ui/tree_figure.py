@@ -24,6 +24,10 @@ from .tokens import TokenTexts, visible_whitespace
 LABEL_LIMIT = 80  # nodes; above this only the accepted path is labelled
 
 
+#: more siblings than this under one node and only the accepted path is labelled
+WIDE_FAN = 12
+
+
 def tree_layout(parents: Sequence[int], child_rank: Sequence[int]) -> dict[int, tuple[float, float]]:
     """Layered positions: y = -depth; leaves get consecutive x in DFS order (children in draw
     order), a parent sits midway between its first and last child."""
@@ -56,8 +60,10 @@ class _Node:
     hover: str
 
 
-def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Optional[str] = None) -> go.Figure:
-    """The draft tree of ``trace`` with the accepted path and the bonus token."""
+def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Optional[str] = None,
+                highlight: Optional[int] = None) -> go.Figure:
+    """The draft tree of ``trace`` with the accepted path and the bonus token; ``highlight`` rings
+    one node (the verification walkthrough's current decision; ``n`` = the bonus token)."""
     if trace.tree is None:
         return _ar_figure(trace, texts, root_token, title)
     tree = trace.tree
@@ -114,7 +120,10 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
                              hoverinfo="skip", showlegend=False))
     fig.add_trace(go.Scatter(x=px, y=py, mode="lines", line=dict(color=NODE_COLORS["accepted"], width=4),
                              hoverinfo="skip", name="accepted path"))
-    show_all_labels = len(nodes) <= LABEL_LIMIT
+    fan = max((all_parents.count(u) for u in set(all_parents[1:])), default=0)
+    # a wide fan (e.g. T = 2: 31 children of one node) would print its labels over each other:
+    # then only the path and the bonus are labelled and the others keep their hover text
+    show_all_labels = len(nodes) <= LABEL_LIMIT and fan <= WIDE_FAN
     for st in ("root", "accepted", "rejected", "unverified", "bonus"):
         idx = [i for i, nd in enumerate(nodes) if nd.status == st]
         if not idx:
@@ -128,6 +137,11 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
                         line=dict(color="#333333", width=1), symbol="diamond" if st == "bonus" else "circle"),
             hovertext=[nodes[i].hover for i in idx], hoverinfo="text", name=NODE_LABELS[st],
         ))
+    if highlight is not None and highlight in pos:
+        hx, hy = pos[highlight]
+        fig.add_trace(go.Scatter(x=[hx], y=[hy], mode="markers", hoverinfo="skip",
+                                 marker=dict(size=30, color="rgba(0,0,0,0)", line=dict(color="#e6a100", width=4)),
+                                 name=f"walkthrough: node {highlight}" if highlight < n else "walkthrough: bonus"))
     levels = int(max(-y for _, y in pos.values())) + 1
     accepted = len(path) - 1
     fig.update_layout(

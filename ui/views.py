@@ -12,11 +12,13 @@ import plotly.graph_objects as go
 from dyntree_core.tree import ORDERS
 
 from .charts import phase_figure, speed_figure, tokens_per_step_figure
+from .cost_view import cost_model_html
 from .colored_text import TEXT_STYLE, build_spans, legend_html, render_html
 from .mask_figure import mask_figure, masks_figure
 from .session import ExternalRun, RunRecord
 from .text_figure import text_figure
 from .tree_figure import empty_figure, tree_figure
+from .walkthrough import walkthrough_html
 
 
 @dataclass
@@ -26,6 +28,7 @@ class StepView:
     tree: go.Figure
     masks: tuple[go.Figure, go.Figure, go.Figure]
     phases: go.Figure
+    walkthrough: str
 
 
 @dataclass
@@ -36,6 +39,7 @@ class RunView:
     speed: go.Figure
     per_step: go.Figure
     status: str
+    cost: str
 
 
 def clamp_step(record: Optional[RunRecord], step: Optional[float]) -> Optional[int]:
@@ -47,30 +51,50 @@ def clamp_step(record: Optional[RunRecord], step: Optional[float]) -> Optional[i
     return max(0, min(n - 1, int(step)))
 
 
-def step_view(record: Optional[RunRecord], step: Optional[float], block_size: int) -> StepView:
+def walk_node(trace, decision: Optional[int]) -> Optional[int]:
+    """The tree node the walkthrough's ``decision`` is about (the bonus marker for a bonus draw)."""
+    if decision is None or trace is None or not trace.decisions or trace.tree is None:
+        return None
+    d = trace.decisions[max(0, min(len(trace.decisions) - 1, decision))]
+    drawn = any(c.kind == "bonus" for c in trace.committed)  # (not when the length limit cut it off)
+    return trace.tree.size if d.kind == "bonus" and drawn else d.node
+
+
+def step_view(record: Optional[RunRecord], step: Optional[float], block_size: int,
+              decision: Optional[int] = None) -> StepView:
+    """Tree (the walkthrough's ``decision`` ringed), masks, phases and walkthrough of one step."""
     idx = clamp_step(record, step)
     if record is None or idx is None:
         note = "press Run (or Step) to decode"
         return StepView(empty_figure(f"draft tree: {note}"),
                         tuple(empty_figure(f"{o.upper()} mask", height=360) for o in ORDERS),  # type: ignore[arg-type]
-                        empty_figure("phase timings", height=260))
+                        empty_figure("phase timings", height=260), walkthrough_html(None, None, None))
     trace = record.traces[idx]
     return StepView(
-        tree=tree_figure(trace, record.texts, record.root_token(idx)),
+        tree=tree_figure(trace, record.texts, record.root_token(idx), highlight=walk_node(trace, decision)),
         masks=tuple(mask_figure(trace, o, int(block_size)) for o in ORDERS),  # type: ignore[arg-type]
         phases=phase_figure(record.traces, idx),
+        walkthrough=walkthrough_html(trace, record.texts, decision),
     )
+
+
+#: prompts longer than this (tokens) get a warning while their prefill runs
+LONG_PROMPT_TOKENS = 2048
 
 
 def status_line(record: Optional[RunRecord]) -> str:
     if record is None:
-        return "Idle. Models load on the first Run."
+        return "Idle. Press Run, or Step through one step at a time."
     s = record.summary()
     note = f"  \n_{html.escape(record.note)}_" if record.note else ""
     prec = record.config.precision
     label = f"{record.label} @ {prec}" if prec else record.label
     if not s["steps"]:
-        return f"**{label}** · {record.status} · no step yet{note}"
+        if record.status != "running":
+            return f"**{label}** · {record.status} · no step yet{note}"
+        n = len(record.prompt_ids)
+        long = (f" — a long prompt: on a CPU its prefill alone can take minutes" if n > LONG_PROMPT_TOKENS else "")
+        return f"**{label}** · running · prefilling {n:,} prompt tokens …{long}{note}"
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
             f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{note}")
@@ -87,7 +111,8 @@ def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:
 
 def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> RunView:
     if record is None or not record.traces:
-        return RunView(text_html(record), empty_figure("tokens/s"), empty_figure("tokens per step"), status_line(record))
+        return RunView(text_html(record), empty_figure("tokens/s"), empty_figure("tokens per step"), status_line(record),
+                       cost_model_html(record, None))
     runs = [(record.label, record.traces)]
     base = baseline.traces if baseline is not None and baseline is not record else None
     return RunView(
@@ -95,6 +120,7 @@ def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> RunV
         speed=speed_figure(runs, base),
         per_step=tokens_per_step_figure(runs, base),
         status=status_line(record),
+        cost=cost_model_html(record, baseline if baseline is not record else None),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Literal, Optional, Protocol
 import numpy as np
 
 from ..tree import TokenTree
-from .base import VerifyResult
+from .base import DecisionKind, VerifyDecision, VerifyResult
 from .rows import DenseRows, Target, TargetRows, as_rows, node_token_probs
 
 #: how the draft distribution at a node changes after one of its siblings was drawn
@@ -42,16 +42,56 @@ class Decisions(Protocol):
 
 
 class RngDecisions:
-    """``Decisions`` backed by a ``numpy.random.Generator`` (one uniform per decision)."""
+    """``Decisions`` backed by a ``numpy.random.Generator`` (one uniform per decision);
+    ``last_u`` is the uniform of the latest decision (the walkthrough shows it)."""
 
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
+        self.last_u: Optional[float] = None
 
     def bernoulli(self, p: float) -> bool:
-        return bool(self.rng.random() < p)
+        self.last_u = float(self.rng.random())
+        return self.last_u < p
 
     def categorical(self, probs: np.ndarray) -> int:
-        return sample_index(probs, float(self.rng.random()))
+        self.last_u = float(self.rng.random())
+        return sample_index(probs, self.last_u)
+
+
+class ReplayDecisions:
+    """``Decisions`` that replay a recorded run (``VerifyResult.decisions``): each draw returns
+    what was recorded, so the verifier retraces the recorded path."""
+
+    def __init__(self, decisions: list[VerifyDecision]):
+        self._draws = [d for d in decisions if d.drew]
+        self._next = 0
+
+    def _take(self, kinds: tuple[str, ...]) -> VerifyDecision:
+        if self._next >= len(self._draws):
+            raise ValueError("the verifier asked for more decisions than were recorded")
+        d = self._draws[self._next]
+        self._next += 1
+        if d.kind not in kinds:
+            raise ValueError(f"recorded decision {self._next - 1} is a {d.kind!r}, the verifier asked for {kinds}")
+        return d
+
+    def bernoulli(self, p: float) -> bool:
+        return self._take(("child", "node")).accepted
+
+    def categorical(self, probs: np.ndarray) -> int:
+        return self._take(("sample", "bonus")).token
+
+    @property
+    def exhausted(self) -> bool:
+        return self._next == len(self._draws)
+
+
+def top_tokens(dist: np.ndarray, k: int = 5) -> tuple[tuple[int, float], ...]:
+    """The ``k`` most likely tokens of ``dist`` ``[V]`` with their probabilities, most likely first."""
+    k = min(k, dist.shape[0])
+    idx = np.argpartition(dist, -k)[-k:]
+    idx = idx[np.argsort(-dist[idx], kind="stable")]
+    return tuple((int(i), float(dist[i])) for i in idx if dist[i] > 0.0)
 
 
 def sample_index(probs: np.ndarray, u: float) -> int:
@@ -177,15 +217,33 @@ class NodeInputs:
 
 
 class Outcome:
-    """Per-call bookkeeping of which nodes were tested and with what acceptance probability."""
+    """Per-call bookkeeping: which nodes were tested, with what acceptance probability, and every
+    decision in order (``VerifyDecision``)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, decisions: Optional[Decisions] = None):
         self.accept_prob = np.full(n, np.nan, dtype=np.float64)
         self.tested = np.zeros(n, dtype=bool)
+        self.decisions: list[VerifyDecision] = []
+        self._source = decisions
 
     def record(self, node: int, prob: float) -> None:
         self.accept_prob[node] = prob
         self.tested[node] = True
+
+    def decide(self, kind: DecisionKind, node: int, token: int, p_target: float, q: float, accept_prob: float,
+               accepted: bool, drew: bool = True) -> None:
+        """Append one decision; ``u`` is the source's latest uniform when ``drew``."""
+        u = getattr(self._source, "last_u", None) if drew else None
+        self.decisions.append(VerifyDecision(kind, int(node), int(token), float(p_target), float(q),
+                                             float(accept_prob), u, drew, bool(accepted)))
+
+    def after_rejection(self, residual: np.ndarray) -> None:
+        """Attach the updated residual's top tokens to the latest decision (the rejection)."""
+        if self.decisions:
+            last = self.decisions[-1]
+            self.decisions[-1] = VerifyDecision(last.kind, last.node, last.token, last.p_target, last.q,
+                                                last.accept_prob, last.u, last.drew, last.accepted,
+                                                top_tokens(residual))
 
     def result(self, path: list[int], bonus_token: int, p_target: np.ndarray) -> VerifyResult:
         return VerifyResult(
@@ -194,6 +252,7 @@ class Outcome:
             accept_prob=self.accept_prob,
             tested=self.tested,
             p_target=p_target,
+            decisions=self.decisions,
         )
 
 

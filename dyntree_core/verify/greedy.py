@@ -8,6 +8,8 @@ the argmax at the last accepted node. One argmax over ``[N, V]`` (on the logits'
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..tree import SampledKind, TokenTree
@@ -40,7 +42,11 @@ class GreedyVerifier:
         match[1:] = tokens[1:] == argmax[parents[1:]]
         path = _greedy_path(match, parents, rank)
         outcome = _record_tests(match, parents, rank, path)
-        return outcome.result(path, int(argmax[path[-1]]), node_token_probs(rows, tree.parents, tree.tokens))
+        p_target = node_token_probs(rows, tree.parents, tree.tokens)
+        _record_decisions(outcome, path, parents, rank, tokens, p_target)
+        bonus = int(argmax[path[-1]])
+        outcome.decide("bonus", path[-1], bonus, math.nan, math.nan, 1.0, True, drew=False)
+        return outcome.result(path, bonus, p_target)
 
 
 def _greedy_path(match: np.ndarray, parents: np.ndarray, rank: np.ndarray) -> list[int]:
@@ -59,6 +65,19 @@ def _greedy_path(match: np.ndarray, parents: np.ndarray, rank: np.ndarray) -> li
     while path[-1] in best:
         path.append(best[path[-1]])
     return path
+
+
+def _record_decisions(outcome: Outcome, path: list[int], parents: np.ndarray, rank: np.ndarray,
+                      tokens: np.ndarray, p_target: np.ndarray) -> None:
+    """The comparisons ``_record_tests`` marked, in the order a walk down the path makes them."""
+    tested = np.flatnonzero(outcome.tested)
+    by_parent: dict[int, list[int]] = {}
+    for c in tested.tolist():
+        by_parent.setdefault(int(parents[c]), []).append(c)
+    for u in path:
+        for c in sorted(by_parent.get(u, []), key=lambda c: rank[c]):
+            hit = bool(outcome.accept_prob[c] == 1.0)
+            outcome.decide("argmax", c, int(tokens[c]), p_target[c], math.nan, float(hit), hit, drew=False)
 
 
 def _record_tests(match: np.ndarray, parents: np.ndarray, rank: np.ndarray, path: list[int]) -> Outcome:

@@ -8,6 +8,7 @@ target sample, so this is lossless whatever produced the siblings: deterministic
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -37,14 +38,17 @@ class PointMassVerifier:
         """``verify`` with an explicit source of randomness (``target_probs``: ``[N, V]``)."""
         check_compatible(self, tree)
         inputs = NodeInputs(self.name, tree, target_probs, need_draft=False)
-        outcome = Outcome(tree.size)
+        outcome = Outcome(tree.size, decisions)
         path = [0]
         while True:
             target = inputs.target_row(path[-1])
             y = decisions.categorical(target)
             match = _match_child(inputs, path[-1], target, y, outcome)
-            if match is None:
+            p_y = float(target[y] / target.sum())
+            if match is None:  # the sample itself is the bonus token
+                outcome.decide("bonus", path[-1], y, p_y, math.nan, 1.0, True)
                 return outcome.result(path, y, inputs.p_target)
+            outcome.decide("sample", match, y, p_y, math.nan, p_y, True)
             path.append(match)
 
 

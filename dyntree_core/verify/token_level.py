@@ -11,6 +11,7 @@ from R, which is the raw target distribution when no child was rejected there.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -47,7 +48,7 @@ class TokenLevelVerifier(ScriptedVerifier):
         check_compatible(self, tree)
         inputs = NodeInputs(self.name, tree, target_probs, need_draft=True)
         mode: DraftUpdate = self.draft_update or tree.sampled  # type: ignore[assignment]
-        outcome = Outcome(tree.size)
+        outcome = Outcome(tree.size, decisions)
         path = [0]
         while True:
             accepted, residual = self._test_children(inputs, path[-1], mode, outcome, decisions)
@@ -55,6 +56,7 @@ class TokenLevelVerifier(ScriptedVerifier):
                 break
             path.append(accepted)
         bonus = decisions.categorical(residual)
+        outcome.decide("bonus", path[-1], bonus, residual[bonus] / residual.sum(), math.nan, 1.0, True)
         return outcome.result(path, bonus, inputs.p_target)
 
     def _test_children(
@@ -78,9 +80,12 @@ class TokenLevelVerifier(ScriptedVerifier):
                 check_new_sibling(node, child, x, seen)
             a = ratio_accept(residual[x], draft.q[x])
             outcome.record(child, a)
-            if decisions.bernoulli(a):
+            accepted = decisions.bernoulli(a)
+            outcome.decide("child", child, x, residual[x], draft.q[x], a, accepted)
+            if accepted:
                 return child, residual
             _, residual = residual_update(1.0, residual, draft.q)
+            outcome.after_rejection(residual)
             draft.after_draw(x)
         return None, residual
 

@@ -16,6 +16,7 @@ and its whole subtree without drawing anything, ``S = 0`` leaves ``Mb_u`` unchan
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -64,6 +65,7 @@ class TraversalVerifier(ScriptedVerifier):
             raise RuntimeError("traversal rejected the root, whose p is 1 by construction")
         node, bonus_dist = hit
         bonus = decisions.categorical(bonus_dist)
+        walk.outcome.decide("bonus", node, bonus, bonus_dist[bonus] / bonus_dist.sum(), math.nan, 1.0, True)
         return walk.outcome.result(tree.path_to(node), bonus, walk.inputs.p_target)
 
 
@@ -74,7 +76,7 @@ class _Traversal:
         self.inputs = inputs
         self.mode = mode
         self.decisions = decisions
-        self.outcome = Outcome(inputs.tree.size)
+        self.outcome = Outcome(inputs.tree.size, decisions)
 
     def visit(self, u: int, p_u: float) -> Optional[tuple[int, np.ndarray]]:
         """Verify the subtree of ``u`` entered with sequence-level probability ``p_u``.
@@ -83,6 +85,7 @@ class _Traversal:
         """
         if p_u <= 0.0:
             self.outcome.record(u, 0.0)
+            self.outcome.decide("node", u, self.inputs.tokens[u], 0.0, math.nan, 0.0, False, drew=False)
             return None
         kids = self.inputs.children[u]
         mb: Optional[np.ndarray] = None  # a leaf's target row is read only if the leaf is accepted
@@ -92,7 +95,10 @@ class _Traversal:
                 return hit
         if u != 0:
             self.outcome.record(u, p_u)
-            if p_u <= 0.0 or not self.decisions.bernoulli(p_u):
+            drew = p_u > 0.0
+            accepted = drew and self.decisions.bernoulli(p_u)
+            self.outcome.decide("node", u, self.inputs.tokens[u], p_u, math.nan, p_u, accepted, drew=drew)
+            if not accepted:
                 return None
         return u, (mb if mb is not None else self.inputs.target_row(u))
 
@@ -109,9 +115,12 @@ class _Traversal:
             x = self.inputs.tokens[child]
             if check_distinct:
                 check_new_sibling(u, child, x, seen)
-            hit = self.visit(child, ratio_accept(p_u * mb[x], draft.q[x]))
+            p_c = ratio_accept(p_u * mb[x], draft.q[x])
+            self.outcome.decide("enter", child, x, p_u * mb[x], draft.q[x], p_c, p_c > 0.0, drew=False)
+            hit = self.visit(child, p_c)
             if hit is not None:
                 return hit, p_u, mb
             p_u, mb = residual_update(p_u, mb, draft.q)
+            self.outcome.after_rejection(mb)
             draft.after_draw(x)
         return None, p_u, mb
