@@ -262,8 +262,19 @@ def test_vocab_mismatch_found_in_configs_before_any_weights_load(tmp_path: Path,
     d = tiny_checkpoint(tmp_path / "d", 64)
     t = tiny_checkpoint(tmp_path / "t", 80)
     monkeypatch.setattr(load_mod, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    with pytest.raises(VocabMismatchError, match="read from their configs before loading any weights"):
+    with pytest.raises(VocabMismatchError, match="from their metadata, before fetching or loading anything"):
         load_pair(str(d), str(t), require_tokenizer=False)
+
+
+def test_preset_vocabularies_are_compared_before_anything_is_fetched(monkeypatch) -> None:
+    """SmolLM2 as the draft of the Qwen target: refused from the presets' recorded sizes, with no
+    download or conversion (these would take a minute and ~17 GB of peak memory)."""
+    monkeypatch.setattr(fetch_mod, "ensure_embedded", lambda *a, **k: pytest.fail("a preset was fetched"))
+    monkeypatch.setattr(fetch_mod, "ensure_gguf", lambda *a, **k: pytest.fail("a GGUF was fetched"))
+    with pytest.raises(VocabMismatchError, match="49152.*151936|151936.*49152"):
+        load_pair("smollm2", "embedded")
+    assert {p.name: p.vocab_size for p in PRESETS.values()} == {
+        "qwen2.5-coder-0.5b": 151936, "qwen2.5-coder-1.5b": 151936, "smollm2-135m": 49152}
 
 
 def test_load_pair_at_int8_and_int4(tmp_path: Path) -> None:
@@ -378,3 +389,27 @@ def test_identical_tokenizer_files_loaded_once(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(load_mod, "load_tokenizer", counting)
     pair = load_pair(str(d), str(t))
     assert calls == ["t"] and pair.tokenizer_size == 40
+
+
+def test_the_app_keeps_its_loaded_pair_when_a_new_pair_is_refused(tmp_path: Path) -> None:
+    """A draft with another vocabulary is refused from metadata before the loaded pair is released,
+    so the next Run with the old pair does not reload it."""
+    from ui.models import HubModelProvider, LoadedPair, ModelLoadError as UiLoadError, PairSpec
+
+    d = tiny_checkpoint(tmp_path / "d", 64)
+    t = tiny_checkpoint(tmp_path / "t", 80)
+    provider = HubModelProvider()
+    old = PairSpec(draft="embedded", target="embedded", device="cpu", dtype="float32", precision="float32",
+                   draft_precision="float32")
+    sentinel_cache = object()
+    provider._pair = LoadedPair(draft=None, target=None, tokenizer=None, spec=old)
+    provider._cache, provider._cache_key = sentinel_cache, ("embedded", "embedded", "cpu")
+    bad = PairSpec(draft=str(d), target=str(t), device="cpu", dtype="float32", precision="float32",
+                   draft_precision="float32")
+    with pytest.raises(UiLoadError, match="vocabulary mismatch"):
+        provider.load(bad)
+    assert provider.is_loaded(old) and provider._cache is sentinel_cache
+    with pytest.raises(UiLoadError, match="unknown model"):
+        provider.load(PairSpec(draft=str(tmp_path / "nowhere"), target="embedded", device="cpu", dtype="float32",
+                               precision="float32", draft_precision="float32"))
+    assert provider.is_loaded(old)

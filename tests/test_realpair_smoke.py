@@ -42,6 +42,10 @@ def _greedy(model, tok, prompt: str, n: int) -> str:
 
 def test_vocab_and_special_tokens(pair) -> None:
     assert pair.draft_vocab_size == pair.target_vocab_size == QWEN_VOCAB
+    from dyntree_core.models import PRESETS
+
+    # the sizes precheck_pair compares before fetching are the loaded models' logit counts
+    assert PRESETS[pair.draft_name].vocab_size == PRESETS[pair.target_name].vocab_size == QWEN_VOCAB
     assert pair.tokenizer_size is not None and pair.tokenizer_size <= QWEN_VOCAB
     assert pair.tokenizer.eos_token_id == IM_END
     assert IM_END in pair.eos_token_ids and ENDOFTEXT in pair.eos_token_ids

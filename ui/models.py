@@ -100,9 +100,11 @@ class HubModelProvider:
 
     def _pair_cache(self, draft: str, target: str, device: str):
         from dyntree_core.auto import PairCache
+        from dyntree_core.models import precheck_pair
 
         key = (draft, target, device)
         if self._cache_key != key:
+            precheck_pair(draft, target)  # a bad name or mismatched vocabularies keep the loaded pair
             self._release()
             self._cache, self._cache_key = PairCache(draft, target, device=device), key
         return self._cache
@@ -137,8 +139,9 @@ class HubModelProvider:
                 return self._pair
             try:
                 if spec.offload:  # an offloaded target is streamed from host memory: load it on the CPU
-                    from dyntree_core.models import load_pair  # lazy: nothing is loaded at import
+                    from dyntree_core.models import load_pair, precheck_pair  # lazy: nothing is loaded at import
 
+                    precheck_pair(spec.draft, spec.target)
                     self._release()
                     pair = load_pair(spec.draft.strip(), spec.target.strip(), dtype=spec.dtype, device="cpu",
                                      precision=spec.precision, draft_precision=spec.draft_precision)

@@ -22,6 +22,7 @@ from .load import (
     load_pair,
     load_tokenizer,
     logit_dim,
+    precheck_pair,
     resolve_spec,
 )
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, EmbeddedPreset, resolve_preset
@@ -41,6 +42,7 @@ __all__ = [
     "VocabMismatchError",
     "cache_root",
     "check_vocab",
+    "precheck_pair",
     "ensure_embedded",
     "ensure_embedded_pair",
     "ensure_gguf",

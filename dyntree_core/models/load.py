@@ -431,6 +431,7 @@ def load_pair(
             check_precision(p_, _torch_device(device))
     except PrecisionError as e:
         raise ModelLoadError(str(e)) from None
+    precheck_pair(draft, target)
     dsrc, tsrc = resolve_spec(draft, "draft"), resolve_spec(target, "target")
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -475,6 +476,42 @@ def load_pair(
         eos_token_ids=_eos_ids(tok, (tmodel, dmodel), tsrc.eos_tokens or dsrc.eos_tokens),
         load_seconds=times, draft_precision=dprec, target_precision=tprec,
     )
+
+
+def _preset_of(spec: str, role: str):
+    spec = spec.strip()
+    if spec == "embedded":
+        return resolve_preset(DEFAULT_DRAFT if role == "draft" else DEFAULT_TARGET)
+    return resolve_preset(spec) if is_preset_name(spec) else None
+
+
+def known_vocab(spec: str, role: str) -> Optional[int]:
+    """Output-logit count of ``spec`` known without fetching anything: a preset's recorded size,
+    or a local checkpoint's config / GGUF header; None for a hub id (it would need a download)."""
+    preset = _preset_of(spec, role)
+    if preset is not None:
+        return preset.vocab_size or None
+    if Path(spec.strip()).expanduser().exists():
+        return _config_vocab(resolve_spec(spec, role))
+    return None
+
+
+def precheck_pair(draft: str, target: str) -> None:
+    """What can be refused before any download, conversion or load: an unknown local path or a
+    malformed id (``UnknownModelError``) and vocabularies that differ by their metadata
+    (``VocabMismatchError``). Hub ids are only checked for form here."""
+    vocab = {}
+    for spec, role in ((draft, "draft"), (target, "target")):
+        if not isinstance(spec, str) or not spec.strip():
+            raise UnknownModelError(f"empty model spec for the {role}; use 'embedded', a preset, a local dir or a hub id")
+        if _preset_of(spec, role) is None and not _HUB_ID.match(spec.strip()):
+            resolve_spec(spec, role)  # a local path (cheap) or a clear "unknown model" error
+        vocab[role] = known_vocab(spec, role)
+    if vocab["draft"] is not None and vocab["target"] is not None and vocab["draft"] != vocab["target"]:
+        raise VocabMismatchError(
+            f"vocabulary mismatch: draft {draft.strip()!r} has {vocab['draft']} output logits, target "
+            f"{target.strip()!r} has {vocab['target']} (from their metadata, before fetching or loading anything); "
+            "speculative decoding needs the same vocabulary (pick a draft from the target's model family)")
 
 
 def _config_vocab(src: ModelSource) -> Optional[int]:

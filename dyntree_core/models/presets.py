@@ -39,6 +39,7 @@ class EmbeddedPreset:
     license: str
     upstream: str
     eos_tokens: tuple[str, ...] = ()
+    vocab_size: int = 0  # output logits (the GGUF's token count): checked before anything is fetched
 
     @property
     def requirements(self) -> list[str]:
@@ -58,6 +59,7 @@ QWEN_CODER_05B = EmbeddedPreset(
     license="Apache-2.0",
     upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     eos_tokens=("<|im_end|>", "<|endoftext|>"),
+    vocab_size=151936,
 )
 
 QWEN_CODER_15B = EmbeddedPreset(
@@ -70,6 +72,7 @@ QWEN_CODER_15B = EmbeddedPreset(
     license="Apache-2.0",
     upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     eos_tokens=("<|im_end|>", "<|endoftext|>"),
+    vocab_size=151936,
 )
 
 SMOLLM2_135M = EmbeddedPreset(
@@ -82,6 +85,7 @@ SMOLLM2_135M = EmbeddedPreset(
     license="Apache-2.0",
     upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
     eos_tokens=("<|im_end|>",),
+    vocab_size=49152,
 )
 
 PRESETS: dict[str, EmbeddedPreset] = {p.name: p for p in (QWEN_CODER_05B, QWEN_CODER_15B, SMOLLM2_135M)}
