@@ -41,6 +41,10 @@ class _Step:
     draft_cached: int
     step: int = 0
 
+#: prompt tokens per prefill forward: long prompts report progress and keep peak activation
+#: memory bounded; the KV cache is the same as one forward's
+PREFILL_CHUNK = 512
+
 
 class SpeculativeDecoder:
     """Speculative decoding with a draft and a target HF causal LM.
@@ -111,6 +115,7 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         stop_event: Optional[threading.Event] = None,
         seed: Optional[int] = None,
+        on_prefill: Optional[Callable[[int, int], None]] = None,
     ) -> Iterator[StepTrace]:
         """Decode up to ``max_new_tokens`` new tokens, yielding one ``StepTrace`` per step.
 
@@ -120,10 +125,13 @@ class SpeculativeDecoder:
                 context or ``stop_event`` ends the run first.
             stop_event: set it (from another thread) to stop after the current step.
             seed: RNG seed for this call (default ``config.seed``).
+            on_prefill: called as ``on_prefill(done, total)`` before the prefill and after each chunk
+                (``PREFILL_CHUNK`` prompt tokens; target and draft chunks both count towards ``total``).
         """
         prompt = self._validate(input_ids, max_new_tokens)
         self.pair.check(self.config)
-        return self._run(prompt, max_new_tokens, stop_event, self.config.seed if seed is None else int(seed))
+        return self._run(prompt, max_new_tokens, stop_event, self.config.seed if seed is None else int(seed),
+                         on_prefill)
 
     def generate_ids(
         self, input_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, seed: Optional[int] = None
@@ -159,7 +167,23 @@ class SpeculativeDecoder:
         return prompt
 
     # ------------------------------------------------------------------ the loop
-    def _run(self, prompt: list[int], max_new_tokens: int, stop_event, seed: int) -> Iterator[StepTrace]:
+    def _prefill(self, models: list, prompt: list[int], on_prefill: Optional[Callable[[int, int], None]]) -> None:
+        """Feed ``prompt[:-1]`` to each ``(model, cache)`` in chunks of ``PREFILL_CHUNK`` tokens."""
+        body = prompt[:-1]
+        total = len(body) * len(models)
+        done = 0
+        if on_prefill is not None:
+            on_prefill(0, total)
+        for model, cache in models:
+            for start in range(0, len(body), PREFILL_CHUNK):
+                chunk = body[start:start + PREFILL_CHUNK]
+                causal_forward(model, cache, chunk, start, logits_rows=[len(chunk) - 1], attn_kwargs=self.attn_kwargs)
+                done += len(chunk)
+                if on_prefill is not None:
+                    on_prefill(done, total)
+
+    def _run(self, prompt: list[int], max_new_tokens: int, stop_event, seed: int,
+             on_prefill: Optional[Callable[[int, int], None]] = None) -> Iterator[StepTrace]:
         cfg = self.config
         t_start = time.perf_counter()
         gen = torch.Generator().manual_seed(seed)
@@ -179,11 +203,8 @@ class SpeculativeDecoder:
 
         d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
         if len(prompt) > 1:
-            causal_forward(self.target, t_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2],
-                           attn_kwargs=self.attn_kwargs)
-            if d_cache is not None:
-                causal_forward(self.draft, d_cache, prompt[:-1], 0, logits_rows=[len(prompt) - 2],
-                               attn_kwargs=self.attn_kwargs)
+            self._prefill([(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None else []),
+                          prompt, on_prefill)
         self._sync()
         state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
         produced = 0

@@ -108,3 +108,25 @@ def test_mismatched_vocab_is_refused_with_both_sizes():
     _, target = tiny_pair(vocab=80)
     with pytest.raises(VocabMismatchError, match="64.*80"):
         SpeculativeDecoder(draft, target, DecodeConfig())
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "dyspec_greedy"])
+def test_chunked_prefill_reports_progress_and_changes_nothing(pair, monkeypatch, method):
+    """A prompt prefilled in chunks of 7 gives the same greedy output as one forward, and
+    ``on_prefill`` counts every prompt token of each model that is prefilled."""
+    import dyntree_core.engine as engine
+
+    draft, target = pair
+    prompt = [int(x) for x in torch.randint(1, 60, (40,), generator=torch.Generator().manual_seed(3))]
+    cfg = DecodeConfig(method=method, budget=12, depth=3)
+    whole = SpeculativeDecoder(draft, target, cfg).generate_ids(prompt, 16)
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 7)
+    seen: list[tuple[int, int]] = []
+    chunked = [c.token_id for t in SpeculativeDecoder(draft, target, cfg).generate(
+        prompt, 16, on_prefill=lambda done, total: seen.append((done, total))) for c in t.committed]
+    assert chunked == whole
+    models = 1 if method == "autoregressive" else 2
+    total = 39 * models
+    assert seen[0] == (0, total) and len(seen) == 1 + models * 6  # ceil(39 / 7) chunks per model
+    assert all(t == total for _, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1][0] == total

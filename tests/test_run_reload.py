@@ -54,7 +54,8 @@ def test_an_exported_run_reloads_and_redraws_every_figure(runs, tmp_path):
         assert back.prompt_ids == run.prompt_ids and back.token_ids == run.token_ids
         assert back.summary()["tokens"] == run.summary()["tokens"]
         a, b = run_view(run, None), run_view(back, None)
-        assert a.text_html == b.text_html and a.status == b.status
+        assert a.text_html == b.text_html and a.status == b.status and a.cost == b.cost
+        assert back.prefill_seconds == run.prefill_seconds and back.model_params == run.model_params
         assert _same(_fig(a.speed), _fig(b.speed)) and _same(_fig(a.per_step), _fig(b.per_step))
         for step in range(len(run.traces)):
             for block in (16, 32):
@@ -62,6 +63,8 @@ def test_an_exported_run_reloads_and_redraws_every_figure(runs, tmp_path):
                 assert _same(_fig(sa.tree), _fig(sb.tree)), (i, step)
                 assert all(_same(_fig(x), _fig(y)) for x, y in zip(sa.masks, sb.masks))
                 assert _same(_fig(sa.phases), _fig(sb.phases))
+                walk = len(run.traces[step].decisions) // 2
+                assert step_view(run, step, block, walk).walkthrough == step_view(back, step, block, walk).walkthrough
         fa, fb = export_figures(run, 0, 16), export_figures(back, 0, 16)
         assert fa.keys() == fb.keys() and all(_same(_fig(fa[k]), _fig(fb[k])) for k in fa)
 

@@ -60,8 +60,10 @@ def tokens_per_step_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]],
     return fig
 
 
-def phase_figure(traces: Sequence[StepTrace], step: Optional[int] = None) -> go.Figure:
-    """Stacked milliseconds per phase: the selected step and the mean over the run."""
+def phase_figure(traces: Sequence[StepTrace], step: Optional[int] = None,
+                 prefill_s: Optional[float] = None) -> go.Figure:
+    """Stacked milliseconds per phase: the selected step and the mean over the run, and the
+    prompt's prefill (once per run) when ``prefill_s`` is given."""
     fig = go.Figure()
     if not traces:
         _style(fig, "phase timings", "ms", "")
@@ -78,6 +80,9 @@ def phase_figure(traces: Sequence[StepTrace], step: Optional[int] = None) -> go.
     other_mean = statistics.fmean(max(0.0, t.step_seconds - t.timings.total) for t in traces) * 1e3
     fig.add_trace(go.Bar(y=rows, x=[other, other_mean], orientation="h", name="other", marker_color="#dddddd",
                          hovertemplate="other: %{x:.2f} ms<extra></extra>"))
+    if prefill_s is not None:
+        fig.add_trace(go.Bar(y=["prefill (once)"], x=[prefill_s * 1e3], orientation="h", name="prefill",
+                             marker_color="#9e9e9e", hovertemplate="prefill: %{x:.1f} ms<extra></extra>"))
     fig.update_layout(barmode="stack")
     _style(fig, f"phase timings (ms) · step {sel.step}: {sel.step_seconds * 1e3:.1f} ms total", "", "")
     fig.update_layout(height=260)

@@ -193,8 +193,10 @@ class Controller:
             state.error_popup = False
             gr.Warning(state.error)
             return self.live(state, block)
-        if state.version == state.rendered_version:
+        prefill = state.record.prefill if state.record is not None else None
+        if state.version == state.rendered_version and prefill == state.rendered_prefill:
             return {self.c.status: gr.skip()}  # (an empty dict is refused as "too few outputs")
+        state.rendered_prefill = prefill
         return self.live(state, block)
 
     def on_run(self, state: SessionState, baseline: bool, *values) -> None:

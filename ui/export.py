@@ -23,6 +23,8 @@ def traces_json(record: RunRecord) -> dict:
     """The run as JSON: settings, resolved config, prompt ids, token texts and every StepTrace."""
     ids = sorted({c.token_id for t in record.traces for c in t.committed}
                  | {int(x) for t in record.traces if t.tree is not None for x in t.tree.tokens.tolist()}
+                 | {d.token for t in record.traces for d in t.decisions}
+                 | {tok for t in record.traces for d in t.decisions for tok, _ in d.residual_top}
                  | set(record.prompt_ids[-1:]))  # the first step's root
     return {
         "format": RUN_FORMAT,
@@ -33,6 +35,8 @@ def traces_json(record: RunRecord) -> dict:
         "token_texts": {str(i): record.texts.piece(i) for i in ids},
         "summary": {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.summary().items()},
         "steps": [t.to_dict() for t in record.traces],
+        "costs": {"prefill_seconds": record.prefill_seconds, "one_token_forward_s": record.one_token_forward_s,
+                  "model_params": list(record.model_params)},
     }
 
 
@@ -62,6 +66,7 @@ def read_json(path: Path) -> RunRecord:
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names}
         return cls(**kw)
 
+    costs = d.get("costs") or {}
     return RunRecord(
         settings=build(RunSettings, d["settings"]),
         config=build(DecodeConfig, d["config"]),
@@ -69,6 +74,9 @@ def read_json(path: Path) -> RunRecord:
         texts=StoredTokenTexts({int(k): v for k, v in d["token_texts"].items()}),
         traces=[StepTrace.from_dict(s) for s in d["steps"]],
         status=d.get("status", "finished"),
+        prefill_seconds=costs.get("prefill_seconds"),
+        one_token_forward_s=costs.get("one_token_forward_s"),
+        model_params=tuple(int(x) for x in costs.get("model_params", (0, 0))),  # type: ignore[arg-type]
     )
 
 

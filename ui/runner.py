@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Optional
 
 from collections.abc import Mapping
@@ -65,8 +66,17 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     ids = encode_prompt(pair.tokenizer, settings.prompt, chat=settings.chat and pair.supports_chat)
     decoder = SpeculativeDecoder.on_pair(pair.prepared(cfg), cfg, eos_token_id=list(pair.eos_token_ids) or None)
     stop = stop_event or threading.Event()
-    steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop)
     record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer), note=note)
+    started = [0.0]
+
+    def prefill_progress(done: int, total: int) -> None:
+        if done == 0:
+            started[0] = time.perf_counter()
+        record.prefill = (done, total)
+        if done == total:
+            record.prefill_seconds = time.perf_counter() - started[0]
+
+    steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, on_prefill=prefill_progress)
     return Generation(record, steps, stop)
 
 

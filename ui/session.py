@@ -39,6 +39,8 @@ class RunRecord:
     note: str = ""  # why auto chose this configuration (empty when nothing was auto)
     one_token_forward_s: Optional[float] = None  # the target's measured 1-token forward (cost model)
     model_params: tuple[int, int] = (0, 0)  # logical parameter counts (draft, target)
+    prefill: tuple[int, int] = (0, 0)  # prompt tokens prefilled so far / in all (target + draft)
+    prefill_seconds: Optional[float] = None  # wall time of the prefill once it ended
 
     @property
     def label(self) -> str:
@@ -187,6 +189,7 @@ class SessionState:
         self.worker = None  # the DecodeWorker running the current generation, if any
         self.version = 0  # bumped on every change the page should show
         self.rendered_version = 0  # the page starts with the layout's own initial values
+        self.rendered_prefill: Optional[tuple[int, int]] = None  # prefill progress the page shows
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None

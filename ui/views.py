@@ -73,7 +73,7 @@ def step_view(record: Optional[RunRecord], step: Optional[float], block_size: in
     return StepView(
         tree=tree_figure(trace, record.texts, record.root_token(idx), highlight=walk_node(trace, decision)),
         masks=tuple(mask_figure(trace, o, int(block_size)) for o in ORDERS),  # type: ignore[arg-type]
-        phases=phase_figure(record.traces, idx),
+        phases=phase_figure(record.traces, idx, record.prefill_seconds),
         walkthrough=walkthrough_html(trace, record.texts, decision),
     )
 
@@ -93,8 +93,10 @@ def status_line(record: Optional[RunRecord]) -> str:
         if record.status != "running":
             return f"**{label}** · {record.status} · no step yet{note}"
         n = len(record.prompt_ids)
-        long = (f" — a long prompt: on a CPU its prefill alone can take minutes" if n > LONG_PROMPT_TOKENS else "")
-        return f"**{label}** · running · prefilling {n:,} prompt tokens …{long}{note}"
+        long = (" — a long prompt: on a CPU its prefill alone can take minutes" if n > LONG_PROMPT_TOKENS else "")
+        done, total = record.prefill
+        share = f" {100 * done / total:.0f}%" if total else ""
+        return f"**{label}** · running · prefilling {n:,} prompt tokens …{share}{long}{note}"
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
             f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{note}")
