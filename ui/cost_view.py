@@ -21,7 +21,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
 def _ms(s: float) -> str:
-    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def _offload_bench() -> Optional[Path]:
