@@ -1,0 +1,73 @@
+"""``hybrid``: the suffix tree where the text so far supports it, the draft model elsewhere.
+
+Each step first builds the model-free suffix tree (``suffix.suffix_tree``). Its node values are
+empirical path probabilities, so their sum is the number of tokens the suffix tree expects to get
+accepted if the text keeps repeating as it did. When that is at least ``SUFFIX_MIN_EXPECTED`` the
+step uses it and runs no draft forward; otherwise the step drafts with OPT-Tree on the draft model
+(its deterministic top-k tree, same budget, depth and threshold). Both kinds of tree are
+deterministic (``topk``), so the method is verified by point-mass (T > 0) or greedily (T = 0):
+every committed token is a target sample whichever source proposed it.
+
+The draft model's KV cache simply falls behind during suffix steps; the next model step feeds the
+committed tokens it has not seen (``ModelDraftSource``'s pending tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ..config import DecodeConfig
+from ..tree import TokenTree
+from .drafter import CountingSource, Drafter
+from .opt_tree import OptTreeDrafter
+from .suffix import MAX_MATCH, suffix_tree
+from .suffix_index import SuffixIndex
+
+#: expected accepted tokens of the suffix tree (sum of its node path probabilities) from which a
+#: step uses it instead of the draft model: a suffix step costs only the target forward, so even one
+#: expected token pays
+SUFFIX_MIN_EXPECTED = 1.0
+
+
+class HybridDrafter(Drafter):
+    name = "hybrid"
+
+    def __init__(self, cfg: DecodeConfig):
+        super().__init__(cfg)
+        self.index = SuffixIndex(MAX_MATCH)
+        self.model = OptTreeDrafter(cfg)
+        #: which source drafted the last tree: ``suffix`` or ``model``
+        self.last_source: Optional[str] = None
+
+    def reset(self, prompt: Sequence[int] = ()) -> None:
+        self.index = SuffixIndex(MAX_MATCH)
+        self.index.extend(prompt)
+        self.model.reset(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.index.extend(tokens)
+
+    def observe(self, tree: TokenTree, accepted_nodes: int) -> None:
+        self.model.observe(tree, accepted_nodes)
+
+    def suffix_candidate(self, root_token: int) -> Optional[TokenTree]:
+        """The suffix tree when the index holds the text up to ``root_token`` and the tree expects at
+        least ``SUFFIX_MIN_EXPECTED`` accepted tokens, else None."""
+        history = self.index.tokens
+        if not history or history[-1] != root_token:
+            return None  # the index is not following this text (no reset): the model drafts
+        tree = suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold)
+        if tree.size < 2 or tree.value is None or float(tree.value[1:].sum()) < SUFFIX_MIN_EXPECTED:
+            return None
+        return tree
+
+    def _draft(self, source: CountingSource, root_token: int, generator: torch.Generator,
+               deterministic: bool) -> TokenTree:
+        tree = self.suffix_candidate(root_token)
+        if tree is not None:
+            self.last_source = "suffix"
+            return tree
+        self.last_source = "model"
+        return self.model._draft(source, root_token, generator, deterministic)

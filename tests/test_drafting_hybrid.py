@@ -1,0 +1,70 @@
+"""The hybrid drafter: suffix tree where the text supports it (no draft forward), OPT-Tree on the
+draft model elsewhere; lossless either way (greedy identity, chi-square of sampled tokens)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dyntree_core import DecodeConfig, SpeculativeDecoder
+from dyntree_core.drafting import make_drafter
+from dyntree_core.drafting.base import PathFunctionSource
+from dyntree_core.drafting.hybrid import SUFFIX_MIN_EXPECTED
+from dyntree_core.testing import tiny_pair
+from stat_utils import chi_square_pvalue, exact_first_two, sample_first_two
+
+
+def _flat(v: int):
+    return lambda path: torch.full((v,), 1.0 / v)
+
+
+def test_the_source_follows_the_support_of_the_text():
+    cfg = DecodeConfig(method="hybrid", budget=8, depth=4, threshold=0.01)
+    drafter = make_drafter(cfg)
+    src = PathFunctionSource(_flat(16), 16)
+    drafter.reset([3, 7, 3, 7, 3, 7, 3])  # "3 7" repeats: after 3 comes 7, then 3, ...
+    tree = drafter.draft(src, 3, torch.Generator().manual_seed(0))
+    assert drafter.last_source == "suffix" and src.forward_calls == 0 and drafter.last_stats.forward_calls == 0
+    assert tree.tokens[1:3].tolist() == [7, 3] and float(tree.value[1:].sum()) >= SUFFIX_MIN_EXPECTED
+    drafter.reset([1, 2, 4, 5, 6, 9])  # nothing repeats: the draft model drafts
+    tree = drafter.draft(src, 9, torch.Generator().manual_seed(0))
+    assert drafter.last_source == "model" and src.forward_calls > 0 and tree.size > 1
+    assert tree.sampled == "topk"
+
+
+def _prompt(seed: int, vocab: int = 64) -> list[int]:
+    rng = random.Random(seed)
+    motif = [rng.randrange(vocab) for _ in range(rng.randrange(2, 5))]
+    return (motif * 3)[: rng.randrange(6, 12)] + [rng.randrange(vocab) for _ in range(3)]
+
+
+def test_greedy_hybrid_decoding_equals_autoregressive():
+    sources = set()
+    for seed in range(10):
+        draft, target = tiny_pair(seed=seed)
+        prompt = _prompt(seed)
+        ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive")).generate_ids(prompt, 20)
+        cfg = DecodeConfig(method="hybrid", budget=12, depth=5, threshold=0.01)
+        traces = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, 20))
+        assert [c.token_id for t in traces for c in t.committed] == ar, seed
+        sources.update("suffix" if t.timings.draft == 0.0 else "model" for t in traces)
+    assert sources == {"suffix", "model"}  # both sources drafted some steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", [[3, 7, 3, 7, 3], [3, 7, 5]], ids=["suffix-step", "model-step"])
+def test_hybrid_sampling_matches_the_target(prompt):
+    """Chi-square on the first two sampled tokens at T = 0.6 (point-mass verification), once with a
+    first step the suffix tree drafts and once with one the draft model drafts."""
+    torch.set_num_threads(1)
+    draft, target = tiny_pair(vocab=16, seed=12, layers=2, hidden=32)
+    exact = exact_first_two(target, prompt, 0.6)
+    cfg = DecodeConfig(method="hybrid", temperature=0.6, budget=6, depth=2, threshold=0.01)
+    assert cfg.resolved_verifier() == "point_mass"
+    first = next(SpeculativeDecoder(draft, target, cfg).generate(prompt, 1))
+    assert first.tree_size > 1 and (first.timings.draft == 0.0) == (prompt == [3, 7, 3, 7, 3])
+    counts = sample_first_two(lambda: SpeculativeDecoder(draft, target, cfg, eos_token_id=()), prompt, 2_500,
+                              seed0=7000)
+    assert chi_square_pvalue(counts, exact) > 0.01
