@@ -15,6 +15,12 @@ Sequoia's positional acceptance model with the acceptance vector *measured on th
   tokens (code) count as they are; without position data, ``1 + p1 + ... + p1^k`` tokens.
 * ``sequoia`` (n, d): the DP-optimal tree; one batched draft forward per level (its internal
   nodes), ``G(n, d)`` tokens (Sequoia's optimizer, with every precision pair).
+* ``suffix`` (n, d, q): the model-free suffix tree, priced by replaying the method on the
+  calibration continuations (``drafting.suffix.replay_suffix``: the trees it would build, how many
+  tokens each step commits, the target forward of each tree's size, the measured build time). No
+  draft model runs. Only as repetitive as the calibration text (wiki and code): a prompt that
+  quotes what is to be written (editing, summaries) favours it more than ``auto`` can know.
+  ``hybrid`` is not priced (its model steps are OPT-Tree trees, which this model does not cover).
 
 Plain autoregressive decoding is a candidate like any other: on a machine where no tree pays
 for its draft and verification, ``auto`` chooses it and says so. The acceptance vector is
@@ -40,16 +46,20 @@ import torch
 from .config import DecodeConfig
 from .machine_profile import MachineProfile
 
-AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia")
+AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix")
 AUTO = "auto"  # the request value meaning "let the cost model choose"
 CHAIN_LENGTHS: tuple[int, ...] = tuple(range(1, 9))
 SEQUOIA_BUDGETS: tuple[int, ...] = (4, 6, 8, 12, 16, 24, 32)
 SEQUOIA_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
-ACCEPTANCE_VERSION = 2
+ACCEPTANCE_VERSION = 3  # 3: the calibration texts are kept (the suffix method is replayed on them)
 TREE_MARGIN = 0.05
 #: confidence-stop thresholds the chain is priced at (None = always draft k tokens)
 STOP_GRID: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 CHAIN_MAX = 12
+#: suffix-tree shapes priced: budgets x depths x path-probability thresholds
+SUFFIX_BUDGETS: tuple[int, ...] = (4, 8, 16, 32)
+SUFFIX_DEPTHS: tuple[int, ...] = (4, 8, 16)
+SUFFIX_THRESHOLDS: tuple[float, ...] = (0.05, 0.2)
 
 
 @dataclass(frozen=True)
@@ -63,10 +73,13 @@ class Acceptance:
             (T=0: 1 if the draft argmax is the target's token; T>0: ``sum min(p, q)``), ``cont[j]``
             the probability that the drafted token's draft probability is >= ``STOP_GRID[j]``
             (the chain goes on). Runs of easy tokens (code) are kept as they are, not averaged away.
+        texts: per calibration continuation, ``(prompt ids, continuation ids)`` (the suffix method
+            is replayed on them).
     """
 
     vector: tuple[float, ...]
     sequences: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    texts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 Progress = Callable[[str], None]
 
 
@@ -84,6 +97,7 @@ class Candidate:
     verify_seconds: float
     draft_seconds: float
     stop_confidence: Optional[float] = None
+    threshold: Optional[float] = None  # suffix: the path-probability cut-off
 
     @property
     def seconds_per_token(self) -> float:
@@ -94,6 +108,9 @@ class Candidate:
             return f"autoregressive @ {self.target_precision}"
         if self.method == "chain":
             shape = f"k<={self.depth}, stop below q={self.stop_confidence:g}" if self.stop_confidence else f"k={self.depth}"
+        elif self.method == "suffix":
+            return (f"suffix (n<={self.budget}, d={self.depth}, paths with p>={self.threshold:g}; no draft model) "
+                    f"@ target {self.target_precision}")
         else:
             shape = f"n={self.budget}, d={self.depth}"
         return f"{self.method} ({shape}) @ target {self.target_precision}, draft {self.draft_precision}"
@@ -125,6 +142,8 @@ class AutoPlan:
             kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
         elif b.method == "sequoia":
             kw.update(budget=b.budget, depth=b.depth, sequoia_acceptance=tuple(self.acceptance))
+        elif b.method == "suffix":
+            kw.update(budget=b.budget, depth=b.depth, threshold=b.threshold)
         return kw
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
@@ -140,7 +159,8 @@ class AutoPlan:
 
         * method ``auto``: the plan's method and shape (``method_fields``), precisions of that choice;
         * a fixed method: only the precisions, those of the best priced candidate of that kind
-          (autoregressive: the fastest target precision; any other method: the best non-AR one);
+          (autoregressive: the fastest target precision; a method ``auto`` does not price: the best
+          draft-model tree's);
         * a fixed precision is kept. The draft precision of an autoregressive choice is the fastest
           draft precision (unused by AR decoding, but a Compare run of the same settings uses it).
         """
@@ -151,7 +171,8 @@ class AutoPlan:
         elif method == "autoregressive":
             choice = self.best_autoregressive
         else:
-            choice = next((c for c in self.top if c.method != "autoregressive"), self.best)
+            choice = next((c for c in self.top if c.method == method),
+                          next((c for c in self.top if c.method not in ("autoregressive", "suffix")), self.best))
         if precision == AUTO:
             kw["precision"] = choice.target_precision
         if draft_precision == AUTO:
@@ -214,6 +235,36 @@ def simulate_chain(sequences: Sequence[Sequence[Sequence[float]]], k: int, stop_
     return ChainStats(tok / starts, dra / starts, tuple(x / starts for x in sizes))
 
 
+@dataclass(frozen=True)
+class SuffixStats:
+    """The suffix method replayed on the calibration continuations, pooled over steps: ``tokens``
+    committed per step, ``size_probs`` ``{tree size: share of steps}``, ``build_seconds`` the mean
+    time to update the index and build a tree (the whole of its drafting)."""
+
+    tokens: float
+    size_probs: dict[int, float]
+    build_seconds: float
+
+
+def simulate_suffix(texts: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, depth: int,
+                    threshold: float) -> Optional[SuffixStats]:
+    """``SuffixStats`` of the suffix method on ``(prompt, continuation)`` texts (None without texts)."""
+    from .drafting.suffix import replay_suffix
+
+    sizes: dict[int, int] = {}
+    committed = steps = 0
+    t0 = time.perf_counter()
+    for prompt, cont in texts:
+        for size, commit in replay_suffix(prompt, cont, budget, depth, threshold):
+            sizes[size] = sizes.get(size, 0) + 1
+            committed += commit
+            steps += 1
+    if not steps:
+        return None
+    return SuffixStats(committed / steps, {n: c / steps for n, c in sorted(sizes.items())},
+                       (time.perf_counter() - t0) / steps)
+
+
 def _sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths: Sequence[int]):
     from .drafting.sequoia import best_size, sequoia_dp, sequoia_tree
 
@@ -247,6 +298,7 @@ def price_candidates(
     them, with and without each confidence stop; otherwise with the geometric positional model."""
     cands: list[Candidate] = []
     sequences = acceptance.sequences if isinstance(acceptance, Acceptance) else ()
+    texts = acceptance.texts if isinstance(acceptance, Acceptance) else ()
     acceptance = acceptance.vector if isinstance(acceptance, Acceptance) else tuple(acceptance)
     p1 = float(acceptance[0]) if len(acceptance) else 0.0
     budgets = [b for b in budgets if b <= profile.max_tokens]
@@ -255,7 +307,16 @@ def price_candidates(
                    for k in range(1, CHAIN_MAX + 1) if k + 1 <= profile.max_tokens
                    for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)
                    } if ("chain" in methods and sequences) else {}
+    suffix_stats = {(n, d, q): simulate_suffix(texts, n, d, q)
+                    for n in SUFFIX_BUDGETS if n <= profile.max_tokens for d in SUFFIX_DEPTHS
+                    for q in SUFFIX_THRESHOLDS} if ("suffix" in methods and texts) else {}
     for tp in target_precisions:
+        for (n, d, q), st in suffix_stats.items():
+            if st is None:
+                continue
+            t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
+            v_s = sum(p * profile.verify_time(size) for size, p in st.size_probs.items())
+            cands.append(Candidate("suffix", tp, None, n, d, st.tokens, t_s, v_s, st.build_seconds, threshold=q))
         if "autoregressive" in methods:
             cands.append(Candidate("autoregressive", tp, None, 1, 0, 1.0, profile.target_time(tp, 1),
                                    profile.verify_time(1), 0.0))
@@ -312,21 +373,28 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
                        else "is slower")
             why = (f"the best tree, {tree.label()}, {verdict} ({ms(tree):.0f} ms/token predicted): its draft "
                    f"({tree.draft_seconds * 1e3:.0f} ms/step) and a {tree.budget}-token target forward "
-                   f"({tn:.1f}x a 1-token one here) outweigh {tree.expected_tokens:.2f} tokens/step at acceptance "
-                   f"p1={acceptance[0]:.2f}")
+                   f"({tn:.1f}x a 1-token one here) outweigh {tree.expected_tokens:.2f} tokens/step "
+                   + _where_tokens_come_from(tree, acceptance))
         reason = (f"auto: plain autoregressive decoding at {best.target_precision} ({ms(best):.0f} ms/token predicted) "
                   f"on {cpu}; {why}")
     else:
         n = best.budget
         tn = profile.target_time(best.target_precision, n)
-        size = f"a {n}-token" if best.method != "chain" or not best.stop_confidence else f"an up-to-{n}-token"
+        up_to = best.method == "suffix" or (best.method == "chain" and best.stop_confidence)
+        size = f"an up-to-{n}-token" if up_to else f"a {n}-token"
         reason = (f"auto: {best.label()}: predicted {ms(best):.0f} ms/token vs {ms(best_ar):.0f} for autoregressive "
                   f"@ {best_ar.target_precision} ({ms(best_ar) / ms(best):.2f}x) on {cpu}: {size} target forward "
                   f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
-                  f"{best.expected_tokens:.2f} tokens/step expected at p1={acceptance[0]:.2f}")
+                  f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
     fast_d = min(draft_precisions, key=lambda p: profile.draft_time(p, 1))
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
                     profile.machine, reason, tuple(ranked[:8]), fast_d)
+
+
+def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
+    if c.method == "suffix":
+        return "(the method replayed on the calibration text)"
+    return f"at acceptance p1={acceptance[0]:.2f}"
 
 
 # ------------------------------------------------------------------------------- acceptance
@@ -345,6 +413,7 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
     gen = torch.Generator().manual_seed(seed)
     total, count = None, 0
     sequences = []
+    texts = []
     taus = torch.tensor(STOP_GRID, dtype=torch.float64)
     dec = SpeculativeDecoder(pair.draft, pair.target,
                              DecodeConfig(method="autoregressive", temperature=temperature, seed=seed,
@@ -356,6 +425,7 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
         full = ids + cont
         if len(cont) < 2:
             continue
+        texts.append((tuple(ids), tuple(int(t) for t in cont)))
         with torch.inference_mode():
             x = torch.tensor([full])
             tl = pair.target(x).logits[0, len(ids) - 1:-1]
@@ -376,7 +446,7 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
         say(f"    acceptance prompt {i + 1}/{len(prompts)}: p1 so far {float(total[0]) / count:.2f}")
     if not count:
         raise ValueError("no acceptance could be measured: the continuations were empty")
-    return Acceptance(tuple(float(a) for a in total / count), tuple(sequences))
+    return Acceptance(tuple(float(a) for a in total / count), tuple(sequences), tuple(texts))
 
 
 def _dense_dtype(pair) -> str:
@@ -398,13 +468,15 @@ def load_or_measure_acceptance(pair, pair_name: str, prompts: Sequence[Sequence[
     if path.is_file() and not refresh:
         try:
             d = json.loads(path.read_text())
-            return Acceptance(tuple(d["acceptance"]), tuple(tuple(tuple(r) for r in seq) for seq in d["sequences"]))
+            return Acceptance(tuple(d["acceptance"]), tuple(tuple(tuple(r) for r in seq) for seq in d["sequences"]),
+                              tuple((tuple(p), tuple(c)) for p, c in d["texts"]))
         except (OSError, ValueError, KeyError, TypeError):
             pass
     t0 = time.perf_counter()
     acc = measure_acceptance(pair, prompts, temperature, new_tokens, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"acceptance": acc.vector, "sequences": acc.sequences, "stop_grid": STOP_GRID,
+    path.write_text(json.dumps({"acceptance": acc.vector, "sequences": acc.sequences, "texts": acc.texts,
+                                "stop_grid": STOP_GRID,
                                 "pair": pair_name, "temperature": temperature,
                                 "draft_precision": pair.draft_precision, "target_precision": pair.target_precision,
                                 "seconds": time.perf_counter() - t0}))
@@ -480,13 +552,15 @@ def search_space(method: str, precision: str, draft_precision: str,
     """``(target precisions, draft precisions, methods)`` that ``plan_auto`` prices for a request in
     which any of the three may be ``"auto"``. A fixed method that ``auto`` can price is priced
     against autoregressive decoding; one it cannot price (a DySpec or other tree method) gets the
-    precisions ``auto`` would pick for the methods it can price."""
+    precisions ``auto`` would pick for the draft-model methods it can price."""
     tps = default_precisions(device) if precision == AUTO else (precision,)
     dps = default_precisions(device) if draft_precision == AUTO else (draft_precision,)
-    if method in AUTO_METHODS:
-        methods: tuple[str, ...] = tuple(dict.fromkeys(("autoregressive", method)))
+    if method == AUTO:
+        methods: tuple[str, ...] = tuple(AUTO_METHODS)
+    elif method in AUTO_METHODS:
+        methods = tuple(dict.fromkeys(("autoregressive", method)))
     else:
-        methods = tuple(AUTO_METHODS)
+        methods = tuple(m for m in AUTO_METHODS if m != "suffix")
     return tps, dps, methods
 
 

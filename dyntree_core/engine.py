@@ -369,6 +369,7 @@ class SpeculativeDecoder:
             order_blocks={b: count_nonzero_blocks(fwd.visible[:, cache_len:], b) for b in BLOCK_SIZES},
             kernel_blocks=None if fwd.meta is None else fwd.meta.blocks.num_nonzero,
             decisions=result.decisions,
+            draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
         )
 
     def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":

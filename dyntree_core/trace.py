@@ -96,6 +96,8 @@ class StepTrace:
         kernel_blocks: non-empty (query block x key block) tiles the Triton kernel visited in the
             tree part, or None when the forward did not run the kernel.
         decisions: the verifier's decisions in the order made (the verification walkthrough).
+        draft_source: what proposed the tree's tokens: ``model`` (the draft model) or ``suffix``
+            (the text so far, no draft forward); empty for the autoregressive baseline.
         step_seconds: wall-clock seconds of the whole step.
         elapsed: seconds since generation started (prefill included).
         total_new_tokens: tokens generated so far (this step included).
@@ -122,6 +124,7 @@ class StepTrace:
     order_blocks: dict[int, int] = field(default_factory=dict)
     kernel_blocks: Optional[int] = None
     decisions: list[VerifyDecision] = field(default_factory=list)
+    draft_source: str = ""
     step_seconds: float = 0.0
     elapsed: float = 0.0
     total_new_tokens: int = 0
@@ -172,6 +175,7 @@ class StepTrace:
             order_blocks={int(b): int(n) for b, n in d.get("order_blocks", {}).items()},
             kernel_blocks=d.get("kernel_blocks"),
             decisions=[VerifyDecision.from_dict(x) for x in d.get("decisions", [])],
+            draft_source=d.get("draft_source", "" if tree is None else "model"),
             step_seconds=float(d["step_seconds"]), elapsed=float(d["elapsed"]),
             total_new_tokens=int(d["total_new_tokens"]), tokens_per_s=float(d["tokens_per_s"]),
             finished=bool(d["finished"]), finish_reason=d.get("finish_reason"),
@@ -221,6 +225,7 @@ class StepTrace:
             "order_blocks": {str(b): n for b, n in self.order_blocks.items()},
             "kernel_blocks": self.kernel_blocks,
             "decisions": [x.to_dict() for x in self.decisions],
+            "draft_source": self.draft_source,
             "step_seconds": self.step_seconds,
             "elapsed": self.elapsed,
             "total_new_tokens": self.total_new_tokens,

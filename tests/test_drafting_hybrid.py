@@ -27,10 +27,12 @@ def test_the_source_follows_the_support_of_the_text():
     drafter.reset([3, 7, 3, 7, 3, 7, 3])  # "3 7" repeats: after 3 comes 7, then 3, ...
     tree = drafter.draft(src, 3, torch.Generator().manual_seed(0))
     assert drafter.last_source == "suffix" and src.forward_calls == 0 and drafter.last_stats.forward_calls == 0
+    assert drafter.last_stats.source == "suffix"
     assert tree.tokens[1:3].tolist() == [7, 3] and float(tree.value[1:].sum()) >= SUFFIX_MIN_EXPECTED
     drafter.reset([1, 2, 4, 5, 6, 9])  # nothing repeats: the draft model drafts
     tree = drafter.draft(src, 9, torch.Generator().manual_seed(0))
     assert drafter.last_source == "model" and src.forward_calls > 0 and tree.size > 1
+    assert drafter.last_stats.source == "model"
     assert tree.sampled == "topk"
 
 
@@ -49,7 +51,9 @@ def test_greedy_hybrid_decoding_equals_autoregressive():
         cfg = DecodeConfig(method="hybrid", budget=12, depth=5, threshold=0.01)
         traces = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, 20))
         assert [c.token_id for t in traces for c in t.committed] == ar, seed
-        sources.update("suffix" if t.timings.draft == 0.0 else "model" for t in traces)
+        # the trace names the source; suffix steps ran no draft forward
+        assert all((t.draft_source == "suffix") == (t.timings.draft == 0.0) for t in traces), seed
+        sources.update(t.draft_source for t in traces)
     assert sources == {"suffix", "model"}  # both sources drafted some steps
 
 

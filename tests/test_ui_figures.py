@@ -21,7 +21,7 @@ from ui.colored_text import build_spans, render_html
 from ui.export import ExportError, find_browser, traces_json, write_images, write_json
 from ui.mask_figure import mask_figure, mask_matrix, masks_figure
 from ui.models import ModelLoadError, PairSpec
-from ui.palette import NODE_COLORS, TEXT_SHADES
+from ui.palette import NODE_COLORS, SOURCE_LABELS, SOURCE_SYMBOLS, TEXT_SHADES
 from ui.runner import run_to_end, start_generation
 from ui.settings import RunSettings
 from ui.text_figure import layout_segments, text_figure
@@ -123,6 +123,27 @@ def test_tree_figure_colours_every_node_by_status(tree_run):
         # hover shows the per-node probabilities
         hovers = " ".join(h for tr in fig.data if tr.hovertext is not None for h in tr.hovertext)
         assert "p_draft" in hovers and "p_target" in hovers and "accept prob" in hovers and "draw rank" in hovers
+
+
+def test_tree_figure_shows_which_source_drafted_each_step(provider):
+    """A hybrid run: steps drafted from the text draw squares (and say so), model steps circles."""
+    from ui.views import status_line
+
+    run = run_to_end(provider, _settings(method="hybrid", prompt="t1 t2 t3 " * 6 + "t1", budget=12, depth=4,
+                                         threshold=0.01, max_new_tokens=24))
+    sources = [t.draft_source for t in run.traces]
+    assert sources[0] == "suffix" and set(sources) <= {"suffix", "model"}
+    for i, trace in enumerate(run.traces):
+        fig = tree_figure(trace, run.texts, run.root_token(i))
+        nodes = [tr for tr in fig.data if tr.mode == "markers+text"]
+        symbols = {sym for tr in nodes if tr.marker.color not in (NODE_COLORS["root"], NODE_COLORS["bonus"])
+                   for sym in tr.marker.symbol}
+        assert symbols == {SOURCE_SYMBOLS[trace.draft_source]}, (i, trace.draft_source)
+        assert SOURCE_LABELS[trace.draft_source] in [tr.name for tr in fig.data]
+        assert ("drafted from the text" in fig.layout.title.text) == (trace.draft_source == "suffix")
+        assert StepTrace.from_dict(json.loads(json.dumps(trace.to_dict()))).draft_source == trace.draft_source
+    n_suffix = sources.count("suffix")
+    assert f"{n_suffix} of {len(sources)} steps drafted from the text" in status_line(run)
 
 
 def test_tree_figure_for_autoregressive_step(ar_run):
@@ -411,7 +432,7 @@ def test_auto_is_resolved_by_the_provider_and_explained(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     provider = TinyModelProvider()
     rec = run_to_end(provider, _settings(method="auto", precision="auto", draft_precision="auto", max_new_tokens=6))
-    assert rec.status == "finished" and rec.config.method in ("autoregressive", "chain", "sequoia")
+    assert rec.status == "finished" and rec.config.method in ("autoregressive", "chain", "sequoia", "suffix")
     assert rec.settings.precision == "float32" and rec.settings.draft_precision in ("float32", "int8")
     assert rec.note.startswith("auto:") and "ms/token" in rec.note
     from ui.views import status_line

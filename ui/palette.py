@@ -16,6 +16,13 @@ NODE_LABELS: dict[str, str] = {
     "unverified": "never verified",
     "bonus": "bonus token (from the target)",
 }
+#: draft-tree node shape and outline by what proposed the tokens (``StepTrace.draft_source``)
+SOURCE_SYMBOLS: dict[str, str] = {"model": "circle", "suffix": "square"}
+SOURCE_EDGE: dict[str, str] = {"model": "#333333", "suffix": "#0f8b8d"}
+SOURCE_LABELS: dict[str, str] = {
+    "model": "drafted by the draft model",
+    "suffix": "drafted from the text so far (suffix tree)",
+}
 #: text background per token kind, two shades alternating by step parity
 TEXT_SHADES: dict[str, tuple[str, str]] = {
     "accepted": ("#c9efc9", "#9fdc9f"),

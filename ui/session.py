@@ -69,6 +69,7 @@ class RunRecord:
             "tokens_per_s": last.tokens_per_s if last else math.nan,
             "mean_tokens_per_step": statistics.fmean(per_step) if per_step else math.nan,
             "finish_reason": last.finish_reason if last else None,
+            "suffix_steps": sum(1 for t in self.traces if t.draft_source == "suffix"),
         }
 
 

@@ -2,8 +2,9 @@
 
 Nodes are coloured by their verification status (root / accepted / rejected / never verified)
 plus the step's bonus token, drawn as an extra child of the last accepted node. The accepted
-path root -> ... -> bonus is drawn with thick edges. Hover shows the token, p_draft, p_target,
-acceptance probability, depth and draw rank.
+path root -> ... -> bonus is drawn with thick edges. The draft nodes' shape says what proposed them:
+circles the draft model, teal-edged squares the text so far (suffix / hybrid steps). Hover shows the
+token, p_draft, p_target, acceptance probability, depth and draw rank.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import plotly.graph_objects as go
 from dyntree_core.trace import StepTrace
 
 from .fmt import prob
-from .palette import NODE_COLORS, NODE_LABELS
+from .palette import NODE_COLORS, NODE_LABELS, SOURCE_EDGE, SOURCE_LABELS, SOURCE_SYMBOLS
 from .tokens import TokenTexts, visible_whitespace
 
 LABEL_LIMIT = 80  # nodes; above this only the accepted path is labelled
@@ -94,6 +95,7 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
             f"depth {depth[i]} · draw rank {ranks[i]}<br>"
             f"p_draft {prob(p_draft)} · p_target {prob(p_target[i])}<br>"
             f"accept prob {prob(p_acc[i])}"
+            + (f"<br>{SOURCE_LABELS[trace.draft_source or 'model']}" if i > 0 else "")
         )
         nodes.append(_Node(visible_whitespace(tok_text, 10), status[i], hover))
     if bonus is not None:
@@ -124,6 +126,17 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
     # a wide fan (e.g. T = 2: 31 children of one node) would print its labels over each other:
     # then only the path and the bonus are labelled and the others keep their hover text
     show_all_labels = len(nodes) <= LABEL_LIMIT and fan <= WIDE_FAN
+    origin = trace.draft_source or "model"
+    size = 16 if len(nodes) <= 128 else 9
+
+    def symbol(i: int) -> str:
+        if i >= n:
+            return "diamond"
+        return SOURCE_SYMBOLS[origin] if i > 0 else "circle"
+
+    def edge(i: int) -> str:
+        return SOURCE_EDGE[origin] if 0 < i < n else "#333333"
+
     for st in ("root", "accepted", "rejected", "unverified", "bonus"):
         idx = [i for i, nd in enumerate(nodes) if nd.status == st]
         if not idx:
@@ -133,9 +146,17 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
             x=[pos[i][0] for i in idx], y=[pos[i][1] for i in idx],
             mode="markers+text", text=labels, textposition="bottom center",
             textfont=dict(size=11, family="DejaVu Sans Mono, monospace"),
-            marker=dict(size=16 if len(nodes) <= 128 else 9, color=NODE_COLORS[st],
-                        line=dict(color="#333333", width=1), symbol="diamond" if st == "bonus" else "circle"),
+            marker=dict(size=size, color=NODE_COLORS[st],
+                        line=dict(color=[edge(i) for i in idx], width=[2 if edge(i) != "#333333" else 1 for i in idx]),
+                        symbol=[symbol(i) for i in idx]),
             hovertext=[nodes[i].hover for i in idx], hoverinfo="text", name=NODE_LABELS[st],
+        ))
+    if n > 1:
+        # the shape says which source proposed the draft tokens (hybrid switches per step)
+        fig.add_trace(go.Scatter(
+            x=[None], y=[None], mode="markers", hoverinfo="skip", name=SOURCE_LABELS[origin],
+            marker=dict(size=12, color="white", symbol=SOURCE_SYMBOLS[origin],
+                        line=dict(color=SOURCE_EDGE[origin], width=2)),
         ))
     if highlight is not None and highlight in pos:
         hx, hy = pos[highlight]
@@ -146,7 +167,8 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
     accepted = len(path) - 1
     fig.update_layout(
         title=title or (f"step {trace.step} · {trace.method}/{trace.verifier} · tree of {n} nodes · "
-                        f"accepted {accepted}" + (" + bonus" if bonus is not None else "")),
+                        f"accepted {accepted}" + (" + bonus" if bonus is not None else "")
+                        + (" · drafted from the text (no draft forward)" if origin == "suffix" else "")),
         height=max(320, min(900, 110 * levels + 140)),
         margin=dict(l=20, r=20, t=60, b=20),
         xaxis=dict(visible=False), yaxis=dict(visible=False, range=[-(levels - 1) - 0.6, 0.4]),

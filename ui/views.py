@@ -98,8 +98,10 @@ def status_line(record: Optional[RunRecord]) -> str:
         share = f" {100 * done / total:.0f}%" if total else ""
         return f"**{label}** · running · prefilling {n:,} prompt tokens …{share}{long}{note}"
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
+    mixed = (f" · {s['suffix_steps']} of {s['steps']} steps drafted from the text (no draft forward)"
+             if record.config.method == "hybrid" else "")
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
-            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{note}")
+            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{mixed}{note}")
 
 
 def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 import torch
 
 from ..config import DecodeConfig
 from ..tree import SampledKind, TokenTree
 from .base import DraftSource
+
+#: what proposed a tree's tokens: the draft model, or the text so far (suffix index, no forward)
+DraftOrigin = Literal["model", "suffix"]
 
 
 class CountingSource:
@@ -51,6 +54,8 @@ class DraftStats:
         nodes: size of the returned tree (root included).
         construction_seconds: wall time of ``draft`` minus the time spent inside the source.
         source_seconds: time spent inside ``source.next_probs``.
+        source: what proposed the tree's tokens: ``model`` (the draft model) or ``suffix`` (the
+            text so far, no draft forward).
     """
 
     forward_calls: int
@@ -58,6 +63,7 @@ class DraftStats:
     nodes: int
     construction_seconds: float
     source_seconds: float
+    source: DraftOrigin = "model"
 
 
 class Drafter(ABC):
@@ -76,6 +82,10 @@ class Drafter(ABC):
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
         self.last_stats: Optional[DraftStats] = None
+
+    def last_origin(self) -> DraftOrigin:
+        """What proposed the tree the last ``_draft`` returned (``model`` unless overridden)."""
+        return "model"
 
     @property
     def stochastic_kind(self) -> SampledKind:
@@ -117,6 +127,7 @@ class Drafter(ABC):
             nodes=tree.size,
             construction_seconds=max(0.0, total - counted.seconds),
             source_seconds=counted.seconds,
+            source=self.last_origin(),
         )
         return tree
 

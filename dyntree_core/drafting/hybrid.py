@@ -20,10 +20,9 @@ import torch
 
 from ..config import DecodeConfig
 from ..tree import TokenTree
-from .drafter import CountingSource, Drafter
+from .drafter import CountingSource, DraftOrigin
 from .opt_tree import OptTreeDrafter
-from .suffix import MAX_MATCH, suffix_tree
-from .suffix_index import SuffixIndex
+from .suffix import TextIndexedDrafter, suffix_tree
 
 #: expected accepted tokens of the suffix tree (sum of its node path probabilities) from which a
 #: step uses it instead of the draft model: a suffix step costs only the target forward, so even one
@@ -31,23 +30,21 @@ from .suffix_index import SuffixIndex
 SUFFIX_MIN_EXPECTED = 1.0
 
 
-class HybridDrafter(Drafter):
+class HybridDrafter(TextIndexedDrafter):
     name = "hybrid"
 
     def __init__(self, cfg: DecodeConfig):
         super().__init__(cfg)
-        self.index = SuffixIndex(MAX_MATCH)
         self.model = OptTreeDrafter(cfg)
-        #: which source drafted the last tree: ``suffix`` or ``model``
-        self.last_source: Optional[str] = None
+        #: which source drafted the last tree
+        self.last_source: DraftOrigin = "model"
+
+    def last_origin(self) -> DraftOrigin:
+        return self.last_source
 
     def reset(self, prompt: Sequence[int] = ()) -> None:
-        self.index = SuffixIndex(MAX_MATCH)
-        self.index.extend(prompt)
+        super().reset(prompt)
         self.model.reset(prompt)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        self.index.extend(tokens)
 
     def observe(self, tree: TokenTree, accepted_nodes: int) -> None:
         self.model.observe(tree, accepted_nodes)
@@ -55,8 +52,7 @@ class HybridDrafter(Drafter):
     def suffix_candidate(self, root_token: int) -> Optional[TokenTree]:
         """The suffix tree when the index holds the text up to ``root_token`` and the tree expects at
         least ``SUFFIX_MIN_EXPECTED`` accepted tokens, else None."""
-        history = self.index.tokens
-        if not history or history[-1] != root_token:
+        if not self.follows(root_token):
             return None  # the index is not following this text (no reset): the model drafts
         tree = suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold)
         if tree.size < 2 or tree.value is None or float(tree.value[1:].sum()) < SUFFIX_MIN_EXPECTED:

@@ -21,15 +21,15 @@ import torch
 
 from ..config import DecodeConfig
 from ..tree import TokenTree
-from .drafter import CountingSource, Drafter
+from .drafter import CountingSource, DraftOrigin, Drafter
 from .suffix_index import SuffixIndex
 
 #: longest context suffix the index matches
 MAX_MATCH = 16
 
 
-class SuffixDrafter(Drafter):
-    name = "suffix"
+class TextIndexedDrafter(Drafter):
+    """A drafter that indexes the prompt and every committed token (``SuffixIndex``)."""
 
     def __init__(self, cfg: DecodeConfig):
         super().__init__(cfg)
@@ -42,10 +42,21 @@ class SuffixDrafter(Drafter):
     def extend(self, tokens: Sequence[int]) -> None:
         self.index.extend(tokens)
 
+    def follows(self, root_token: int) -> bool:
+        """Whether the indexed text ends with ``root_token`` (the engine kept it up to date)."""
+        history = self.index.tokens
+        return bool(history) and history[-1] == root_token
+
+
+class SuffixDrafter(TextIndexedDrafter):
+    name = "suffix"
+
+    def last_origin(self) -> DraftOrigin:
+        return "suffix"
+
     def _draft(self, source: CountingSource, root_token: int, generator: torch.Generator,
                deterministic: bool) -> TokenTree:
-        history = self.index.tokens
-        if not history or history[-1] != root_token:
+        if not self.follows(root_token):
             raise RuntimeError("the suffix drafter's history must end with the root token "
                                "(the engine calls reset(prompt) and extend(committed tokens))")
         return suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold)
@@ -97,3 +108,41 @@ def suffix_tree(index: SuffixIndex, budget: int, depth: int, threshold: float) -
         draft_row=torch.full((n,), -1, dtype=torch.long),
         value=torch.tensor(value, dtype=torch.float64),
     )
+
+
+def accepted_along(tree: TokenTree, continuation: Sequence[int]) -> int:
+    """How many draft tokens of a deterministic ``tree`` a verifier accepts when the target's
+    tokens are ``continuation``: the longest root path spelling its prefix. At T = 0 this is what
+    greedy verification accepts; at T > 0, with ``continuation`` a target sample, it is distributed
+    as point-mass verification's accepted length (node v is accepted with the probability that the
+    target samples v's path)."""
+    children: dict[tuple[int, int], int] = {}
+    for i in range(1, tree.size):
+        children[(int(tree.parents[i]), int(tree.tokens[i]))] = i
+    node, accepted = 0, 0
+    for tok in continuation:
+        nxt = children.get((node, int(tok)))
+        if nxt is None:
+            break
+        node, accepted = nxt, accepted + 1
+    return accepted
+
+
+def replay_suffix(prompt: Sequence[int], continuation: Sequence[int], budget: int, depth: int,
+                  threshold: float) -> list[tuple[int, int]]:
+    """The suffix method's steps on a known continuation of ``prompt`` (the target's own, e.g. the
+    calibration continuations ``auto`` measures): ``[(tree size, committed tokens)]`` per step, a
+    step committing its accepted draft tokens plus the target's next one (the last step is cut at
+    the end of ``continuation``)."""
+    index = SuffixIndex(MAX_MATCH)
+    index.extend(list(prompt))
+    steps: list[tuple[int, int]] = []
+    pos = 0
+    while pos < len(continuation):
+        tree = suffix_tree(index, budget, depth, threshold)
+        acc = accepted_along(tree, continuation[pos:])
+        commit = min(acc + 1, len(continuation) - pos)
+        steps.append((tree.size, commit))
+        index.extend(list(continuation[pos:pos + commit]))
+        pos += commit
+    return steps
