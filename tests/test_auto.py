@@ -143,7 +143,8 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
     out = tmp_path / "speed.json"
     rc = main(["--pair", "tiny", "--datasets", "wiki", "code", "--prompts", "2", "--prompt-tokens", "16",
                "--new-tokens", "8", "--temperatures", "0", "0.6", "--precisions", "float32", "int8",
-               "--auto-precisions", "float32", "int8", "--fixed", "chain:2", "sequoia:4:2", "--json", str(out)])
+               "--auto-precisions", "float32", "int8", "--fixed", "chain:2", "sequoia:4:2", "suffix:4:2", "--hf-prompt-lookup", "3",
+               "--json", str(out)])
     assert rc == 0
     rec = json.loads(out.read_text())
     assert rec["machine_info"]["cpu_model"]
@@ -154,6 +155,9 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
                 assert (row, ds, t) in rows, (row, ds, t)
     assert all(c["median_ms_per_token"] > 0 for c in rec["cells"])
     assert any(c["row"].startswith("fixed: sequoia:4:2") for c in rec["cells"])
+    assert any(c["row"].startswith("fixed: suffix:4:2") for c in rec["cells"])
+    assert {(c["dataset"], c["temperature"]) for c in rec["cells"] if c["row"].startswith("hf_prompt_lookup k=3")} \
+        == {(ds, t) for ds in ("wiki", "code") for t in (0.0, 0.6)}
     assert set(rec["plans"]) == {"0.0", "0.6"} and all(p["reason"].startswith("auto:") for p in rec["plans"].values())
     assert "| auto |" in capsys.readouterr().out
 

@@ -71,6 +71,20 @@ def test_hf_assisted_greedy_is_lossless(pair, prompt):
     assert assisted.assistant_tokens == hf_assisted_defaults(draft)["num_assistant_tokens"]  # "constant" schedule
 
 
+def test_hf_prompt_lookup_greedy_is_lossless_and_copies_repeats(pair):
+    draft, target = pair
+    prompt = [5, 6, 7, 8, 9] * 6  # repeats, so n-gram lookups find candidates
+    plain = hf_generate(target, prompt, N, eos_token_id=_eos(pair))
+    lookup = hf_generate(target, prompt, N, prompt_lookup_tokens=4, eos_token_id=_eos(pair))
+    assert lookup.method == "hf_prompt_lookup" and lookup.assistant_tokens is None
+    assert lookup.token_ids == plain.token_ids
+    _check_counts(lookup, N, _eos(pair))
+    with pytest.raises(ValueError, match="exclusive"):
+        hf_generate(target, prompt, N, draft=draft, prompt_lookup_tokens=4)
+    with pytest.raises(ValueError, match="positive"):
+        hf_generate(target, prompt, N, prompt_lookup_tokens=0)
+
+
 def test_eos_stops_both_paths_like_our_engine(pair):
     """With a frequent token as EOS, every path stops right after it, as our engine does."""
     draft, target = pair

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dyntree_core.prompts import DATASETS, PromptSetError, load_prompts, prompts_dir
+from dyntree_core.prompts import (DATASETS, PromptSetError, load_prompts, prompts_dir, rename, rename_target,
+                                  repeat_prompt_text)
 
 EXPECTED_TOTAL = {"wiki": 200, "news": 293, "code": 164}  # news: 300 lines, 7 duplicates dropped
 
@@ -49,6 +50,31 @@ def test_n_prefix_and_errors() -> None:
         load_prompts("wiki", n=10_000)
     with pytest.raises(PromptSetError, match="n must be"):
         load_prompts("code", n=0)
+
+
+def test_rename_target_and_rename() -> None:
+    code = "def add_all(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
+    assert rename_target(code) == ("total", "the_total")  # 3 uses; keywords and 1-2 letter names ignored
+    assert rename_target("def f(a):\n    return a\n") is None
+    assert rename_target("has_close_elements(1); has_close_elements(2)") == ("has_close_elements", "hasCloseElements")
+    assert rename("total_sum = total + subtotal", "total", "t") == "total_sum = t + subtotal"  # whole words only
+
+
+def test_repeat_set_quotes_each_code_prompt_and_follows_its_splits() -> None:
+    code = {p.id: p for p in load_prompts("code", split="all")}
+    for split in ("eval", "calib"):
+        rep = load_prompts("repeat", split=split)
+        assert len(rep) >= 0.9 * len(load_prompts("code", split=split))
+        for p in rep:
+            src = code[p.id.removeprefix("repeat-")]
+            assert p.dataset == "repeat" and p.split == src.split == split
+            old, new = rename_target(src.text)
+            assert p.text == repeat_prompt_text(src.text, old, new)
+            assert src.text.strip("\n") in p.text and p.text.endswith("```\n")
+            assert f"`{old}` to `{new}`" in p.text and old != new and old in src.text
+    assert load_prompts("repeat", n=2)[1].id == "repeat-code-0001"
+    with pytest.raises(PromptSetError, match="repeat"):
+        load_prompts("poetry")
 
 
 def test_files_are_valid_jsonl_and_small() -> None:

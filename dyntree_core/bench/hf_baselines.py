@@ -93,6 +93,7 @@ import torch
 
 METHOD_PLAIN = "hf_greedy"
 METHOD_ASSISTED = "hf_assisted"
+METHOD_PROMPT_LOOKUP = "hf_prompt_lookup"
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ def _clean_generation_config(model, eos_token_id, pad_token_id):
 def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=None, temperature: float = 0.0,
                 top_p: float = 1.0, seed: int = 0, eos_token_id=None,
                 stop_event: Optional[threading.Event] = None,
-                on_put: Optional[Callable[[int], None]] = None) -> HFRun:
+                on_put: Optional[Callable[[int], None]] = None,
+                prompt_lookup_tokens: Optional[int] = None) -> HFRun:
     """Generate ``new_tokens`` tokens after ``prompt_ids`` with transformers and time the decode.
 
     Args:
@@ -208,6 +210,9 @@ def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=Non
         stop_event: once set, generation ends after the current step / assisted round (the
             tokens so far are returned, ``stopped=True``).
         on_put: called with the number of new tokens so far after every step / round (progress).
+        prompt_lookup_tokens: with ``draft=None``, transformers' prompt-lookup decoding
+            (``prompt_lookup_num_tokens``: candidates copied after the last n-gram match in the
+            prompt + output, a chain with no model; ``hf_prompt_lookup``); it streams like assisted.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -234,6 +239,12 @@ def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=Non
     else:
         kwargs.update(do_sample=False)
     assisted = draft is not None
+    if prompt_lookup_tokens is not None:
+        if assisted:
+            raise ValueError("prompt lookup and an assistant model are exclusive")
+        if not isinstance(prompt_lookup_tokens, int) or prompt_lookup_tokens <= 0:
+            raise ValueError(f"prompt_lookup_tokens must be a positive integer, got {prompt_lookup_tokens!r}")
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup_tokens
     if assisted:
         kwargs["assistant_model"] = draft
         in_effect = _assistant_config(draft)
@@ -276,7 +287,7 @@ def hf_generate(target, prompt_ids: Sequence[int], new_tokens: int, *, draft=Non
     else:
         seconds, first_n = 0.0, 0
     return HFRun(
-        method=METHOD_ASSISTED if assisted else METHOD_PLAIN,
+        method=METHOD_ASSISTED if assisted else METHOD_PROMPT_LOOKUP if prompt_lookup_tokens else METHOD_PLAIN,
         new_tokens=len(token_ids) - first_n,
         seconds=seconds,
         token_ids=token_ids,

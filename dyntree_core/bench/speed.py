@@ -8,6 +8,8 @@ Rows (each over the same prompts, same new-token count, decode time only: prefil
 * ``hf_generate``: transformers' ``generate`` on the target at the best autoregressive precision;
 * ``hf_assisted``: transformers' ``generate(assistant_model=draft)``, same target precision, draft at
   the precision ``auto`` chose (``bench.hf_baselines``; its first draft/verify round is not timed);
+* ``hf_prompt_lookup``: transformers' prompt-lookup decoding (``--hf-prompt-lookup K`` candidates
+  copied after an n-gram match in the prompt/output; no draft model), same target precision;
 * ``fixed: chain k=4`` and any ``--fixed`` configs, at ``auto``'s precisions (a Sequoia tree with the
   acceptance vector ``auto`` measured).
 
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "all, at other temperatures only for the precision auto finds fastest: an "
                         "autoregressive step costs the same at any temperature)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    p.add_argument("--hf-prompt-lookup", type=int, default=10, metavar="K",
+                   help="transformers' prompt-lookup decoding row with K candidate tokens (0: no such row)")
     p.add_argument("--fixed", nargs="*", default=["chain:4"],
                    help="fixed tree configs at auto's precisions: method:depth or method:budget:depth")
     p.add_argument("--json", type=Path, default=None)
@@ -201,6 +205,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             tp = plan.best_autoregressive.target_precision
             run_rows(f"hf_generate @ {tp}", temp, hf(None))
             run_rows(f"hf_assisted @ target {tp}, draft {dp}", temp, hf(hf_pair.draft))
+            if args.hf_prompt_lookup > 0:
+                k = args.hf_prompt_lookup
+
+                def lookup(ids, seed):
+                    r = hf_generate(hf_pair.target, ids, args.new_tokens, prompt_lookup_tokens=k, temperature=temp,
+                                    seed=seed, eos_token_id=eos or None)
+                    return r.seconds_per_token * 1e3, float("nan"), r.new_tokens
+
+                run_rows(f"hf_prompt_lookup k={k} @ {tp}", temp, lookup)
     save()
     print_table(record, sys.stdout)
     say(f"wrote {out_path}")
