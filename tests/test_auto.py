@@ -162,6 +162,20 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
     assert "| auto |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_speed_bench_runs_only_the_transformers_rows_asked_for(tmp_path, monkeypatch):
+    from dyntree_core.bench.speed import main
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    out = tmp_path / "speed.json"
+    assert main(["--pair", "tiny", "--datasets", "code", "--prompts", "1", "--prompt-tokens", "16", "--new-tokens", "6",
+                 "--temperatures", "0", "--precisions", "float32", "--auto-precisions", "float32", "--fixed",
+                 "--hf-rows", "prompt_lookup", "--hf-prompt-lookup", "2", "--json", str(out)]) == 0
+    rows = [c["row"] for c in json.loads(out.read_text())["cells"]]
+    assert [r.split(" ")[0] for r in rows] == ["autoregressive", "auto", "hf_prompt_lookup"]
+
+
 def test_chain_replay_is_exact_on_a_deterministic_sequence():
     from dyntree_core.auto import STOP_GRID, Acceptance, simulate_chain
 

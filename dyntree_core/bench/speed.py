@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "all, at other temperatures only for the precision auto finds fastest: an "
                         "autoregressive step costs the same at any temperature)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    p.add_argument("--hf-rows", nargs="+", default=["generate", "assisted", "prompt_lookup"],
+                   choices=("generate", "assisted", "prompt_lookup"), help="which transformers rows to run")
     p.add_argument("--hf-prompt-lookup", type=int, default=10, metavar="K",
                    help="transformers' prompt-lookup decoding row with K candidate tokens (0: no such row)")
     p.add_argument("--fixed", nargs="*", default=["chain:4"],
@@ -203,9 +205,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return run
 
             tp = plan.best_autoregressive.target_precision
-            run_rows(f"hf_generate @ {tp}", temp, hf(None))
-            run_rows(f"hf_assisted @ target {tp}, draft {dp}", temp, hf(hf_pair.draft))
-            if args.hf_prompt_lookup > 0:
+            if "generate" in args.hf_rows:
+                run_rows(f"hf_generate @ {tp}", temp, hf(None))
+            if "assisted" in args.hf_rows:
+                run_rows(f"hf_assisted @ target {tp}, draft {dp}", temp, hf(hf_pair.draft))
+            if args.hf_prompt_lookup > 0 and "prompt_lookup" in args.hf_rows:
                 k = args.hf_prompt_lookup
 
                 def lookup(ids, seed):
