@@ -127,7 +127,7 @@ _KEYWORDS = frozenset("""
 False None True and as assert async await break class continue def del elif else except finally for from
 global if import in is lambda nonlocal not or pass raise return try while with yield self cls int float str
 bool list dict set tuple len range print sum min max abs sorted enumerate zip map filter any all List Dict
-Tuple Optional Set Any Union return type isinstance object super open round""".split())
+Tuple Optional Set Any Union type isinstance object super open round""".split())
 _IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
 
@@ -137,7 +137,7 @@ def rename_target(code: str) -> Optional[tuple[str, str]]:
     else ``the_<name>``); ``None`` when no identifier qualifies."""
     counts: dict[str, int] = {}
     for name in _IDENTIFIER.findall(code):
-        if len(name) >= 3 and name not in _KEYWORDS and not name[0].isdigit():
+        if len(name) >= 3 and name not in _KEYWORDS:
             counts[name] = counts.get(name, 0) + 1
     best = max(counts.items(), key=lambda kv: kv[1], default=None)  # max keeps the first of equals
     if best is None or best[1] < 2:

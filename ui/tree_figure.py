@@ -135,7 +135,7 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
         return SOURCE_SYMBOLS[origin] if i > 0 else "circle"
 
     def edge(i: int) -> str:
-        return SOURCE_EDGE[origin] if 0 < i < n else "#333333"
+        return SOURCE_EDGE[origin] if 0 < i < n else SOURCE_EDGE["model"]
 
     for st in ("root", "accepted", "rejected", "unverified", "bonus"):
         idx = [i for i, nd in enumerate(nodes) if nd.status == st]
@@ -147,7 +147,7 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
             mode="markers+text", text=labels, textposition="bottom center",
             textfont=dict(size=11, family="DejaVu Sans Mono, monospace"),
             marker=dict(size=size, color=NODE_COLORS[st],
-                        line=dict(color=[edge(i) for i in idx], width=[2 if edge(i) != "#333333" else 1 for i in idx]),
+                        line=dict(color=[edge(i) for i in idx], width=[2 if edge(i) != SOURCE_EDGE["model"] else 1 for i in idx]),
                         symbol=[symbol(i) for i in idx]),
             hovertext=[nodes[i].hover for i in idx], hoverinfo="text", name=NODE_LABELS[st],
         ))

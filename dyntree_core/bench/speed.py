@@ -197,10 +197,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             hf_pair = models.pair(plan.best_autoregressive.target_precision, dp)
             record.setdefault("hf_assisted_defaults", hf_assisted_defaults(hf_pair.draft))
 
-            def hf(draft):
+            def hf(draft, prompt_lookup_tokens=None):
                 def run(ids, seed):
                     r = hf_generate(hf_pair.target, ids, args.new_tokens, draft=draft, temperature=temp,
-                                    seed=seed, eos_token_id=eos or None)
+                                    seed=seed, eos_token_id=eos or None, prompt_lookup_tokens=prompt_lookup_tokens)
                     return r.seconds_per_token * 1e3, float("nan"), r.new_tokens
                 return run
 
@@ -211,13 +211,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 run_rows(f"hf_assisted @ target {tp}, draft {dp}", temp, hf(hf_pair.draft))
             if args.hf_prompt_lookup > 0 and "prompt_lookup" in args.hf_rows:
                 k = args.hf_prompt_lookup
-
-                def lookup(ids, seed):
-                    r = hf_generate(hf_pair.target, ids, args.new_tokens, prompt_lookup_tokens=k, temperature=temp,
-                                    seed=seed, eos_token_id=eos or None)
-                    return r.seconds_per_token * 1e3, float("nan"), r.new_tokens
-
-                run_rows(f"hf_prompt_lookup k={k} @ {tp}", temp, lookup)
+                run_rows(f"hf_prompt_lookup k={k} @ {tp}", temp, hf(None, prompt_lookup_tokens=k))
     save()
     print_table(record, sys.stdout)
     say(f"wrote {out_path}")
