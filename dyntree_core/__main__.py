@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--depth", type=int, default=4, help="levels below the root (chain length k)")
     g.add_argument("--width", type=int, default=8)
     g.add_argument("--threshold", type=float, default=0.05)
+    g.add_argument("--spec-factor", type=_spec_factor_arg, default=1.0,
+                   help="suffix / hybrid: draft at most ceil(F x match length) tokens ('none' = no cap)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="dtype of dense models / dense parts of quantized ones")
@@ -72,6 +74,15 @@ def _budget_arg(text: str):
         raise argparse.ArgumentTypeError(f"budget must be an integer or 'auto', got {text!r}") from None
 
 
+def _spec_factor_arg(text: str):
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"spec factor must be a number or 'none', got {text!r}") from None
+
+
 def _generate(args) -> int:
     from .engine import SpeculativeDecoder
     from .models import load_pair
@@ -87,6 +98,7 @@ def _generate(args) -> int:
         depth=args.depth,
         width=args.width,
         threshold=args.threshold,
+        spec_factor=args.spec_factor,
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,

@@ -15,7 +15,7 @@ Sequoia's positional acceptance model with the acceptance vector *measured on th
   tokens (code) count as they are; without position data, ``1 + p1 + ... + p1^k`` tokens.
 * ``sequoia`` (n, d): the DP-optimal tree; one batched draft forward per level (its internal
   nodes), ``G(n, d)`` tokens (Sequoia's optimizer, with every precision pair).
-* ``suffix`` (n, d, q): the model-free suffix tree, priced by replaying the method on the
+* ``suffix`` (n, d, q, α): the model-free suffix tree (at most α × match length tokens), priced by replaying the method on the
   calibration continuations (``drafting.suffix.replay_suffix``: the trees it would build, how many
   tokens each step commits, the target forward of each tree's size, the measured build time). No
   draft model runs. Only as repetitive as the calibration text (wiki and code): a prompt that
@@ -60,6 +60,8 @@ CHAIN_MAX = 12
 SUFFIX_BUDGETS: tuple[int, ...] = (4, 8, 16, 32)
 SUFFIX_DEPTHS: tuple[int, ...] = (4, 8, 16)
 SUFFIX_THRESHOLDS: tuple[float, ...] = (0.05, 0.2)
+#: match-length caps priced (``DecodeConfig.spec_factor``; None = no cap)
+SUFFIX_FACTORS: tuple[Optional[float], ...] = (0.5, 1.0, 2.0, None)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Candidate:
     draft_seconds: float
     stop_confidence: Optional[float] = None
     threshold: Optional[float] = None  # suffix: the path-probability cut-off
+    spec_factor: Optional[float] = None  # suffix: drafted tokens <= ceil(spec_factor x match length)
 
     @property
     def seconds_per_token(self) -> float:
@@ -109,7 +112,8 @@ class Candidate:
         if self.method == "chain":
             shape = f"k<={self.depth}, stop below q={self.stop_confidence:g}" if self.stop_confidence else f"k={self.depth}"
         elif self.method == "suffix":
-            return (f"suffix (n<={self.budget}, d={self.depth}, paths with p>={self.threshold:g}; no draft model) "
+            cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
+            return (f"suffix (n<={self.budget}, d={self.depth}, paths with p>={self.threshold:g}{cap}; no draft model) "
                     f"@ target {self.target_precision}")
         else:
             shape = f"n={self.budget}, d={self.depth}"
@@ -143,7 +147,7 @@ class AutoPlan:
         elif b.method == "sequoia":
             kw.update(budget=b.budget, depth=b.depth, sequoia_acceptance=tuple(self.acceptance))
         elif b.method == "suffix":
-            kw.update(budget=b.budget, depth=b.depth, threshold=b.threshold)
+            kw.update(budget=b.budget, depth=b.depth, threshold=b.threshold, spec_factor=b.spec_factor)
         return kw
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
@@ -247,7 +251,7 @@ class SuffixStats:
 
 
 def simulate_suffix(texts: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, depth: int,
-                    threshold: float) -> Optional[SuffixStats]:
+                    threshold: float, spec_factor: Optional[float] = None) -> Optional[SuffixStats]:
     """``SuffixStats`` of the suffix method on ``(prompt, continuation)`` texts (None without texts)."""
     from .drafting.suffix import replay_suffix
 
@@ -255,7 +259,7 @@ def simulate_suffix(texts: Sequence[tuple[Sequence[int], Sequence[int]]], budget
     committed = steps = 0
     t0 = time.perf_counter()
     for prompt, cont in texts:
-        for size, commit in replay_suffix(prompt, cont, budget, depth, threshold):
+        for size, commit in replay_suffix(prompt, cont, budget, depth, threshold, spec_factor):
             sizes[size] = sizes.get(size, 0) + 1
             committed += commit
             steps += 1
@@ -307,16 +311,17 @@ def price_candidates(
                    for k in range(1, CHAIN_MAX + 1) if k + 1 <= profile.max_tokens
                    for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)
                    } if ("chain" in methods and sequences) else {}
-    suffix_stats = {(n, d, q): simulate_suffix(texts, n, d, q)
+    suffix_stats = {(n, d, q, f): simulate_suffix(texts, n, d, q, f)
                     for n in SUFFIX_BUDGETS if n <= profile.max_tokens for d in SUFFIX_DEPTHS
-                    for q in SUFFIX_THRESHOLDS} if ("suffix" in methods and texts) else {}
+                    for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS} if ("suffix" in methods and texts) else {}
     for tp in target_precisions:
-        for (n, d, q), st in suffix_stats.items():
+        for (n, d, q, f), st in suffix_stats.items():
             if st is None:
                 continue
             t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
             v_s = sum(p * profile.verify_time(size) for size, p in st.size_probs.items())
-            cands.append(Candidate("suffix", tp, None, n, d, st.tokens, t_s, v_s, st.build_seconds, threshold=q))
+            cands.append(Candidate("suffix", tp, None, n, d, st.tokens, t_s, v_s, st.build_seconds, threshold=q,
+                                   spec_factor=f))
         if "autoregressive" in methods:
             cands.append(Candidate("autoregressive", tp, None, 1, 0, 1.0, profile.target_time(tp, 1),
                                    profile.verify_time(1), 0.0))

@@ -77,6 +77,10 @@ class DecodeConfig:
             this value (transformers' ``assistant_confidence_threshold`` rule; ``depth`` stays the
             cap). None = always draft ``depth`` tokens. The stop depends on the draft alone, so
             verification stays lossless.
+        spec_factor: suffix / hybrid only: draft at most ``ceil(spec_factor * L)`` tokens, ``L`` the
+            length of the longest suffix of the text so far that occurred before (SuffixDecoding's
+            ``max_spec_factor``: a long match is strong evidence, a one-token match is weak). None =
+            no cap (``budget`` nodes whatever the match).
     """
 
     method: str = "chain"
@@ -100,6 +104,7 @@ class DecodeConfig:
     adaptive_threshold: bool = False
     sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
     stop_confidence: Optional[float] = None
+    spec_factor: Optional[float] = 1.0
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -140,6 +145,10 @@ class DecodeConfig:
         if self.stop_confidence is not None and not (
                 isinstance(self.stop_confidence, (int, float)) and 0.0 < self.stop_confidence < 1.0):
             raise ConfigError(f"stop_confidence must be in (0, 1) or None, got {self.stop_confidence!r}")
+        if self.spec_factor is not None and not (
+                isinstance(self.spec_factor, (int, float)) and not isinstance(self.spec_factor, bool)
+                and 0.0 < self.spec_factor <= 64.0):
+            raise ConfigError(f"spec_factor must be in (0, 64] or None (no cap), got {self.spec_factor!r}")
         self.resolved_verifier()  # raises on incompatible method × verifier
 
     # ------------------------------------------------------------------ derived values

@@ -78,10 +78,11 @@ REGISTRY: dict[str, MethodSpec] = {m.name: m for m in (
                "budget_depth"),
     MethodSpec("suffix", _D + "suffix:SuffixDrafter", "topk", frozenset({"budget", "depth", "threshold"}),
                "Suffix (model-free): continuations already seen in the prompt and output, best-first by their "
-               "frequency until `budget` nodes or a path score below `threshold`; no draft model runs.",
+               "frequency until `budget` nodes, a path score below `threshold` or ceil(spec_factor x match length) "
+               "tokens; no draft model runs.",
                "budget_depth", uses_draft_model=False),
     MethodSpec("hybrid", _D + "hybrid:HybridDrafter", "topk", frozenset({"budget", "depth", "threshold"}),
-               "Hybrid: the suffix tree when the text so far expects >= 1 accepted token from it (no draft "
+               "Hybrid: the suffix tree when the text so far expects >= 2 accepted tokens from it (no draft "
                "forward that step), else OPT-Tree on the draft model.", "budget_depth"),
 )}
 

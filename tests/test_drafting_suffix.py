@@ -109,3 +109,32 @@ def test_suffix_sampling_matches_the_target(temperature):
     counts = sample_first_two(lambda: SpeculativeDecoder(draft, target, cfg, eos_token_id=()), prompt, 2_500,
                               seed0=4000)
     assert chi_square_pvalue(counts, exact) > 0.01
+
+
+def test_spec_factor_is_validated_and_reaches_every_entry_point():
+    from dyntree_core import ConfigError
+    from dyntree_core.__main__ import _spec_factor_arg
+    from dyntree_core.bench.speed import _parse_fixed
+
+    for bad in (0.0, -1.0, 65.0, True, "1"):
+        with pytest.raises(ConfigError, match="spec_factor"):
+            DecodeConfig(method="suffix", spec_factor=bad)
+    assert DecodeConfig(method="suffix", spec_factor=None).spec_factor is None
+    assert DecodeConfig().spec_factor == 1.0  # SuffixDecoding's default cap
+    assert _spec_factor_arg("none") is None and _spec_factor_arg("2") == 2.0
+    assert _parse_fixed("suffix:11:10:0.5") == {"method": "suffix", "budget": 11, "depth": 10, "spec_factor": 0.5}
+    assert _parse_fixed("hybrid:32:8:none")["spec_factor"] is None
+    assert "spec_factor" not in _parse_fixed("suffix:11:10")
+    with pytest.raises(SystemExit, match="spec_factor"):
+        _parse_fixed("suffix:1:2:3:4")
+
+
+def test_a_one_token_match_drafts_one_token_at_the_default_cap():
+    """Engine level: with the default cap a weak match proposes a single token, without it a chain."""
+    draft, target = tiny_pair(seed=0)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 9]
+    sizes = {}
+    for f in (1.0, None):
+        cfg = DecodeConfig(method="suffix", budget=16, depth=8, threshold=0.01, spec_factor=f)
+        sizes[f] = next(iter(SpeculativeDecoder(draft, target, cfg, eos_token_id=()).generate(prompt, 1))).tree_size
+    assert sizes == {1.0: 2, None: 9}

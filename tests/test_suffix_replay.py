@@ -13,7 +13,7 @@ import torch
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.auto import Acceptance, choose, price_candidates, simulate_suffix
-from dyntree_core.drafting.suffix import accepted_along, replay_suffix, suffix_tree
+from dyntree_core.drafting.suffix import accepted_along, replay_suffix, size_cap, suffix_tree
 from dyntree_core.drafting.suffix_index import SuffixIndex
 from dyntree_core.machine_profile import MachineProfile
 from dyntree_core.testing import tiny_pair
@@ -34,17 +34,17 @@ def test_accepted_along_follows_the_longest_matching_path():
     assert accepted_along(tree, []) == 0
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_replay_is_the_engines_greedy_decode_step_for_step(seed):
+@pytest.mark.parametrize("seed,spec_factor", [(s, f) for s in range(6) for f in (1.0, None)] + [(0, 0.5), (1, 2.0)])
+def test_replay_is_the_engines_greedy_decode_step_for_step(seed, spec_factor):
     draft, target = tiny_pair(seed=seed, vocab=32)
     rng = random.Random(seed)
     motif = [rng.randrange(32) for _ in range(rng.randrange(2, 5))]
     prompt = (motif * 4)[: rng.randrange(8, 14)] + [rng.randrange(32) for _ in range(2)]
     cont = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive"), eos_token_id=()).generate_ids(prompt, 24)
-    cfg = DecodeConfig(method="suffix", budget=8, depth=4, threshold=0.05)
+    cfg = DecodeConfig(method="suffix", budget=8, depth=4, threshold=0.05, spec_factor=spec_factor)
     traces = list(SpeculativeDecoder(draft, target, cfg, eos_token_id=()).generate(prompt, 24))
     engine = [(t.tree_size, t.num_committed) for t in traces]
-    assert replay_suffix(prompt, cont, 8, 4, 0.05) == engine
+    assert replay_suffix(prompt, cont, 8, 4, 0.05, spec_factor) == engine
 
 
 def test_accepted_along_a_target_sample_is_point_mass_acceptance_in_expectation():
@@ -91,14 +91,18 @@ def test_auto_prices_suffix_from_the_replay_and_configures_it():
     cands = [c for c in price_candidates(prof, acc, ["int8"], ["int8"], methods=("suffix",))]
     assert cands and all(c.method == "suffix" and c.draft_seconds < 0.01 for c in cands)
     best = min(cands, key=lambda c: c.seconds_per_token)
-    stats = simulate_suffix(texts, best.budget, best.depth, best.threshold)
+    stats = simulate_suffix(texts, best.budget, best.depth, best.threshold, best.spec_factor)
     assert best.expected_tokens == pytest.approx(stats.tokens)
-    steps = replay_suffix(texts[0][0], texts[0][1], best.budget, best.depth, best.threshold)
+    steps = replay_suffix(texts[0][0], texts[0][1], best.budget, best.depth, best.threshold, best.spec_factor)
     assert stats.tokens == pytest.approx(sum(c for _, c in steps) / len(steps)) and stats.tokens > 4
     plan = choose(prof, acc, 0.0, ["int8"], ["int8"], methods=("autoregressive", "chain", "sequoia", "suffix"))
     assert plan.method == "suffix" and "no draft model" in plan.reason and "calibration text" in plan.reason
+    assert plan.best.seconds_per_token == pytest.approx(best.seconds_per_token, rel=0.05)  # ties: any cheapest
     cfg = plan.apply(DecodeConfig())
-    assert (cfg.method, cfg.budget, cfg.depth, cfg.threshold) == ("suffix", best.budget, best.depth, best.threshold)
+    b = plan.best
+    assert (cfg.method, cfg.budget, cfg.depth, cfg.threshold, cfg.spec_factor) == (
+        "suffix", b.budget, b.depth, b.threshold, b.spec_factor)
+    assert {c.spec_factor for c in cands} == {0.5, 1.0, 2.0, None}  # every match-length cap is priced
     assert plan.resolve("suffix", "auto", "auto")["precision"] == "int8"
 
 
@@ -111,3 +115,20 @@ def test_auto_does_not_choose_suffix_on_text_that_never_repeats():
     assert plan.method == "autoregressive"
     suffix = [c for c in price_candidates(prof, acc, ["int8"], ["int8"], methods=("suffix",))]
     assert all(c.expected_tokens == pytest.approx(1.0) for c in suffix)
+
+
+def test_the_match_length_cap_sizes_the_tree_by_the_evidence():
+    """SuffixDecoding's adaptive size: at most ceil(spec_factor x match length) drafted tokens."""
+    assert [size_cap(m, 16, 1.0) for m in (0, 1, 2, 5, 15, 16)] == [1, 2, 3, 6, 16, 16]
+    assert [size_cap(m, 16, 0.5) for m in (1, 2, 3)] == [2, 2, 3]
+    assert size_cap(1, 16, None) == 16 and size_cap(3, 4, 2.0) == 4
+    weak = SuffixIndex(16)
+    weak.extend([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 9])  # only "9" matches: one token of evidence
+    assert weak.continuations(weak.tokens).match_len == 1
+    assert suffix_tree(weak, 16, 8, 0.01, None).size == 9  # 10 11 12 9 10 ... to the depth cap
+    assert suffix_tree(weak, 16, 8, 0.01, 1.0).size == 2  # one token drafted
+    assert suffix_tree(weak, 16, 8, 0.01, 3.0).size == 4
+    strong = SuffixIndex(16)
+    strong.extend(list(range(20, 32)) * 2 + [20, 21, 22, 23])  # a 4+-token match: 16 tokens of evidence
+    assert strong.continuations(strong.tokens).match_len == 16
+    assert suffix_tree(strong, 12, 12, 0.01, 1.0).size == 12

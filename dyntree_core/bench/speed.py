@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-prompt-lookup", type=int, default=10, metavar="K",
                    help="transformers' prompt-lookup decoding row with K candidate tokens (0: no such row)")
     p.add_argument("--fixed", nargs="*", default=["chain:4"],
-                   help="fixed tree configs at auto's precisions: method:depth or method:budget:depth")
+                   help="fixed tree configs at auto's precisions: method:depth, method:budget:depth or "
+                        "method:budget:depth:spec_factor (suffix / hybrid match-length cap; 'none' = no cap)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -112,9 +113,13 @@ def _parse_fixed(spec: str) -> dict:
     parts = spec.split(":")
     if len(parts) == 2:
         return {"method": parts[0], "depth": int(parts[1]), "budget": max(2, int(parts[1]) + 1)}
-    if len(parts) == 3:
-        return {"method": parts[0], "budget": int(parts[1]), "depth": int(parts[2])}
-    raise SystemExit(f"--fixed takes method:depth or method:budget:depth, got {spec!r}")
+    if len(parts) in (3, 4):
+        out = {"method": parts[0], "budget": int(parts[1]), "depth": int(parts[2])}
+        if len(parts) == 4:  # suffix / hybrid: the match-length cap, or 'none'
+            out["spec_factor"] = None if parts[3].lower() == "none" else float(parts[3])
+        return out
+    raise SystemExit(f"--fixed takes method:depth, method:budget:depth or method:budget:depth:spec_factor "
+                     f"(suffix/hybrid; 'none' = no cap), got {spec!r}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -2,7 +2,8 @@
 
 Each step first builds the model-free suffix tree (``suffix.suffix_tree``). Its node values are
 empirical path probabilities, so their sum is the number of tokens the suffix tree expects to get
-accepted if the text keeps repeating as it did. When that is at least ``SUFFIX_MIN_EXPECTED`` the
+accepted if the text keeps repeating as it did; the tree is capped by the match length
+(``cfg.spec_factor``, as in ``suffix``). When that sum is at least ``SUFFIX_MIN_EXPECTED`` the
 step uses it and runs no draft forward; otherwise the step drafts with OPT-Tree on the draft model
 (its deterministic top-k tree, same budget, depth and threshold). Both kinds of tree are
 deterministic (``topk``), so the method is verified by point-mass (T > 0) or greedily (T = 0):
@@ -25,9 +26,11 @@ from .opt_tree import OptTreeDrafter
 from .suffix import TextIndexedDrafter, suffix_tree
 
 #: expected accepted tokens of the suffix tree (sum of its node path probabilities) from which a
-#: step uses it instead of the draft model: a suffix step costs only the target forward, so even one
-#: expected token pays
-SUFFIX_MIN_EXPECTED = 1.0
+#: step uses it instead of the draft model. A suffix step costs only the target forward, but the
+#: empirical probabilities of a short match are optimistic (a continuation seen once scores 1.0):
+#: with the match-length cap (``spec_factor`` 1) a score of 2 needs a match of at least 2 tokens,
+#: and the draft model's chain on the embedded pair already expects ~2 tokens per step at T=0
+SUFFIX_MIN_EXPECTED = 2.0
 
 
 class HybridDrafter(TextIndexedDrafter):
@@ -54,7 +57,7 @@ class HybridDrafter(TextIndexedDrafter):
         least ``SUFFIX_MIN_EXPECTED`` accepted tokens, else None."""
         if not self.follows(root_token):
             return None  # the index is not following this text (no reset): the model drafts
-        tree = suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold)
+        tree = suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold, self.cfg.spec_factor)
         if tree.size < 2 or tree.value is None or float(tree.value[1:].sum()) < SUFFIX_MIN_EXPECTED:
             return None
         return tree

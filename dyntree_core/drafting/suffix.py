@@ -4,8 +4,11 @@ output so far (SuffixDecoding's idea; prompt-lookup decoding is its chain form).
 The tree grows best-first: a candidate child's score is the product of empirical continuation
 probabilities along its path (``SuffixIndex`` counts, longest-suffix match at every node), and the
 highest-scoring candidate is added next until ``budget`` nodes, ``depth`` levels, or no candidate
-scores at least ``threshold``. Without a match the tree is the root alone (the step is a plain
-target step). No draft model forward runs at all.
+scores at least ``threshold``. The tree is also sized by the evidence (SuffixDecoding's adaptive
+speculation length): with ``spec_factor`` = α and ``L`` the length of the longest suffix of the text
+that occurred before, at most ``ceil(α·L)`` tokens are drafted, so a one-token match (a common word
+seen once before) drafts one token, not a full tree. Without a match the tree is the root alone (the
+step is a plain target step). No draft model forward runs at all.
 
 The tree is deterministic given the text, so it is verified by point-mass (T > 0) or greedily
 (T = 0): every committed token is then a target sample, whatever the index proposed.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -59,12 +62,23 @@ class SuffixDrafter(TextIndexedDrafter):
         if not self.follows(root_token):
             raise RuntimeError("the suffix drafter's history must end with the root token "
                                "(the engine calls reset(prompt) and extend(committed tokens))")
-        return suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold)
+        return suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold, self.cfg.spec_factor)
 
 
-def suffix_tree(index: SuffixIndex, budget: int, depth: int, threshold: float) -> TokenTree:
-    """The best-first continuation tree of ``index``'s sequence (its last token is the root)."""
+def size_cap(match_len: int, budget: int, spec_factor: Optional[float]) -> int:
+    """Tree size (root included) allowed after a ``match_len``-token match: ``budget``, or fewer when
+    ``spec_factor`` caps the drafted tokens at ``ceil(spec_factor * match_len)``."""
+    if spec_factor is None:
+        return budget
+    return min(budget, 1 + math.ceil(spec_factor * match_len - 1e-9))
+
+
+def suffix_tree(index: SuffixIndex, budget: int, depth: int, threshold: float,
+                spec_factor: Optional[float] = None) -> TokenTree:
+    """The best-first continuation tree of ``index``'s sequence (its last token is the root), of at
+    most ``size_cap(match length, budget, spec_factor)`` nodes."""
     history = index.tokens
+    budget = size_cap(index.continuations(history).match_len, budget, spec_factor)
     tokens, parents, logq, value, depths = [history[-1]], [-1], [0.0], [1.0], [0]
     paths: list[tuple[int, ...]] = [()]
     heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent, token)
@@ -129,7 +143,7 @@ def accepted_along(tree: TokenTree, continuation: Sequence[int]) -> int:
 
 
 def replay_suffix(prompt: Sequence[int], continuation: Sequence[int], budget: int, depth: int,
-                  threshold: float) -> list[tuple[int, int]]:
+                  threshold: float, spec_factor: Optional[float] = None) -> list[tuple[int, int]]:
     """The suffix method's steps on a known continuation of ``prompt`` (the target's own, e.g. the
     calibration continuations ``auto`` measures): ``[(tree size, committed tokens)]`` per step, a
     step committing its accepted draft tokens plus the target's next one (the last step is cut at
@@ -139,7 +153,7 @@ def replay_suffix(prompt: Sequence[int], continuation: Sequence[int], budget: in
     steps: list[tuple[int, int]] = []
     pos = 0
     while pos < len(continuation):
-        tree = suffix_tree(index, budget, depth, threshold)
+        tree = suffix_tree(index, budget, depth, threshold, spec_factor)
         acc = accepted_along(tree, continuation[pos:])
         commit = min(acc + 1, len(continuation) - pos)
         steps.append((tree.size, commit))
