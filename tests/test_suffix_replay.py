@@ -104,6 +104,17 @@ def test_auto_prices_suffix_from_the_replay_and_configures_it():
         "suffix", b.budget, b.depth, b.threshold, b.spec_factor)
     assert {c.spec_factor for c in cands} == {0.5, 1.0, 2.0, None}  # every match-length cap is priced
     assert plan.resolve("suffix", "auto", "auto")["precision"] == "int8"
+    # the app: the plan's fields (spec_factor included) reach the run's DecodeConfig
+    from dataclasses import replace
+
+    from ui.settings import RunSettings
+
+    form = RunSettings(draft="tiny", target="tiny", device="cpu", dtype="float32", prompt="a", chat=False,
+                       method="auto", verifier="auto", temperature=0.0, top_p=1.0, budget=8, depth=4, width=2,
+                       threshold=0.1, max_new_tokens=8, seed=0)
+    run = replace(form, **plan.resolve("auto", "auto", "auto"))
+    assert run.decode_config().spec_factor == b.spec_factor and run.decode_config().method == "suffix"
+    assert run.with_method("hybrid").decode_config().spec_factor == 1.0  # a hand-picked method: the default cap
 
 
 def test_auto_does_not_choose_suffix_on_text_that_never_repeats():
