@@ -7,7 +7,7 @@ import statistics
 import sys
 from typing import Optional
 
-from .config import METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeConfig
+from .config import DEFAULT_SPEC_FACTOR, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeConfig, parse_spec_factor
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--depth", type=int, default=4, help="levels below the root (chain length k)")
     g.add_argument("--width", type=int, default=8)
     g.add_argument("--threshold", type=float, default=0.05)
-    g.add_argument("--spec-factor", type=_spec_factor_arg, default=1.0,
+    g.add_argument("--spec-factor", type=_spec_factor_arg, default=DEFAULT_SPEC_FACTOR,
                    help="suffix / hybrid: draft at most ceil(F x match length) tokens ('none' = no cap)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
@@ -75,10 +75,8 @@ def _budget_arg(text: str):
 
 
 def _spec_factor_arg(text: str):
-    if text.lower() == "none":
-        return None
     try:
-        return float(text)
+        return parse_spec_factor(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"spec factor must be a number or 'none', got {text!r}") from None
 

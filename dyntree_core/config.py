@@ -34,6 +34,16 @@ def default_threshold(budget: int) -> float:
     return min(0.5, 1.0 / max(2, int(budget)))
 
 
+#: suffix / hybrid: drafted tokens <= ceil(spec_factor x match length) (SuffixDecoding's default)
+DEFAULT_SPEC_FACTOR = 1.0
+
+
+def parse_spec_factor(text: str) -> Optional[float]:
+    """A ``spec_factor`` as typed on a command line: a number, or ``none`` (no cap).
+    Raises ValueError on anything else."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Everything that selects and tunes a decoding run.
@@ -104,7 +114,7 @@ class DecodeConfig:
     adaptive_threshold: bool = False
     sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
     stop_confidence: Optional[float] = None
-    spec_factor: Optional[float] = 1.0
+    spec_factor: Optional[float] = DEFAULT_SPEC_FACTOR
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from dyntree_core.config import METHODS, PRECISIONS, ConfigError, DecodeConfig, compatible_verifiers
+from dyntree_core.config import (DEFAULT_SPEC_FACTOR, METHODS, PRECISIONS, ConfigError, DecodeConfig,
+                                 compatible_verifiers)
 from dyntree_core.methods import REGISTRY
 
 from .models import PairSpec
@@ -47,7 +48,7 @@ class RunSettings:
     # set by `auto` (dyntree_core.auto.AutoPlan.resolve), never by the form
     stop_confidence: Optional[float] = None
     sequoia_acceptance: Optional[tuple[float, ...]] = None
-    spec_factor: Optional[float] = 1.0
+    spec_factor: Optional[float] = DEFAULT_SPEC_FACTOR
 
     @property
     def needs_auto(self) -> bool:
@@ -78,7 +79,7 @@ class RunSettings:
             draft_precision=None if self.method == "autoregressive" else self.draft_precision,
             stop_confidence=self.stop_confidence if self.method == "chain" else None,
             sequoia_acceptance=self.sequoia_acceptance if self.method == "sequoia" else None,
-            spec_factor=self.spec_factor if self.method in ("suffix", "hybrid") else 1.0,
+            spec_factor=self.spec_factor if self.method in ("suffix", "hybrid") else DEFAULT_SPEC_FACTOR,
         )
 
     def pair_spec(self) -> PairSpec:
@@ -89,7 +90,7 @@ class RunSettings:
         """The same run with another method; the verifier falls back to ``auto`` if incompatible."""
         verifier = self.verifier if self.verifier in compatible_verifiers(method, self.temperature) else "auto"
         return replace(self, method=method, verifier=verifier, stop_confidence=None, sequoia_acceptance=None,
-                       spec_factor=1.0)
+                       spec_factor=DEFAULT_SPEC_FACTOR)
 
     def baseline_key(self) -> tuple:
         """Runs with equal keys are comparable (same pair, prompt, seed, length, sampling)."""

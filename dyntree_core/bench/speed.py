@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import torch
 
 from ..auto import PairCache, plan_auto
-from ..config import DecodeConfig
+from ..config import DecodeConfig, parse_spec_factor
 from ..engine import SpeculativeDecoder
 from ..machine import machine_info
 from .hf_baselines import hf_assisted_defaults, hf_generate
@@ -116,7 +116,7 @@ def _parse_fixed(spec: str) -> dict:
     if len(parts) in (3, 4):
         out = {"method": parts[0], "budget": int(parts[1]), "depth": int(parts[2])}
         if len(parts) == 4:  # suffix / hybrid: the match-length cap, or 'none'
-            out["spec_factor"] = None if parts[3].lower() == "none" else float(parts[3])
+            out["spec_factor"] = parse_spec_factor(parts[3])
         return out
     raise SystemExit(f"--fixed takes method:depth, method:budget:depth or method:budget:depth:spec_factor "
                      f"(suffix/hybrid; 'none' = no cap), got {spec!r}")

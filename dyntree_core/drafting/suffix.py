@@ -78,7 +78,9 @@ def suffix_tree(index: SuffixIndex, budget: int, depth: int, threshold: float,
     """The best-first continuation tree of ``index``'s sequence (its last token is the root), of at
     most ``size_cap(match length, budget, spec_factor)`` nodes."""
     history = index.tokens
-    budget = size_cap(index.continuations(history).match_len, budget, spec_factor)
+    window = history[-index.max_len:]  # all of the history a lookup can match
+    root = index.continuations(window)
+    budget = size_cap(root.match_len, budget, spec_factor)
     tokens, parents, logq, value, depths = [history[-1]], [-1], [0.0], [1.0], [0]
     paths: list[tuple[int, ...]] = [()]
     heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent, token)
@@ -88,7 +90,8 @@ def suffix_tree(index: SuffixIndex, budget: int, depth: int, threshold: float,
         nonlocal order
         if depths[node] >= depth:
             return
-        for tok, p in index.continuations(history + list(paths[node])).ranked():
+        found = root if node == 0 else index.continuations(window + list(paths[node]))
+        for tok, p in found.ranked():
             score = value[node] * p
             if score < threshold:
                 break  # ranked by probability: later siblings score lower still
