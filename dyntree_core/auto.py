@@ -15,12 +15,19 @@ Sequoia's positional acceptance model with the acceptance vector *measured on th
   tokens (code) count as they are; without position data, ``1 + p1 + ... + p1^k`` tokens.
 * ``sequoia`` (n, d): the DP-optimal tree; one batched draft forward per level (its internal
   nodes), ``G(n, d)`` tokens (Sequoia's optimizer, with every precision pair).
-* ``suffix`` (n, d, q, α): the model-free suffix tree (at most α × match length tokens), priced by replaying the method on the
-  calibration continuations (``drafting.suffix.replay_suffix``: the trees it would build, how many
-  tokens each step commits, the target forward of each tree's size, the measured build time). No
-  draft model runs. Only as repetitive as the calibration text (wiki and code): a prompt that
-  quotes what is to be written (editing, summaries) favours it more than ``auto`` can know.
-  ``hybrid`` is not priced (its model steps are OPT-Tree trees, which this model does not cover).
+* ``suffix`` (n, d, q, α): the model-free suffix tree (at most α × match length tokens), priced by
+  replaying the method on the calibration continuations (``drafting.suffix_replay``: the trees it
+  would build, how many tokens each step commits, the target forward of each tree's size, the
+  measured build time). No draft model runs. Only as repetitive as the calibration text (wiki and
+  code): a prompt that quotes what is to be written (editing, summaries) favours it more than
+  ``auto`` can know.
+* ``hybrid`` (n, d, q, α): the same replay decides, step by step with the drafter's own rule,
+  whether the suffix tree is used (priced as above) or the draft model drafts; a model step is
+  priced as Sequoia's (n, d) tree under the measured acceptance vector (``G(n, d)`` tokens, its
+  level forwards on the draft model, an n-token target forward). The hybrid's model steps are
+  OPT-Tree trees, which this positional model only approximates, and they fall where the text
+  does not repeat, where acceptance is likely below the average the vector holds: the model
+  steps' price is optimistic.
 
 Plain autoregressive decoding is a candidate like any other: on a machine where no tree pays
 for its draft and verification, ``auto`` chooses it and says so. The acceptance vector is
@@ -46,7 +53,7 @@ import torch
 from .config import DecodeConfig
 from .machine_profile import MachineProfile
 
-AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix")
+AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
 AUTO = "auto"  # the request value meaning "let the cost model choose"
 CHAIN_LENGTHS: tuple[int, ...] = tuple(range(1, 9))
 SEQUOIA_BUDGETS: tuple[int, ...] = (4, 6, 8, 12, 16, 24, 32)
@@ -62,6 +69,9 @@ SUFFIX_DEPTHS: tuple[int, ...] = (4, 8, 16)
 SUFFIX_THRESHOLDS: tuple[float, ...] = (0.05, 0.2)
 #: match-length caps priced (``DecodeConfig.spec_factor``; None = no cap)
 SUFFIX_FACTORS: tuple[Optional[float], ...] = (0.5, 1.0, 2.0, None)
+#: hybrid shapes priced (x SUFFIX_THRESHOLDS x SUFFIX_FACTORS): its model steps are OPT-Tree trees
+HYBRID_BUDGETS: tuple[int, ...] = (4, 8, 16, 32)
+HYBRID_DEPTHS: tuple[int, ...] = (4, 8)
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Candidate:
     stop_confidence: Optional[float] = None
     threshold: Optional[float] = None  # suffix: the path-probability cut-off
     spec_factor: Optional[float] = None  # suffix: drafted tokens <= ceil(spec_factor x match length)
+    model_share: Optional[float] = None  # hybrid: share of steps drafted by the model
 
     @property
     def seconds_per_token(self) -> float:
@@ -115,6 +126,10 @@ class Candidate:
             cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
             return (f"suffix (n<={self.budget}, d={self.depth}, paths with p>={self.threshold:g}{cap}; no draft model) "
                     f"@ target {self.target_precision}")
+        elif self.method == "hybrid":
+            cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
+            shape = (f"n<={self.budget}, d={self.depth}, suffix paths with p>={self.threshold:g}{cap}; "
+                     f"the draft model on {self.model_share or 0:.0%} of steps")
         else:
             shape = f"n={self.budget}, d={self.depth}"
         return f"{self.method} ({shape}) @ target {self.target_precision}, draft {self.draft_precision}"
@@ -146,7 +161,7 @@ class AutoPlan:
             kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
         elif b.method == "sequoia":
             kw.update(budget=b.budget, depth=b.depth, sequoia_acceptance=tuple(self.acceptance))
-        elif b.method == "suffix":
+        elif b.method in ("suffix", "hybrid"):
             kw.update(budget=b.budget, depth=b.depth, threshold=b.threshold, spec_factor=b.spec_factor)
         return kw
 
@@ -176,7 +191,7 @@ class AutoPlan:
             choice = self.best_autoregressive
         else:
             choice = next((c for c in self.top if c.method == method),
-                          next((c for c in self.top if c.method not in ("autoregressive", "suffix")), self.best))
+                          next((c for c in self.top if c.method in ("chain", "sequoia")), self.best))
         if precision == AUTO:
             kw["precision"] = choice.target_precision
         if draft_precision == AUTO:
@@ -241,32 +256,57 @@ def simulate_chain(sequences: Sequence[Sequence[Sequence[float]]], k: int, stop_
 
 @dataclass(frozen=True)
 class SuffixStats:
-    """The suffix method replayed on the calibration continuations, pooled over steps: ``tokens``
-    committed per step, ``size_probs`` ``{tree size: share of steps}``, ``build_seconds`` the mean
-    time to update the index and build a tree (the whole of its drafting)."""
+    """A ``suffix`` or ``hybrid`` shape replayed on the calibration continuations, pooled over steps:
+    ``suffix_tokens`` tokens committed by suffix-tree steps per step (all steps counted),
+    ``size_probs`` ``{suffix tree size: share of all steps}``, ``model_share`` the share of steps a
+    hybrid drafts with the model, ``build_seconds`` the mean time per step to update the index and
+    build suffix trees (the whole of the suffix side's drafting)."""
 
-    tokens: float
+    suffix_tokens: float
     size_probs: dict[int, float]
     build_seconds: float
+    model_share: float = 0.0
+
+    @property
+    def tokens(self) -> float:
+        """Tokens per step of a plain ``suffix`` shape (no model steps)."""
+        return self.suffix_tokens
+
+
+def simulate_suffix_shapes(texts: Sequence[tuple[Sequence[int], Sequence[int]]], shapes: Sequence,
+                           model_commit: Optional[dict] = None) -> dict:
+    """``{SuffixShape: SuffixStats or None}`` of every shape on ``(prompt, continuation)`` texts, from
+    one lockstep replay per text (``drafting.suffix_replay.replay_shapes``); None without steps."""
+    from .drafting.suffix_replay import replay_shapes
+
+    acc = {s: [0, 0.0, 0, 0, {}] for s in shapes}  # steps, seconds, suffix commits, model steps, sizes
+    for prompt, cont in texts:
+        if not prompt or not cont:
+            continue
+        for s, rep in replay_shapes(prompt, cont, shapes, model_commit).items():
+            a = acc[s]
+            a[0] += len(rep.steps)
+            a[1] += rep.build_seconds
+            for st in rep.steps:
+                if st.from_suffix:
+                    a[2] += st.committed
+                    a[4][st.size] = a[4].get(st.size, 0) + 1
+                else:
+                    a[3] += 1
+    out = {}
+    for s, (steps, secs, commits, model, sizes) in acc.items():
+        out[s] = None if not steps else SuffixStats(commits / steps, {n: c / steps for n, c in sorted(sizes.items())},
+                                                    secs / steps, model / steps)
+    return out
 
 
 def simulate_suffix(texts: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, depth: int,
                     threshold: float, spec_factor: Optional[float] = None) -> Optional[SuffixStats]:
-    """``SuffixStats`` of the suffix method on ``(prompt, continuation)`` texts (None without texts)."""
-    from .drafting.suffix import replay_suffix
+    """``SuffixStats`` of one ``suffix`` shape on ``(prompt, continuation)`` texts (None without texts)."""
+    from .drafting.suffix_replay import SuffixShape
 
-    sizes: dict[int, int] = {}
-    committed = steps = 0
-    t0 = time.perf_counter()
-    for prompt, cont in texts:
-        for size, commit in replay_suffix(prompt, cont, budget, depth, threshold, spec_factor):
-            sizes[size] = sizes.get(size, 0) + 1
-            committed += commit
-            steps += 1
-    if not steps:
-        return None
-    return SuffixStats(committed / steps, {n: c / steps for n, c in sorted(sizes.items())},
-                       (time.perf_counter() - t0) / steps)
+    shape = SuffixShape(budget, depth, threshold, spec_factor)
+    return simulate_suffix_shapes(texts, [shape])[shape]
 
 
 def _sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths: Sequence[int]):
@@ -311,17 +351,37 @@ def price_candidates(
                    for k in range(1, CHAIN_MAX + 1) if k + 1 <= profile.max_tokens
                    for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)
                    } if ("chain" in methods and sequences) else {}
-    suffix_stats = {(n, d, q, f): simulate_suffix(texts, n, d, q, f)
-                    for n in SUFFIX_BUDGETS if n <= profile.max_tokens for d in SUFFIX_DEPTHS
-                    for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS} if ("suffix" in methods and texts) else {}
+    from .drafting.suffix_replay import SuffixShape
+
+    suffix_shapes = [SuffixShape(n, d, q, f) for n in SUFFIX_BUDGETS if n <= profile.max_tokens
+                     for d in SUFFIX_DEPTHS for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS
+                     ] if ("suffix" in methods and texts) else []
+    hybrid_budgets = [n for n in HYBRID_BUDGETS if n <= profile.max_tokens]
+    model_trees = _sequoia_shapes(acceptance, hybrid_budgets, HYBRID_DEPTHS) if (
+        "hybrid" in methods and texts and hybrid_budgets and len(acceptance)) else {}
+    hybrid_shapes = [SuffixShape(n, d, q, f, hybrid=True) for (n, d) in model_trees
+                     for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS]
+    model_commit = {s: max(1, round(model_trees[(s.budget, s.depth)][1])) for s in hybrid_shapes}
+    replayed = simulate_suffix_shapes(texts, suffix_shapes + hybrid_shapes, model_commit) if (
+        suffix_shapes or hybrid_shapes) else {}
     for tp in target_precisions:
-        for (n, d, q, f), st in suffix_stats.items():
+        for sh, st in replayed.items():
             if st is None:
                 continue
             t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
             v_s = sum(p * profile.verify_time(size) for size, p in st.size_probs.items())
-            cands.append(Candidate("suffix", tp, None, n, d, st.tokens, t_s, v_s, st.build_seconds, threshold=q,
-                                   spec_factor=f))
+            if not sh.hybrid:
+                cands.append(Candidate("suffix", tp, None, sh.budget, sh.depth, st.tokens, t_s, v_s, st.build_seconds,
+                                       threshold=sh.threshold, spec_factor=sh.spec_factor))
+                continue
+            size, g, levels = model_trees[(sh.budget, sh.depth)]
+            m = st.model_share
+            for dp in draft_precisions:
+                cands.append(Candidate(
+                    "hybrid", tp, dp, sh.budget, sh.depth, st.suffix_tokens + m * g,
+                    t_s + m * profile.target_time(tp, size), v_s + m * profile.verify_time(size),
+                    st.build_seconds + m * sum(profile.draft_time(dp, w) for w in levels),
+                    threshold=sh.threshold, spec_factor=sh.spec_factor, model_share=m))
         if "autoregressive" in methods:
             cands.append(Candidate("autoregressive", tp, None, 1, 0, 1.0, profile.target_time(tp, 1),
                                    profile.verify_time(1), 0.0))
@@ -385,7 +445,7 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
     else:
         n = best.budget
         tn = profile.target_time(best.target_precision, n)
-        up_to = best.method == "suffix" or (best.method == "chain" and best.stop_confidence)
+        up_to = best.method in ("suffix", "hybrid") or (best.method == "chain" and best.stop_confidence)
         size = f"an up-to-{n}-token" if up_to else f"a {n}-token"
         reason = (f"auto: {best.label()}: predicted {ms(best):.0f} ms/token vs {ms(best_ar):.0f} for autoregressive "
                   f"@ {best_ar.target_precision} ({ms(best_ar) / ms(best):.2f}x) on {cpu}: {size} target forward "
@@ -399,6 +459,9 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
 def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
     if c.method == "suffix":
         return "(the method replayed on the calibration text)"
+    if c.method == "hybrid":
+        return (f"(its suffix steps replayed on the calibration text, its model steps at acceptance "
+                f"p1={acceptance[0]:.2f})")
     return f"at acceptance p1={acceptance[0]:.2f}"
 
 
@@ -565,7 +628,7 @@ def search_space(method: str, precision: str, draft_precision: str,
     elif method in AUTO_METHODS:
         methods = tuple(dict.fromkeys(("autoregressive", method)))
     else:
-        methods = tuple(m for m in AUTO_METHODS if m != "suffix")
+        methods = tuple(m for m in AUTO_METHODS if m not in ("suffix", "hybrid"))
     return tps, dps, methods
 
 

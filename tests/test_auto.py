@@ -85,8 +85,9 @@ def test_one_resolution_rule_for_the_cli_and_the_app():
     from ui.settings import RunSettings
 
     assert search_space("auto", "auto", "int4", "cpu") == (
-        ("int8", "int4", "float32", "bfloat16"), ("int4",), ("autoregressive", "chain", "sequoia", "suffix"))
+        ("int8", "int4", "float32", "bfloat16"), ("int4",), ("autoregressive", "chain", "sequoia", "suffix", "hybrid"))
     assert search_space("suffix", "auto", "auto", "cpu")[2] == ("autoregressive", "suffix")
+    assert search_space("hybrid", "auto", "auto", "cpu")[2] == ("autoregressive", "hybrid")
     assert search_space("chain", "int8", "auto", "cpu")[2] == ("autoregressive", "chain")
     assert search_space("autoregressive", "auto", "auto", "cpu")[2] == ("autoregressive",)
     assert search_space("dyspec_greedy", "auto", "auto", "cpu")[2] == ("autoregressive", "chain", "sequoia")

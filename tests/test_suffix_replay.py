@@ -13,7 +13,8 @@ import torch
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.auto import Acceptance, choose, price_candidates, simulate_suffix
-from dyntree_core.drafting.suffix import accepted_along, replay_suffix, size_cap, suffix_tree
+from dyntree_core.drafting.suffix import accepted_along, size_cap, suffix_tree
+from dyntree_core.drafting.suffix_replay import replay_suffix
 from dyntree_core.drafting.suffix_index import SuffixIndex
 from dyntree_core.machine_profile import MachineProfile
 from dyntree_core.testing import tiny_pair
@@ -143,3 +144,112 @@ def test_the_match_length_cap_sizes_the_tree_by_the_evidence():
     strong.extend(list(range(20, 32)) * 2 + [20, 21, 22, 23])  # a 4+-token match: 16 tokens of evidence
     assert strong.continuations(strong.tokens).match_len == 16
     assert suffix_tree(strong, 12, 12, 0.01, 1.0).size == 12
+
+
+def _reference_replay(prompt, cont, budget, depth, threshold, spec_factor):
+    """The suffix method's replay written out plainly: one index per shape, rebuilt step by step."""
+    index = SuffixIndex(16)
+    index.extend(list(prompt))
+    steps, pos = [], 0
+    while pos < len(cont):
+        tree = suffix_tree(index, budget, depth, threshold, spec_factor)
+        commit = min(accepted_along(tree, cont[pos:]) + 1, len(cont) - pos)
+        steps.append((tree.size, commit))
+        index.extend(list(cont[pos:pos + commit]))
+        pos += commit
+    return steps
+
+
+def _repetitive_text(seed: int, n: int = 90, vocab: int = 12) -> list[int]:
+    rng = random.Random(seed)
+    motifs = [[rng.randrange(vocab) for _ in range(rng.randrange(2, 7))] for _ in range(3)]
+    out: list[int] = []
+    while len(out) < n:
+        out += rng.choice(motifs) if rng.random() < 0.7 else [rng.randrange(vocab)]
+    return out[:n]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lockstep_replay_of_many_shapes_equals_each_shape_replayed_alone(seed):
+    from dyntree_core.drafting.suffix_replay import SuffixShape, replay_shapes
+
+    text = _repetitive_text(seed)
+    prompt, cont = text[:30], text[30:]
+    shapes = [SuffixShape(n, d, q, f) for n in (2, 4, 8, 16) for d in (1, 3, 8) for q in (0.05, 0.3)
+              for f in (0.5, 1.0, None)]
+    replays = replay_shapes(prompt, cont, shapes)
+    sizes = set()
+    for s in shapes:
+        got = [(st.size, st.committed) for st in replays[s].steps]
+        assert got == _reference_replay(prompt, cont, s.budget, s.depth, s.threshold, s.spec_factor), s
+        assert all(st.from_suffix for st in replays[s].steps) and replays[s].build_seconds > 0
+        assert sum(c for _, c in got) == len(cont)
+        sizes |= {n for n, _ in got}
+    assert len(sizes) > 3  # the shapes really differ on this text
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hybrid_replay_takes_the_suffix_tree_exactly_where_the_hybrid_drafter_does(seed):
+    from dyntree_core.drafting import make_drafter
+    from dyntree_core.drafting.suffix_replay import SuffixShape, replay_shapes
+
+    text = _repetitive_text(seed + 10)
+    prompt, cont = text[:25], text[25:]
+    shape = SuffixShape(8, 4, 0.05, 1.0, hybrid=True)
+    rep = replay_shapes(prompt, cont, [shape], {shape: 2})[shape]
+    drafter = make_drafter(DecodeConfig(method="hybrid", budget=8, depth=4, threshold=0.05, spec_factor=1.0))
+    pos = 0
+    kinds = set()
+    for st in rep.steps:
+        drafter.reset(prompt + cont[:pos])
+        tree = drafter.suffix_candidate((prompt + cont[:pos])[-1])
+        assert (tree is not None) == st.from_suffix
+        if tree is not None:
+            assert tree.size == st.size and st.committed == min(accepted_along(tree, cont[pos:]) + 1, len(cont) - pos)
+        else:
+            assert (st.size, st.committed) == (8, min(2, len(cont) - pos))  # the caller's model-step estimate
+        kinds.add(st.from_suffix)
+        pos += st.committed
+    assert pos == len(cont) and kinds == {True, False}
+
+
+def test_auto_prices_hybrid_and_takes_it_where_text_repeats_in_parts_and_the_draft_is_cheap():
+    from dyntree_core.auto import HYBRID_BUDGETS, HYBRID_DEPTHS, _sequoia_shapes, simulate_suffix_shapes
+    from dyntree_core.drafting.suffix_replay import SuffixShape
+
+    rng = random.Random(1)
+    block = [rng.randrange(100, 1000) for _ in range(12)]
+    fresh = lambda: [rng.randrange(1000, 5000) for _ in range(12)]  # noqa: E731
+    text = block + fresh() + block + fresh() + block + fresh() + block + fresh()
+    texts = ((tuple(text[:24]), tuple(text[24:])),)
+    vector = (0.8, 0.1, 0.05, 0.02)
+    acc = Acceptance(vector, (), texts)
+    prof = _profile([0.1, 0.1, 0.11, 0.12, 0.14, 0.2])  # trees are cheap, the draft costs 0.05 a forward
+    prof = MachineProfile(key="k", machine=prof.machine, prefix_len=32, ns=NS, target=prof.target,
+                          draft={"int8": [0.002] * 6}, verify=[0.0] * 6)
+    hybrid = [c for c in price_candidates(prof, acc, ["int8"], ["int8"], methods=("hybrid",))]
+    assert {c.method for c in hybrid} == {"hybrid"}
+    assert {(c.budget, c.depth) for c in hybrid} == {(n, d) for n in HYBRID_BUDGETS for d in HYBRID_DEPTHS}
+    assert all(0.0 < c.model_share < 1.0 for c in hybrid)  # repeats: suffix steps; fresh text: model steps
+    trees = _sequoia_shapes(vector, HYBRID_BUDGETS, HYBRID_DEPTHS)
+    for c in hybrid:
+        size, g, levels = trees[(c.budget, c.depth)]
+        assert c.draft_seconds >= c.model_share * 0.002 * len(levels)
+        sh = SuffixShape(c.budget, c.depth, c.threshold, c.spec_factor, hybrid=True)
+        stats = simulate_suffix_shapes(texts, [sh], {sh: max(1, round(g))})[sh]
+        assert c.expected_tokens == pytest.approx(stats.suffix_tokens + stats.model_share * g)
+        assert c.model_share == pytest.approx(stats.model_share)
+    plan = choose(prof, acc, 0.0, ["int8"], ["int8"])
+    assert plan.method == "hybrid", plan.reason
+    assert "draft model on" in plan.reason and "suffix steps replayed" in plan.reason
+    b = plan.best
+    cfg = plan.apply(DecodeConfig())
+    assert (cfg.method, cfg.budget, cfg.depth, cfg.threshold, cfg.spec_factor, cfg.draft_precision) == (
+        "hybrid", b.budget, b.depth, b.threshold, b.spec_factor, "int8")
+    best_suffix = min((c for c in plan.top if c.method == "suffix"), key=lambda c: c.seconds_per_token, default=None)
+    assert best_suffix is None or best_suffix.seconds_per_token > b.seconds_per_token
+    # text that never repeats: every hybrid step is a model step, priced as Sequoia's tree
+    seq = random.Random(0).sample(range(1000), 80)
+    plain = Acceptance(vector, (), ((tuple(seq[:40]), tuple(seq[40:])),))
+    for c in price_candidates(prof, plain, ["int8"], ["int8"], methods=("hybrid",)):
+        assert c.model_share == 1.0 and c.expected_tokens == pytest.approx(trees[(c.budget, c.depth)][1])

@@ -33,6 +33,12 @@ from .suffix import TextIndexedDrafter, suffix_tree
 SUFFIX_MIN_EXPECTED = 2.0
 
 
+def suffix_tree_is_confident(tree: TokenTree) -> bool:
+    """Whether a hybrid step drafts with ``tree`` (a ``suffix_tree``): its node values (empirical
+    path probabilities) sum to at least ``SUFFIX_MIN_EXPECTED`` expected accepted tokens."""
+    return tree.size >= 2 and tree.value is not None and float(tree.value[1:].sum()) >= SUFFIX_MIN_EXPECTED
+
+
 class HybridDrafter(TextIndexedDrafter):
     name = "hybrid"
 
@@ -58,9 +64,7 @@ class HybridDrafter(TextIndexedDrafter):
         if not self.follows(root_token):
             return None  # the index is not following this text (no reset): the model drafts
         tree = suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold, self.cfg.spec_factor)
-        if tree.size < 2 or tree.value is None or float(tree.value[1:].sum()) < SUFFIX_MIN_EXPECTED:
-            return None
-        return tree
+        return tree if suffix_tree_is_confident(tree) else None
 
     def _draft(self, source: CountingSource, root_token: int, generator: torch.Generator,
                deterministic: bool) -> TokenTree:

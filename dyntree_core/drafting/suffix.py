@@ -143,23 +143,3 @@ def accepted_along(tree: TokenTree, continuation: Sequence[int]) -> int:
             break
         node, accepted = nxt, accepted + 1
     return accepted
-
-
-def replay_suffix(prompt: Sequence[int], continuation: Sequence[int], budget: int, depth: int,
-                  threshold: float, spec_factor: Optional[float] = None) -> list[tuple[int, int]]:
-    """The suffix method's steps on a known continuation of ``prompt`` (the target's own, e.g. the
-    calibration continuations ``auto`` measures): ``[(tree size, committed tokens)]`` per step, a
-    step committing its accepted draft tokens plus the target's next one (the last step is cut at
-    the end of ``continuation``)."""
-    index = SuffixIndex(MAX_MATCH)
-    index.extend(list(prompt))
-    steps: list[tuple[int, int]] = []
-    pos = 0
-    while pos < len(continuation):
-        tree = suffix_tree(index, budget, depth, threshold, spec_factor)
-        acc = accepted_along(tree, continuation[pos:])
-        commit = min(acc + 1, len(continuation) - pos)
-        steps.append((tree.size, commit))
-        index.extend(list(continuation[pos:pos + commit]))
-        pos += commit
-    return steps
