@@ -44,6 +44,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -55,6 +56,8 @@ from .machine_profile import MachineProfile
 
 AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
 AUTO = "auto"  # the request value meaning "let the cost model choose"
+#: the draft-model tree methods ``auto`` prices (their precisions stand in for methods it cannot price)
+MODEL_TREE_METHODS: tuple[str, ...] = ("chain", "sequoia")
 CHAIN_LENGTHS: tuple[int, ...] = tuple(range(1, 9))
 SEQUOIA_BUDGETS: tuple[int, ...] = (4, 6, 8, 12, 16, 24, 32)
 SEQUOIA_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
@@ -120,14 +123,13 @@ class Candidate:
     def label(self) -> str:
         if self.method == "autoregressive":
             return f"autoregressive @ {self.target_precision}"
+        cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
         if self.method == "chain":
             shape = f"k<={self.depth}, stop below q={self.stop_confidence:g}" if self.stop_confidence else f"k={self.depth}"
         elif self.method == "suffix":
-            cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
             return (f"suffix (n<={self.budget}, d={self.depth}, paths with p>={self.threshold:g}{cap}; no draft model) "
                     f"@ target {self.target_precision}")
         elif self.method == "hybrid":
-            cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
             shape = (f"n<={self.budget}, d={self.depth}, suffix paths with p>={self.threshold:g}{cap}; "
                      f"the draft model on {self.model_share or 0:.0%} of steps")
         else:
@@ -191,7 +193,7 @@ class AutoPlan:
             choice = self.best_autoregressive
         else:
             choice = next((c for c in self.top if c.method == method),
-                          next((c for c in self.top if c.method in ("chain", "sequoia")), self.best))
+                          next((c for c in self.top if c.method in MODEL_TREE_METHODS), self.best))
         if precision == AUTO:
             kw["precision"] = choice.target_precision
         if draft_precision == AUTO:
@@ -267,11 +269,6 @@ class SuffixStats:
     build_seconds: float
     model_share: float = 0.0
 
-    @property
-    def tokens(self) -> float:
-        """Tokens per step of a plain ``suffix`` shape (no model steps)."""
-        return self.suffix_tokens
-
 
 def simulate_suffix_shapes(texts: Sequence[tuple[Sequence[int], Sequence[int]]], shapes: Sequence,
                            model_commit: Optional[dict] = None) -> dict:
@@ -279,24 +276,24 @@ def simulate_suffix_shapes(texts: Sequence[tuple[Sequence[int], Sequence[int]]],
     one lockstep replay per text (``drafting.suffix_replay.replay_shapes``); None without steps."""
     from .drafting.suffix_replay import replay_shapes
 
-    acc = {s: [0, 0.0, 0, 0, {}] for s in shapes}  # steps, seconds, suffix commits, model steps, sizes
+    steps: dict = {s: [] for s in shapes}
+    seconds = {s: 0.0 for s in shapes}
     for prompt, cont in texts:
         if not prompt or not cont:
             continue
         for s, rep in replay_shapes(prompt, cont, shapes, model_commit).items():
-            a = acc[s]
-            a[0] += len(rep.steps)
-            a[1] += rep.build_seconds
-            for st in rep.steps:
-                if st.from_suffix:
-                    a[2] += st.committed
-                    a[4][st.size] = a[4].get(st.size, 0) + 1
-                else:
-                    a[3] += 1
+            steps[s].extend(rep.steps)
+            seconds[s] += rep.build_seconds
     out = {}
-    for s, (steps, secs, commits, model, sizes) in acc.items():
-        out[s] = None if not steps else SuffixStats(commits / steps, {n: c / steps for n, c in sorted(sizes.items())},
-                                                    secs / steps, model / steps)
+    for s, st in steps.items():
+        if not st:
+            out[s] = None
+            continue
+        suffix = [x for x in st if x.from_suffix]
+        sizes = Counter(x.size for x in suffix)
+        out[s] = SuffixStats(sum(x.committed for x in suffix) / len(st),
+                             {n: c / len(st) for n, c in sorted(sizes.items())},
+                             seconds[s] / len(st), (len(st) - len(suffix)) / len(st))
     return out
 
 
@@ -371,7 +368,7 @@ def price_candidates(
             t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
             v_s = sum(p * profile.verify_time(size) for size, p in st.size_probs.items())
             if not sh.hybrid:
-                cands.append(Candidate("suffix", tp, None, sh.budget, sh.depth, st.tokens, t_s, v_s, st.build_seconds,
+                cands.append(Candidate("suffix", tp, None, sh.budget, sh.depth, st.suffix_tokens, t_s, v_s, st.build_seconds,
                                        threshold=sh.threshold, spec_factor=sh.spec_factor))
                 continue
             size, g, levels = model_trees[(sh.budget, sh.depth)]
@@ -628,7 +625,7 @@ def search_space(method: str, precision: str, draft_precision: str,
     elif method in AUTO_METHODS:
         methods = tuple(dict.fromkeys(("autoregressive", method)))
     else:
-        methods = tuple(m for m in AUTO_METHODS if m not in ("suffix", "hybrid"))
+        methods = ("autoregressive", *MODEL_TREE_METHODS)
     return tps, dps, methods
 
 

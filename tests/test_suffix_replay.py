@@ -93,9 +93,9 @@ def test_auto_prices_suffix_from_the_replay_and_configures_it():
     assert cands and all(c.method == "suffix" and c.draft_seconds < 0.01 for c in cands)
     best = min(cands, key=lambda c: c.seconds_per_token)
     stats = simulate_suffix(texts, best.budget, best.depth, best.threshold, best.spec_factor)
-    assert best.expected_tokens == pytest.approx(stats.tokens)
+    assert best.expected_tokens == pytest.approx(stats.suffix_tokens)
     steps = replay_suffix(texts[0][0], texts[0][1], best.budget, best.depth, best.threshold, best.spec_factor)
-    assert stats.tokens == pytest.approx(sum(c for _, c in steps) / len(steps)) and stats.tokens > 4
+    assert stats.suffix_tokens == pytest.approx(sum(c for _, c in steps) / len(steps)) and stats.suffix_tokens > 4
     plan = choose(prof, acc, 0.0, ["int8"], ["int8"], methods=("autoregressive", "chain", "sequoia", "suffix"))
     assert plan.method == "suffix" and "no draft model" in plan.reason and "calibration text" in plan.reason
     assert plan.best.seconds_per_token == pytest.approx(best.seconds_per_token, rel=0.05)  # ties: any cheapest
