@@ -74,3 +74,25 @@ def test_merge_refuses_runs_at_different_precisions(tmp_path) -> None:
     for name, prec in (("x", "int4"), ("y", "float32")):
         (tmp_path / f"{name}.json").write_text(json.dumps({"precision": prec, "prompt_records": []}))
     assert main(["--merge", str(tmp_path / "x.json"), str(tmp_path / "y.json")]) == 2
+
+
+def test_slices_reuse_the_first_slices_sequoia_acceptance_and_merge_refuses_mixed_vectors(tmp_path) -> None:
+    common = ["--pair", "tiny", "--methods", "sequoia", "--budgets", "8", "--temperatures", "1.0",
+              "--datasets", "wiki", "--new-tokens", "6", "--calib-prompts", "1"]
+    first, second, other = (tmp_path / f"{n}.json" for n in ("first", "second", "other"))
+    assert main(common + ["--prompts", "1", "--json", str(first)]) == 0
+    vec = json.loads(first.read_text())["sequoia_acceptance"]["1.0"]
+    assert len(vec) > 1 and all(0.0 <= a <= 1.0 for a in vec)
+    assert main(common + ["--prompts", "1", "--prompt-start", "1", "--sequoia-acceptance-from", str(first),
+                          "--json", str(second)]) == 0
+    assert json.loads(second.read_text())["sequoia_acceptance"]["1.0"] == vec
+    fresh = tmp_path / "fresh.json"  # the same slice calibrating on its own grows the same trees
+    assert main(common + ["--prompts", "1", "--prompt-start", "1", "--json", str(fresh)]) == 0
+    assert json.loads(fresh.read_text())["prompt_records"] == json.loads(second.read_text())["prompt_records"]
+    assert main(["--merge", str(first), str(second)]) == 0
+    # a calibration on other prompts is refused as a source, and a slice grown from it cannot be pooled
+    assert main(common[:-1] + ["2", "--prompts", "1", "--sequoia-acceptance-from", str(first)]) == 2
+    forged = json.loads(second.read_text())
+    forged["sequoia_acceptance"]["1.0"] = [a * 0.5 for a in vec]
+    other.write_text(json.dumps(forged))
+    assert main(["--merge", str(first), str(other)]) == 2

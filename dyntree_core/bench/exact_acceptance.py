@@ -155,6 +155,14 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
     if len(precisions) > 1:
         print(f"refusing to pool runs at different precisions: {sorted(precisions)}", file=sys.stderr)
         return 2
+    vectors: dict[str, tuple[str, list[float]]] = {}
+    for path in paths:
+        for t, v in (json.loads(path.read_text()).get("sequoia_acceptance") or {}).items():
+            first = vectors.setdefault(t, (path.name, v))
+            if len(first[1]) != len(v) or any(abs(a - b) > 1e-9 for a, b in zip(first[1], v)):
+                print(f"refusing to pool Sequoia trees grown from different acceptance vectors at T={t} "
+                      f"({first[0]} vs {path.name}); rerun with --sequoia-acceptance-from", file=sys.stderr)
+                return 2
     cells = pooled_cells(records)
     record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
               "cells": [c.summary() for c in cells], "prompt_records": records}
@@ -164,6 +172,23 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
         out.write_text(json.dumps(record, indent=1))
         print(f"wrote {out}")
     return 0
+
+
+def reused_sequoia_acceptance(path: Path, calibration: dict) -> dict[float, tuple[float, ...]]:
+    """The Sequoia acceptance vectors (per temperature) recorded by an earlier run, provided it
+    calibrated on the same pair, precisions and calibration prompts as ``calibration`` describes.
+    Raises ValueError with the reason otherwise."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read Sequoia acceptance from {path}: {e}") from e
+    if not d.get("sequoia_acceptance"):
+        raise ValueError(f"{path} records no Sequoia acceptance vector (its run had no sequoia cell, or predates them)")
+    theirs = d.get("sequoia_calibration") or {}
+    differ = sorted(k for k in calibration if theirs.get(k) != calibration[k])
+    if differ:
+        raise ValueError(f"{path} calibrated Sequoia differently ({', '.join(f'{k}: {theirs.get(k)!r} vs {calibration[k]!r}' for k in differ)})")
+    return {float(t): tuple(float(a) for a in v) for t, v in d["sequoia_acceptance"].items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="float32", help="target precision (float32 bfloat16 int8 int4)")
     p.add_argument("--draft-precision", default=None, help="draft precision (default: the target's)")
     p.add_argument("--calib-prompts", type=int, default=4, help="calibration prompts per dataset for Sequoia's acceptance vector")
+    p.add_argument("--sequoia-acceptance-from", type=Path, default=None,
+                   help="reuse the Sequoia acceptance vectors recorded in this earlier run's JSON (same pair, "
+                        "precisions and calibration prompts) instead of calibrating again; slices of one sweep "
+                        "then grow the very same Sequoia trees")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
@@ -229,7 +258,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                for ds in args.datasets}
     calib = [_encode(pair.tokenizer, p.text, 256) for ds in args.datasets
              for p in load_prompts(ds, args.calib_prompts, split="calib")]
+    calibration = {"pair": args.pair, "precision": args.precision,
+                   "draft_precision": args.draft_precision or args.precision,
+                   "datasets": list(args.datasets), "calib_prompts": args.calib_prompts}
     sequoia_acc: dict[float, tuple[float, ...]] = {}
+    if args.sequoia_acceptance_from:
+        try:
+            sequoia_acc = reused_sequoia_acceptance(args.sequoia_acceptance_from, calibration)
+        except ValueError as e:
+            print(str(e), file=sys.stderr)
+            return 2
     cells: list[Cell] = []
     record = {"bench": "exact-acceptance", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None else argv,
               "machine_info": machine_info().to_dict(), "pair": args.pair, "precision": args.precision,
@@ -240,6 +278,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         record["prompt_records"] = [r for c in cells for r in c.records()]
         record["cells"] = [c.summary() for c in pooled_cells(record["prompt_records"])]
         record["seconds"] = time.time() - started
+        record["sequoia_calibration"] = calibration
+        record["sequoia_acceptance"] = {str(t): list(v) for t, v in sorted(sequoia_acc.items())}
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(record, indent=1))
