@@ -96,3 +96,27 @@ def test_slices_reuse_the_first_slices_sequoia_acceptance_and_merge_refuses_mixe
     forged["sequoia_acceptance"]["1.0"] = [a * 0.5 for a in vec]
     other.write_text(json.dumps(forged))
     assert main(["--merge", str(first), str(other)]) == 2
+
+
+def test_depth_profile_accounts_for_every_node_and_the_whole_expectation(tmp_path) -> None:
+    out = tmp_path / "profile.json"
+    assert main(["--pair", "tiny", "--methods", "dyspec_greedy", "specinfer", "--budgets", "8", "--temperatures", "0",
+                 "1.0", "--datasets", "wiki", "--prompts", "2", "--new-tokens", "8", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    for r in rec["prompt_records"]:
+        assert len(r["depth_nodes"]) == len(r["depth_accepted"]) == r["steps"] > 0
+        decode = r["decode_verifier"]
+        for nodes, acc, size, exp in zip(r["depth_nodes"], r["depth_accepted"], r["tree_sizes"], r["expected"][decode]):
+            assert sum(nodes) == size - 1 and all(n > 0 for n in nodes)  # every depth up to the deepest is used
+            assert sum(acc) == pytest.approx(exp, abs=1e-12)
+            # P(on path) cannot grow with depth: a node is on the path only if its parent is
+            assert all(a >= b - 1e-12 for a, b in zip(acc, acc[1:]))
+    for c in rec["cells"]:
+        prof = c["depth_profile"]
+        assert sum(prof["accepted"]) == pytest.approx(c["expected_accepted"][c["decode_verifier"]]["mean"], abs=1e-12)
+        sizes = [sum(r["tree_sizes"]) / r["steps"] - 1 for r in rec["prompt_records"]
+                 if (r["method"], r["temperature"]) == (c["method"], c["temperature"])]
+        assert sum(prof["nodes"]) == pytest.approx(sum(sizes) / len(sizes), abs=1e-9)
+    merged = tmp_path / "merged.json"
+    assert main(["--merge", str(out), "--json", str(merged)]) == 0
+    assert [c["depth_profile"] for c in json.loads(merged.read_text())["cells"]] == [c["depth_profile"] for c in rec["cells"]]

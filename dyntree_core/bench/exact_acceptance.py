@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from ..config import METHODS, TOPK_METHODS, DecodeConfig, default_threshold
 
 SAMPLED_VERIFIERS: tuple[str, ...] = ("token_level", "traversal", "point_mass")
@@ -63,6 +65,11 @@ class PromptRecord:
     tree_sizes: list[int] = field(default_factory=list)
     realised: list[int] = field(default_factory=list)  # accepted draft tokens the decode's verifier drew
     expected: dict[str, list[float]] = field(default_factory=dict)  # verifier -> per-step expectation
+    # per step, index d-1 for depth d: the tree's nodes at that depth, and the decode verifier's
+    # expected accepted tokens at that depth (sum of P(on path)); where a budget's nodes go and
+    # which of them pay
+    depth_nodes: list[list[int]] = field(default_factory=list)
+    depth_accepted: list[list[float]] = field(default_factory=list)
 
     def mean(self, verifier: str) -> float:
         return statistics.fmean(self.expected[verifier])
@@ -72,12 +79,35 @@ class PromptRecord:
 
     def to_dict(self) -> dict:
         return {"dataset": self.dataset, "prompt_id": self.prompt_id, "steps": self.steps,
-                "tree_sizes": self.tree_sizes, "realised": self.realised, "expected": self.expected}
+                "tree_sizes": self.tree_sizes, "realised": self.realised, "expected": self.expected,
+                "depth_nodes": self.depth_nodes, "depth_accepted": self.depth_accepted}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PromptRecord":
         return cls(d["dataset"], d["prompt_id"], int(d["steps"]), list(d["tree_sizes"]), list(d["realised"]),
-                   {k: list(v) for k, v in d["expected"].items()})
+                   {k: list(v) for k, v in d["expected"].items()},
+                   [list(x) for x in d.get("depth_nodes", ())], [list(x) for x in d.get("depth_accepted", ())])
+
+    def observe_depths(self, depth: "np.ndarray", on_path: "np.ndarray") -> None:
+        """Record one step's depth profile: ``depth`` / ``on_path`` ``[N]`` per node (root first)."""
+        top = int(depth.max()) if depth.size else 0
+        self.depth_nodes.append([int((depth == d).sum()) for d in range(1, top + 1)])
+        self.depth_accepted.append([float(on_path[depth == d].sum()) for d in range(1, top + 1)])
+
+
+def depth_profile(prompts: list[PromptRecord]) -> Optional[dict]:
+    """Nodes and expected accepted tokens per step at each depth, averaged per prompt and then
+    over prompts (as ``expected_accepted`` is, so the accepted column sums to its mean); None
+    unless every step has a profile (runs recorded before profiles existed)."""
+    if not prompts or any(len(p.depth_nodes) != p.steps or not p.steps for p in prompts):
+        return None
+    top = max(len(r) for p in prompts for r in p.depth_nodes)
+
+    def mean(rows: list[list[float]]) -> list[float]:
+        return [statistics.fmean(r[d] if d < len(r) else 0.0 for r in rows) for d in range(top)]
+
+    return {"nodes": mean([mean(p.depth_nodes) for p in prompts]),
+            "accepted": mean([mean(p.depth_accepted) for p in prompts])}
 
 
 @dataclass
@@ -109,6 +139,9 @@ class Cell:
         for v in names:
             m, h = t_interval([p.mean(v) for p in done])
             out["expected_accepted"][v] = {"mean": m, "ci95": h}
+        profile = depth_profile(done)
+        if profile:
+            out["depth_profile"] = profile
         if {"traversal", "token_level"} <= set(names):
             m, h = t_interval([p.paired("traversal", "token_level") for p in done])
             base = out["expected_accepted"]["token_level"]["mean"]
@@ -308,7 +341,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 rec.tree_sizes.append(tree.size)
                 rec.realised.append(len(result.path) - 1)
                 for v in verifiers_for(tree.sampled, temp):
-                    rec.expected.setdefault(v, []).append(expected_acceptance(tree, target_probs, v).accepted)
+                    exp = expected_acceptance(tree, target_probs, v)
+                    rec.expected.setdefault(v, []).append(exp.accepted)
+                    if v == cell.decode_verifier:
+                        rec.observe_depths(tree.depth.cpu().numpy(), exp.on_path)
 
             decoder = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos, on_verify=observe)
             for i, (pid, ids) in enumerate(prompts[ds]):
@@ -346,6 +382,19 @@ def print_table(record: dict, out=None) -> None:
         diff = "—" if d is None else f"{d['mean']:+.4f} ± {d['ci95']:.4f} ({100 * d['relative']:+.2f}% ± {100 * d['ci95_relative']:.2f}%)"
         print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | {c['prompts']} | {c['steps']} "
               f"| {c['mean_tree_size']:.1f} | {c['decode_verifier']} | " + " | ".join(vals) + f" | {diff} |", file=out)
+    profiled = [c for c in record["cells"] if c.get("depth_profile")]
+    if profiled:
+        top = max(len(c["depth_profile"]["nodes"]) for c in profiled)
+        print("\nwhere the nodes go: mean nodes / expected accepted tokens (decode's verifier) per step at each depth",
+              file=out)
+        print("| T | method | budget | dataset | " + " | ".join(f"d{d}" for d in range(1, top + 1)) + " |", file=out)
+        print("|---" * (4 + top) + "|", file=out)
+        for c in profiled:
+            prof = c["depth_profile"]
+            cols = [f"{n:.1f} / {a:.2f}" for n, a in zip(prof["nodes"], prof["accepted"])]
+            cols += ["—"] * (top - len(cols))
+            print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | " + " | ".join(cols) + " |",
+                  file=out)
 
 
 if __name__ == "__main__":
