@@ -48,7 +48,33 @@ def test_markdown_table_shows_the_numbers_and_marks_short_rows(tmp_path, capsys,
     second.write_text(json.dumps({"summary": [dict(summary[1], prompts=20, tokens_per_step=3.5)]}))
     for order in ([first, second], [second, first]):
         assert main([str(p) for p in order]) == 0
-        assert "| sequoia | 3.50 · 296 |" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "| sequoia | 3.50 · 296 (no AR in its run) [1] |" in out
+        assert "[1] measured in a separate run, `latency_b.json`." in out
     monkeypatch.chdir(tmp_path)  # no bench/results here: a clear refusal
     assert main([]) == 1
     assert "no bench/results/latency_" in capsys.readouterr().err
+
+
+def test_each_cell_is_compared_with_the_plain_decoding_of_its_own_run(tmp_path):
+    def row(ds, t, m, ms, prompts=20, tps=1.0):
+        return {"dataset": ds, "temperature": t, "method": m, "prompts": prompts, "tokens_per_step": tps,
+                "median_seconds_per_token": ms / 1e3}
+
+    main_run = tmp_path / "latency_main.json"
+    main_run.write_text(json.dumps({"summary": [row("wiki", 0.0, "autoregressive", 200), row("wiki", 0.0, "chain", 300, tps=2.5),
+                                                row("wiki", 0.0, "sequoia", 250, tps=3.5)]}))
+    later = tmp_path / "latency_later.json"  # another machine: faster AR, more prompts, one new method
+    later.write_text(json.dumps({"machine_info": {"cpu_model": "Some CPU", "cpu_class": "amx"},
+                                 "summary": [row("wiki", 0.0, "autoregressive", 160, prompts=40),
+                                             row("wiki", 0.0, "suffix", 128, tps=1.3)]}))
+    for order in ([main_run, later], [later, main_run]):
+        rows = load_rows(order)
+        # the column's AR is the main run's (it supplies most of the column), not the one with more prompts
+        assert rows[("wiki", 0.0, "autoregressive")]["source"] == "latency_main.json"
+        assert rows[("wiki", 0.0, "suffix")]["own_ar_ms"] == 160
+        text = markdown(rows)
+        assert "| autoregressive | 1.00 · 200 |" in text and "| sequoia | 3.50 · 250 |" in text
+        assert "| suffix | 1.30 · 128 (1.25x its own AR) [1] |" in text
+        assert ("[1] measured in a separate run, `latency_later.json` on Some CPU (amx); its own plain decoding, "
+                "ms/token: wiki T=0 160.") in text

@@ -7,6 +7,11 @@ table: rows are methods, one column per dataset and temperature, each cell
 Where several files hold the same (dataset, temperature, method), the row with the most prompts
 is kept (the later file on a tie), so a run that completes a row of an interrupted one replaces
 it. Rows with fewer prompts than the others of their column are marked with the count.
+
+A column's plain-decoding row comes from the run that supplies most of that column's other rows.
+A cell measured in another run (another day, maybe another machine) is compared with *that*
+run's own plain decoding: it carries its speedup over it and a footnote naming the run and its CPU,
+so no cell is silently divided by a baseline it was not measured beside.
 """
 
 from __future__ import annotations
@@ -19,19 +24,45 @@ from pathlib import Path
 from ..config import METHODS
 from ..prompts import DATASETS
 
+AR = "autoregressive"
 
-def load_rows(paths: list[Path]) -> dict[tuple[str, float, str], dict]:
-    rows: dict[tuple[str, float, str], dict] = {}
+Key = tuple[str, float, str]  # (dataset, temperature, method)
+
+
+def load_rows(paths: list[Path]) -> dict[Key, dict]:
+    """The row kept for each (dataset, temperature, method); each carries ``source`` (its file's
+    name), ``cpu`` (the CPU that file records, or None) and ``own_ar_ms`` (plain decoding's median
+    ms/token in the same file and column, or None)."""
+    runs: list[tuple[str, dict[Key, dict], str | None]] = []
     for path in paths:
         data = json.loads(path.read_text())
-        for s in data["summary"]:
-            key = (s["dataset"], float(s["temperature"]), s["method"])
+        info = data.get("machine_info") or {}
+        cpu = " ".join(x for x in (info.get("cpu_model"), f"({info['cpu_class']})" if info.get("cpu_class") else None) if x)
+        runs.append((path.name, {(s["dataset"], float(s["temperature"]), s["method"]): s for s in data["summary"]},
+                     cpu or None))
+    rows: dict[Key, dict] = {}
+    for name, summary, cpu in runs:
+        for key, s in summary.items():
+            if key[2] == AR:
+                continue
             if key not in rows or s["prompts"] >= rows[key]["prompts"]:
-                rows[key] = dict(s, source=path.name)
+                ar = summary.get((key[0], key[1], AR))
+                rows[key] = dict(s, source=name, cpu=cpu,
+                                 own_ar_ms=ar["median_seconds_per_token"] * 1e3 if ar else None)
+    for i, (name, summary, cpu) in enumerate(runs):
+        for key, s in summary.items():
+            if key[2] != AR:
+                continue
+            supplied = sum(1 for k, r in rows.items() if k[:2] == key[:2] and k[2] != AR and r["source"] == name)
+            rank = (supplied, s["prompts"], i)
+            if key not in rows or rank >= rows[key]["_rank"]:
+                rows[key] = dict(s, source=name, cpu=cpu, own_ar_ms=s["median_seconds_per_token"] * 1e3, _rank=rank)
+    for r in rows.values():
+        r.pop("_rank", None)
     return rows
 
 
-def markdown(rows: dict[tuple[str, float, str], dict]) -> str:
+def markdown(rows: dict[Key, dict]) -> str:
     columns = sorted({(d, t) for d, t, _ in rows},
                      key=lambda c: (DATASETS.index(c[0]) if c[0] in DATASETS else len(DATASETS), c[0], c[1]))
     methods = sorted({m for _, _, m in rows}, key=lambda m: METHODS.index(m) if m in METHODS else len(METHODS))
@@ -39,6 +70,7 @@ def markdown(rows: dict[tuple[str, float, str], dict]) -> str:
     sep = "|---|" + "---|" * len(columns)
     lines = [head, sep]
     full = {c: max((r["prompts"] for (d, t, _), r in rows.items() if (d, t) == c), default=0) for c in columns}
+    notes: dict[str, int] = {}  # source file -> footnote number
     for m in methods:
         cells = []
         for c in columns:
@@ -47,8 +79,24 @@ def markdown(rows: dict[tuple[str, float, str], dict]) -> str:
                 cells.append("—")
                 continue
             short = f" ({r['prompts']}/{full[c]} prompts)" if r["prompts"] < full[c] else ""
-            cells.append(f"{r['tokens_per_step']:.2f} · {r['median_seconds_per_token'] * 1e3:.0f}{short}")
+            cell = f"{r['tokens_per_step']:.2f} · {r['median_seconds_per_token'] * 1e3:.0f}{short}"
+            ar = rows.get((c[0], c[1], AR))
+            if m != AR and ar is not None and r["source"] != ar["source"]:
+                n = notes.setdefault(r["source"], len(notes) + 1)
+                own = (f"{r['own_ar_ms'] / (r['median_seconds_per_token'] * 1e3):.2f}x its own AR"
+                       if r["own_ar_ms"] else "no AR in its run")
+                cell += f" ({own}) [{n}]"
+            cells.append(cell)
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    if notes:
+        lines.append("")
+        for source, n in notes.items():
+            cpu = next((r["cpu"] for r in rows.values() if r["source"] == source and r["cpu"]), None)
+            own = [f"{d} T={t:g} {r['own_ar_ms']:.0f}" for (d, t), r in
+                   ((c, next((x for k, x in rows.items() if k[:2] == c and x["source"] == source and x["own_ar_ms"]), None))
+                    for c in columns) if r]
+            lines.append(f"[{n}] measured in a separate run, `{source}`" + (f" on {cpu}" if cpu else "")
+                         + (f"; its own plain decoding, ms/token: {', '.join(own)}" if own else "") + ".")
     return "\n".join(lines)
 
 
