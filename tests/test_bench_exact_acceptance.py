@@ -106,8 +106,11 @@ def test_depth_profile_accounts_for_every_node_and_the_whole_expectation(tmp_pat
     for r in rec["prompt_records"]:
         assert len(r["depth_nodes"]) == len(r["depth_accepted"]) == r["steps"] > 0
         decode = r["decode_verifier"]
-        for nodes, acc, size, exp in zip(r["depth_nodes"], r["depth_accepted"], r["tree_sizes"], r["expected"][decode]):
+        assert len(r["depth_forecast"]) == r["steps"]
+        for nodes, acc, fc, size, exp in zip(r["depth_nodes"], r["depth_accepted"], r["depth_forecast"], r["tree_sizes"],
+                                             r["expected"][decode]):
             assert sum(nodes) == size - 1 and all(n > 0 for n in nodes)  # every depth up to the deepest is used
+            assert len(fc) == len(nodes) and all(0.0 < f <= n + 1e-9 for f, n in zip(fc, nodes))
             assert sum(acc) == pytest.approx(exp, abs=1e-12)
             # P(on path) cannot grow with depth: a node is on the path only if its parent is
             assert all(a >= b - 1e-12 for a, b in zip(acc, acc[1:]))
@@ -117,6 +120,7 @@ def test_depth_profile_accounts_for_every_node_and_the_whole_expectation(tmp_pat
         sizes = [sum(r["tree_sizes"]) / r["steps"] - 1 for r in rec["prompt_records"]
                  if (r["method"], r["temperature"]) == (c["method"], c["temperature"])]
         assert sum(prof["nodes"]) == pytest.approx(sum(sizes) / len(sizes), abs=1e-9)
+        assert len(prof["forecast"]) == len(prof["nodes"])
     merged = tmp_path / "merged.json"
     assert main(["--merge", str(out), "--json", str(merged)]) == 0
     assert [c["depth_profile"] for c in json.loads(merged.read_text())["cells"]] == [c["depth_profile"] for c in rec["cells"]]

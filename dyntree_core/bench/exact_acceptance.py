@@ -65,11 +65,13 @@ class PromptRecord:
     tree_sizes: list[int] = field(default_factory=list)
     realised: list[int] = field(default_factory=list)  # accepted draft tokens the decode's verifier drew
     expected: dict[str, list[float]] = field(default_factory=dict)  # verifier -> per-step expectation
-    # per step, index d-1 for depth d: the tree's nodes at that depth, and the decode verifier's
-    # expected accepted tokens at that depth (sum of P(on path)); where a budget's nodes go and
-    # which of them pay
+    # per step, index d-1 for depth d: the tree's nodes at that depth, the decode verifier's
+    # expected accepted tokens at that depth (sum of P(on path)), and the drafter's own forecast of
+    # them (sum of its node values: DySpec's draft path probabilities, Sequoia's DP scores); where a
+    # budget's nodes go, which of them pay, and how far the drafter's estimate was from it
     depth_nodes: list[list[int]] = field(default_factory=list)
     depth_accepted: list[list[float]] = field(default_factory=list)
+    depth_forecast: list[list[float]] = field(default_factory=list)
 
     def mean(self, verifier: str) -> float:
         return statistics.fmean(self.expected[verifier])
@@ -80,19 +82,24 @@ class PromptRecord:
     def to_dict(self) -> dict:
         return {"dataset": self.dataset, "prompt_id": self.prompt_id, "steps": self.steps,
                 "tree_sizes": self.tree_sizes, "realised": self.realised, "expected": self.expected,
-                "depth_nodes": self.depth_nodes, "depth_accepted": self.depth_accepted}
+                "depth_nodes": self.depth_nodes, "depth_accepted": self.depth_accepted,
+                "depth_forecast": self.depth_forecast}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PromptRecord":
         return cls(d["dataset"], d["prompt_id"], int(d["steps"]), list(d["tree_sizes"]), list(d["realised"]),
                    {k: list(v) for k, v in d["expected"].items()},
-                   [list(x) for x in d.get("depth_nodes", ())], [list(x) for x in d.get("depth_accepted", ())])
+                   [list(x) for x in d.get("depth_nodes", ())], [list(x) for x in d.get("depth_accepted", ())],
+                   [list(x) for x in d.get("depth_forecast", ())])
 
-    def observe_depths(self, depth: "np.ndarray", on_path: "np.ndarray") -> None:
-        """Record one step's depth profile: ``depth`` / ``on_path`` ``[N]`` per node (root first)."""
+    def observe_depths(self, depth: np.ndarray, on_path: np.ndarray, value: Optional[np.ndarray]) -> None:
+        """Record one step's depth profile: ``depth`` / ``on_path`` / ``value`` ``[N]`` per node
+        (root first); ``value`` None when the drafter records no node values."""
         top = int(depth.max()) if depth.size else 0
         self.depth_nodes.append([int((depth == d).sum()) for d in range(1, top + 1)])
         self.depth_accepted.append([float(on_path[depth == d].sum()) for d in range(1, top + 1)])
+        if value is not None:
+            self.depth_forecast.append([float(value[depth == d].sum()) for d in range(1, top + 1)])
 
 
 def depth_profile(prompts: list[PromptRecord]) -> Optional[dict]:
@@ -106,8 +113,11 @@ def depth_profile(prompts: list[PromptRecord]) -> Optional[dict]:
     def mean(rows: list[list[float]]) -> list[float]:
         return [statistics.fmean(r[d] if d < len(r) else 0.0 for r in rows) for d in range(top)]
 
-    return {"nodes": mean([mean(p.depth_nodes) for p in prompts]),
-            "accepted": mean([mean(p.depth_accepted) for p in prompts])}
+    out = {"nodes": mean([mean(p.depth_nodes) for p in prompts]),
+           "accepted": mean([mean(p.depth_accepted) for p in prompts])}
+    if all(len(p.depth_forecast) == p.steps for p in prompts):
+        out["forecast"] = mean([mean(p.depth_forecast) for p in prompts])
+    return out
 
 
 @dataclass
@@ -344,7 +354,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     exp = expected_acceptance(tree, target_probs, v)
                     rec.expected.setdefault(v, []).append(exp.accepted)
                     if v == cell.decode_verifier:
-                        rec.observe_depths(tree.depth.cpu().numpy(), exp.on_path)
+                        rec.observe_depths(tree.depth.cpu().numpy(), exp.on_path,
+                                           None if tree.value is None else tree.value.cpu().numpy())
 
             decoder = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos, on_verify=observe)
             for i, (pid, ids) in enumerate(prompts[ds]):
@@ -385,13 +396,15 @@ def print_table(record: dict, out=None) -> None:
     profiled = [c for c in record["cells"] if c.get("depth_profile")]
     if profiled:
         top = max(len(c["depth_profile"]["nodes"]) for c in profiled)
-        print("\nwhere the nodes go: mean nodes / expected accepted tokens (decode's verifier) per step at each depth",
-              file=out)
+        print("\nwhere the nodes go, per step at each depth: mean nodes / expected accepted tokens (decode's verifier)"
+              " / the drafter's own forecast of them (sum of its node values)", file=out)
         print("| T | method | budget | dataset | " + " | ".join(f"d{d}" for d in range(1, top + 1)) + " |", file=out)
         print("|---" * (4 + top) + "|", file=out)
         for c in profiled:
             prof = c["depth_profile"]
-            cols = [f"{n:.1f} / {a:.2f}" for n, a in zip(prof["nodes"], prof["accepted"])]
+            forecast = prof.get("forecast") or [None] * len(prof["nodes"])
+            cols = [f"{n:.1f} / {a:.2f}" + ("" if f is None else f" / {f:.2f}")
+                    for n, a, f in zip(prof["nodes"], prof["accepted"], forecast)]
             cols += ["—"] * (top - len(cols))
             print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | " + " | ".join(cols) + " |",
                   file=out)
