@@ -124,3 +124,13 @@ def test_depth_profile_accounts_for_every_node_and_the_whole_expectation(tmp_pat
     merged = tmp_path / "merged.json"
     assert main(["--merge", str(out), "--json", str(merged)]) == 0
     assert [c["depth_profile"] for c in json.loads(merged.read_text())["cells"]] == [c["depth_profile"] for c in rec["cells"]]
+    # pooled with a run recorded before profiles existed: the profile covers the prompts that have one
+    old = tmp_path / "old.json"
+    older = dict(rec, prompt_records=[{k: v for k, v in dict(r, prompt_id=r["prompt_id"] + "-old").items()
+                                       if not k.startswith("depth_")} for r in rec["prompt_records"]])
+    old.write_text(json.dumps(older))
+    assert main(["--merge", str(out), str(old), "--json", str(merged)]) == 0
+    cells = {(c["method"], c["temperature"]): c for c in json.loads(merged.read_text())["cells"]}
+    for c in rec["cells"]:
+        pooled = cells[(c["method"], c["temperature"])]
+        assert pooled["prompts"] == 2 * c["prompts"] and pooled["depth_profile"] == dict(c["depth_profile"])

@@ -103,20 +103,25 @@ class PromptRecord:
 
 
 def depth_profile(prompts: list[PromptRecord]) -> Optional[dict]:
-    """Nodes and expected accepted tokens per step at each depth, averaged per prompt and then
-    over prompts (as ``expected_accepted`` is, so the accepted column sums to its mean); None
-    unless every step has a profile (runs recorded before profiles existed)."""
-    if not prompts or any(len(p.depth_nodes) != p.steps or not p.steps for p in prompts):
+    """Nodes, expected accepted tokens and the drafter's forecast per step at each depth, averaged
+    per prompt and then over prompts (as ``expected_accepted`` is, so over all prompts the accepted
+    column sums to its mean). Runs recorded before profiles (or forecasts) existed may be pooled
+    with newer ones: the profile then covers the prompts that have the most of it, and says how
+    many (``prompts``). None when no prompt has one."""
+    profiled = [p for p in prompts if p.steps and len(p.depth_nodes) == p.steps]
+    forecast = [p for p in profiled if len(p.depth_forecast) == p.steps]
+    use = forecast or profiled
+    if not use:
         return None
-    top = max(len(r) for p in prompts for r in p.depth_nodes)
+    top = max(len(r) for p in use for r in p.depth_nodes)
 
     def mean(rows: list[list[float]]) -> list[float]:
         return [statistics.fmean(r[d] if d < len(r) else 0.0 for r in rows) for d in range(top)]
 
-    out = {"nodes": mean([mean(p.depth_nodes) for p in prompts]),
-           "accepted": mean([mean(p.depth_accepted) for p in prompts])}
-    if all(len(p.depth_forecast) == p.steps for p in prompts):
-        out["forecast"] = mean([mean(p.depth_forecast) for p in prompts])
+    out = {"prompts": len(use), "nodes": mean([mean(p.depth_nodes) for p in use]),
+           "accepted": mean([mean(p.depth_accepted) for p in use])}
+    if forecast:
+        out["forecast"] = mean([mean(p.depth_forecast) for p in use])
     return out
 
 
@@ -398,16 +403,17 @@ def print_table(record: dict, out=None) -> None:
         top = max(len(c["depth_profile"]["nodes"]) for c in profiled)
         print("\nwhere the nodes go, per step at each depth: mean nodes / expected accepted tokens (decode's verifier)"
               " / the drafter's own forecast of them (sum of its node values)", file=out)
-        print("| T | method | budget | dataset | " + " | ".join(f"d{d}" for d in range(1, top + 1)) + " |", file=out)
-        print("|---" * (4 + top) + "|", file=out)
+        print("| T | method | budget | dataset | prompts | " + " | ".join(f"d{d}" for d in range(1, top + 1)) + " |",
+              file=out)
+        print("|---" * (5 + top) + "|", file=out)
         for c in profiled:
             prof = c["depth_profile"]
             forecast = prof.get("forecast") or [None] * len(prof["nodes"])
             cols = [f"{n:.1f} / {a:.2f}" + ("" if f is None else f" / {f:.2f}")
                     for n, a, f in zip(prof["nodes"], prof["accepted"], forecast)]
             cols += ["—"] * (top - len(cols))
-            print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | " + " | ".join(cols) + " |",
-                  file=out)
+            print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | {prof['prompts']} | "
+                  + " | ".join(cols) + " |", file=out)
 
 
 if __name__ == "__main__":
