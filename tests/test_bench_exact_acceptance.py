@@ -134,3 +134,41 @@ def test_depth_profile_accounts_for_every_node_and_the_whole_expectation(tmp_pat
     for c in rec["cells"]:
         pooled = cells[(c["method"], c["temperature"])]
         assert pooled["prompts"] == 2 * c["prompts"] and pooled["depth_profile"] == dict(c["depth_profile"])
+
+
+def test_methods_are_compared_paired_by_prompt(tmp_path) -> None:
+    import statistics
+
+    out = tmp_path / "pairs.json"
+    assert main(["--pair", "tiny", "--methods", "specinfer", "dyspec_greedy", "dynatree", "--budgets", "8",
+                 "--temperatures", "1.0", "--datasets", "wiki", "news", "--prompts", "2", "--new-tokens", "8",
+                 "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    diffs = {(d["dataset"], d["a"], d["b"]): d for d in rec["method_differences"]}
+    assert {k[0] for k in diffs} == {"wiki", "news", "news+wiki"} and len(diffs) == 9
+    per_prompt = {(r["dataset"], r["prompt_id"], r["method"]): statistics.fmean(r["expected"][r["decode_verifier"]])
+                  for r in rec["prompt_records"]}
+    d = diffs[("news+wiki", "dyspec_greedy", "specinfer")]
+    assert d["prompts"] == 4 and (d["a_verifier"], d["b_verifier"]) == ("token_level", "token_level")
+    want = [per_prompt[(ds, pid, "dyspec_greedy")] - per_prompt[(ds, pid, "specinfer")]
+            for (ds, pid, m) in per_prompt if m == "specinfer"]
+    assert d["mean"] == pytest.approx(statistics.fmean(want), abs=1e-12) and d["ci95"] > 0
+    # a top-k tree is scored under point-mass, the verifier its decode followed
+    assert diffs[("wiki", "dynatree", "dyspec_greedy")]["a_verifier"] == "point_mass"
+    merged = tmp_path / "merged.json"
+    assert main(["--merge", str(out), "--json", str(merged)]) == 0
+    assert json.loads(merged.read_text())["method_differences"] == rec["method_differences"]
+
+
+def test_budget_gains_pair_each_budget_with_the_next_smaller_on_the_same_prompts(tmp_path) -> None:
+    import statistics
+
+    out = tmp_path / "gains.json"
+    assert main(["--pair", "tiny", "--methods", "dyspec_greedy", "--budgets", "4", "16", "8", "--temperatures", "1.0",
+                 "--datasets", "wiki", "--prompts", "2", "--new-tokens", "8", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert [(g["from_budget"], g["budget"]) for g in rec["budget_gains"]] == [(4, 8), (8, 16)]
+    mean = {(r["budget"], r["prompt_id"]): statistics.fmean(r["expected"]["token_level"]) for r in rec["prompt_records"]}
+    g = rec["budget_gains"][1]
+    want = statistics.fmean(mean[(16, p)] - mean[(8, p)] for (b, p) in mean if b == 16)
+    assert g["prompts"] == 2 and g["mean"] == pytest.approx(want, abs=1e-12)

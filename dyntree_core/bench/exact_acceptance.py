@@ -187,6 +187,53 @@ def pooled_cells(records: list[dict]) -> list[Cell]:
     return cells
 
 
+def _paired(a: Cell, b: Cell) -> Optional[dict]:
+    """``a − b`` over their common prompts (each under its decode's verifier), mean ± 95% t-interval."""
+    mine = {(p.dataset, p.prompt_id): p for p in a.prompts if p.steps}
+    theirs = {(p.dataset, p.prompt_id): p for p in b.prompts if p.steps}
+    common = sorted(set(mine) & set(theirs))
+    if not common:
+        return None
+    m, h = t_interval([mine[k].mean(a.decode_verifier) - theirs[k].mean(b.decode_verifier) for k in common])
+    return {"temperature": a.temperature, "dataset": a.dataset, "a_verifier": a.decode_verifier,
+            "b_verifier": b.decode_verifier, "prompts": len(common), "mean": m, "ci95": h}
+
+
+def method_differences(cells: list[Cell]) -> list[dict]:
+    """Paired by prompt: for every two methods measured at the same temperature, budget and
+    dataset, the mean over their common prompts of the difference of their expected accepted
+    tokens per step, each under the verifier its decode followed, with a 95% t-interval. The two
+    decodes took different paths from the same prompt, so the pairing removes the prompt's own
+    difficulty, not the path's."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.temperature, c.budget, c.dataset), []).append(c)
+    out = []
+    for (_, budget, _), cs in groups.items():
+        for i, a in enumerate(cs):
+            for b in cs[i + 1:]:
+                d = _paired(a, b)
+                if d:
+                    out.append(dict(d, budget=budget, a=a.method, b=b.method))
+    return out
+
+
+def budget_gains(cells: list[Cell]) -> list[dict]:
+    """Paired by prompt, per method, temperature and dataset: what each budget adds over the next
+    smaller one measured (``larger − smaller``), as ``method_differences`` pairs methods."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.temperature, c.method, c.dataset, c.decode_verifier), []).append(c)
+    out = []
+    for (_, method, _, _), cs in groups.items():
+        cs = sorted(cs, key=lambda c: c.budget)
+        for small, large in zip(cs, cs[1:]):
+            d = _paired(large, small)
+            if d:
+                out.append(dict(d, method=method, budget=large.budget, from_budget=small.budget))
+    return out
+
+
 def merge(paths: list[Path], out: Optional[Path]) -> int:
     """Pool the per-prompt records of several runs (e.g. disjoint ``--prompt-start`` slices run in
     different sessions) and print / write the combined table."""
@@ -213,7 +260,9 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
                 return 2
     cells = pooled_cells(records)
     record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
-              "cells": [c.summary() for c in cells], "prompt_records": records}
+              "cells": [c.summary() for c in cells], "method_differences": method_differences(cells),
+              "budget_gains": budget_gains(cells),
+              "prompt_records": records}
     print_table(record, sys.stdout)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -324,7 +373,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     def save() -> None:
         record["prompt_records"] = [r for c in cells for r in c.records()]
-        record["cells"] = [c.summary() for c in pooled_cells(record["prompt_records"])]
+        pooled = pooled_cells(record["prompt_records"])
+        record["cells"] = [c.summary() for c in pooled]
+        record["method_differences"] = method_differences(pooled)
+        record["budget_gains"] = budget_gains(pooled)
         record["seconds"] = time.time() - started
         record["sequoia_calibration"] = calibration
         record["sequoia_acceptance"] = {str(t): list(v) for t, v in sorted(sequoia_acc.items())}
@@ -398,6 +450,22 @@ def print_table(record: dict, out=None) -> None:
         diff = "—" if d is None else f"{d['mean']:+.4f} ± {d['ci95']:.4f} ({100 * d['relative']:+.2f}% ± {100 * d['ci95_relative']:.2f}%)"
         print(f"| {c['temperature']:g} | {c['method']} | {c['budget']} | {c['dataset']} | {c['prompts']} | {c['steps']} "
               f"| {c['mean_tree_size']:.1f} | {c['decode_verifier']} | " + " | ".join(vals) + f" | {diff} |", file=out)
+    if record.get("method_differences"):
+        print("\nmethod a − method b, paired by prompt (expected accepted tokens per step, each under its decode's"
+              " verifier; mean ± 95% CI over common prompts)", file=out)
+        print("| T | budget | dataset | a | b | prompts | a − b |", file=out)
+        print("|---" * 7 + "|", file=out)
+        for d in record["method_differences"]:
+            print(f"| {d['temperature']:g} | {d['budget']} | {d['dataset']} | {d['a']} | {d['b']} | {d['prompts']} "
+                  f"| {d['mean']:+.3f} ± {d['ci95']:.3f} |", file=out)
+    if record.get("budget_gains"):
+        print("\nwhat a larger budget adds, paired by prompt (expected accepted tokens per step; mean ± 95% CI)",
+              file=out)
+        print("| T | method | dataset | budgets | prompts | gain |", file=out)
+        print("|---" * 6 + "|", file=out)
+        for d in record["budget_gains"]:
+            print(f"| {d['temperature']:g} | {d['method']} | {d['dataset']} | {d['from_budget']} -> {d['budget']} "
+                  f"| {d['prompts']} | {d['mean']:+.3f} ± {d['ci95']:.3f} |", file=out)
     profiled = [c for c in record["cells"] if c.get("depth_profile")]
     if profiled:
         top = max(len(c["depth_profile"]["nodes"]) for c in profiled)
