@@ -95,11 +95,10 @@ class PromptRecord:
     def observe_depths(self, depth: np.ndarray, on_path: np.ndarray, value: Optional[np.ndarray]) -> None:
         """Record one step's depth profile: ``depth`` / ``on_path`` / ``value`` ``[N]`` per node
         (root first); ``value`` None when the drafter records no node values."""
-        top = int(depth.max()) if depth.size else 0
-        self.depth_nodes.append([int((depth == d).sum()) for d in range(1, top + 1)])
-        self.depth_accepted.append([float(on_path[depth == d].sum()) for d in range(1, top + 1)])
+        self.depth_nodes.append(np.bincount(depth)[1:].tolist())
+        self.depth_accepted.append(np.bincount(depth, weights=on_path)[1:].tolist())
         if value is not None:
-            self.depth_forecast.append([float(value[depth == d].sum()) for d in range(1, top + 1)])
+            self.depth_forecast.append(np.bincount(depth, weights=value)[1:].tolist())
 
 
 def depth_profile(prompts: list[PromptRecord]) -> Optional[dict]:
@@ -238,6 +237,7 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
     """Pool the per-prompt records of several runs (e.g. disjoint ``--prompt-start`` slices run in
     different sessions) and print / write the combined table."""
     records, runs = [], []
+    vectors: dict[str, tuple[str, list[float]]] = {}  # T -> (first file recording it, its Sequoia vector)
     for path in paths:
         d = json.loads(path.read_text())
         if "prompt_records" not in d:
@@ -246,18 +246,16 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
         records += d["prompt_records"]
         runs.append({"file": path.name, "argv": d.get("argv"), "machine_info": d.get("machine_info"),
                      "precision": d.get("precision"), "seconds": d.get("seconds")})
-    precisions = {(r["precision"], r.get("draft_precision")) for r in runs}
-    if len(precisions) > 1:
-        print(f"refusing to pool runs at different precisions: {sorted(precisions)}", file=sys.stderr)
-        return 2
-    vectors: dict[str, tuple[str, list[float]]] = {}
-    for path in paths:
-        for t, v in (json.loads(path.read_text()).get("sequoia_acceptance") or {}).items():
+        for t, v in (d.get("sequoia_acceptance") or {}).items():
             first = vectors.setdefault(t, (path.name, v))
             if len(first[1]) != len(v) or any(abs(a - b) > 1e-9 for a, b in zip(first[1], v)):
                 print(f"refusing to pool Sequoia trees grown from different acceptance vectors at T={t} "
                       f"({first[0]} vs {path.name}); rerun with --sequoia-acceptance-from", file=sys.stderr)
                 return 2
+    precisions = {(r["precision"], r.get("draft_precision")) for r in runs}
+    if len(precisions) > 1:
+        print(f"refusing to pool runs at different precisions: {sorted(precisions)}", file=sys.stderr)
+        return 2
     cells = pooled_cells(records)
     record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
               "cells": [c.summary() for c in cells], "method_differences": method_differences(cells),

@@ -49,16 +49,16 @@ def load_rows(paths: list[Path]) -> dict[Key, dict]:
                 ar = summary.get((key[0], key[1], AR))
                 rows[key] = dict(s, source=name, cpu=cpu,
                                  own_ar_ms=ar["median_seconds_per_token"] * 1e3 if ar else None)
+    ar_rank: dict[Key, tuple] = {}  # (rows the run supplies to the column, its AR prompts, file order)
     for i, (name, summary, cpu) in enumerate(runs):
         for key, s in summary.items():
             if key[2] != AR:
                 continue
             supplied = sum(1 for k, r in rows.items() if k[:2] == key[:2] and k[2] != AR and r["source"] == name)
             rank = (supplied, s["prompts"], i)
-            if key not in rows or rank >= rows[key]["_rank"]:
-                rows[key] = dict(s, source=name, cpu=cpu, own_ar_ms=s["median_seconds_per_token"] * 1e3, _rank=rank)
-    for r in rows.values():
-        r.pop("_rank", None)
+            if key not in ar_rank or rank >= ar_rank[key]:
+                ar_rank[key] = rank
+                rows[key] = dict(s, source=name, cpu=cpu, own_ar_ms=s["median_seconds_per_token"] * 1e3)
     return rows
 
 
@@ -91,10 +91,10 @@ def markdown(rows: dict[Key, dict]) -> str:
     if notes:
         lines.append("")
         for source, n in notes.items():
-            cpu = next((r["cpu"] for r in rows.values() if r["source"] == source and r["cpu"]), None)
-            own = [f"{d} T={t:g} {r['own_ar_ms']:.0f}" for (d, t), r in
-                   ((c, next((x for k, x in rows.items() if k[:2] == c and x["source"] == source and x["own_ar_ms"]), None))
-                    for c in columns) if r]
+            from_source = {k: r for k, r in rows.items() if r["source"] == source}
+            cpu = next((r["cpu"] for r in from_source.values() if r["cpu"]), None)
+            own_ar = {k[:2]: r["own_ar_ms"] for k, r in from_source.items() if r["own_ar_ms"]}
+            own = [f"{d} T={t:g} {own_ar[(d, t)]:.0f}" for d, t in columns if (d, t) in own_ar]
             lines.append(f"[{n}] measured in a separate run, `{source}`" + (f" on {cpu}" if cpu else "")
                          + (f"; its own plain decoding, ms/token: {', '.join(own)}" if own else "") + ".")
     return "\n".join(lines)
