@@ -74,6 +74,10 @@ def test_merge_refuses_runs_at_different_precisions(tmp_path) -> None:
     for name, prec in (("x", "int4"), ("y", "float32")):
         (tmp_path / f"{name}.json").write_text(json.dumps({"precision": prec, "prompt_records": []}))
     assert main(["--merge", str(tmp_path / "x.json"), str(tmp_path / "y.json")]) == 2
+    for name, draft in (("u", "int4"), ("v", "int8")):  # same target precision, different drafts
+        (tmp_path / f"{name}.json").write_text(json.dumps({"precision": "int4", "draft_precision": draft,
+                                                          "prompt_records": []}))
+    assert main(["--merge", str(tmp_path / "u.json"), str(tmp_path / "v.json")]) == 2
 
 
 def test_slices_reuse_the_first_slices_sequoia_acceptance_and_merge_refuses_mixed_vectors(tmp_path) -> None:

@@ -245,7 +245,8 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
             return 2
         records += d["prompt_records"]
         runs.append({"file": path.name, "argv": d.get("argv"), "machine_info": d.get("machine_info"),
-                     "precision": d.get("precision"), "seconds": d.get("seconds")})
+                     "precision": d.get("precision"), "draft_precision": d.get("draft_precision"),
+                     "seconds": d.get("seconds")})
         for t, v in (d.get("sequoia_acceptance") or {}).items():
             first = vectors.setdefault(t, (path.name, v))
             if len(first[1]) != len(v) or any(abs(a - b) > 1e-9 for a, b in zip(first[1], v)):
@@ -258,6 +259,7 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
         return 2
     cells = pooled_cells(records)
     record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
+              "draft_precision": runs[0]["draft_precision"] if runs else None,
               "cells": [c.summary() for c in cells], "method_differences": method_differences(cells),
               "budget_gains": budget_gains(cells),
               "prompt_records": records}
