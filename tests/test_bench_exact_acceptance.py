@@ -176,3 +176,44 @@ def test_budget_gains_pair_each_budget_with_the_next_smaller_on_the_same_prompts
     g = rec["budget_gains"][1]
     want = statistics.fmean(mean[(16, p)] - mean[(8, p)] for (b, p) in mean if b == 16)
     assert g["prompts"] == 2 and g["mean"] == pytest.approx(want, abs=1e-12)
+
+
+def test_merge_refuses_two_different_records_of_one_prompt_and_mixed_dense_rows(tmp_path) -> None:
+    common = ["--pair", "tiny", "--methods", "dyspec_greedy", "--budgets", "8", "--temperatures", "1.0",
+              "--datasets", "wiki", "--new-tokens", "6"]
+    a, b, c = (tmp_path / f"{n}.json" for n in ("a", "b", "c"))
+    assert main(common + ["--prompts", "1", "--json", str(a)]) == 0
+    assert main(common + ["--prompts", "1", "--seed", "1", "--json", str(b)]) == 0  # same prompt, other draws
+    assert json.loads(a.read_text())["prompt_records"] != json.loads(b.read_text())["prompt_records"]
+    assert main(["--merge", str(a), str(b)]) == 2
+    assert main(common + ["--prompts", "1", "--prompt-start", "1", "--json", str(c)]) == 0
+    other_kernel = json.loads(c.read_text())
+    other_kernel["dense_rows"] = {"setting": "8", "min_rows": 8}
+    c.write_text(json.dumps(other_kernel))
+    assert main(["--merge", str(a), str(c)]) == 2  # one cell, two kernels
+    merged = tmp_path / "m.json"
+    other_kernel["prompt_records"] = [dict(r, budget=16) for r in other_kernel["prompt_records"]]
+    c.write_text(json.dumps(other_kernel))
+    assert main(["--merge", str(a), str(c), "--json", str(merged)]) == 0  # per budget: allowed, and recorded
+    assert {(r["budget"], r["dense_rows"]) for r in json.loads(merged.read_text())["dense_rows_by_cell"]} == {(8, 0), (16, 8)}
+
+
+def test_dense_rows_setting_is_checked_and_enables_the_split_on_both_models() -> None:
+    from types import SimpleNamespace
+
+    from dyntree_core.bench.exact_acceptance import apply_dense_rows
+    from dyntree_core.quant import quantize_model
+    from dyntree_core.testing import tiny_pair
+
+    draft, target = tiny_pair(vocab=64, seed=0, layers=2, hidden=64)
+    pair = SimpleNamespace(draft=quantize_model(draft, "int4"), target=quantize_model(target, "int8"))
+    for bad in ("-1", "many"):
+        with pytest.raises(ValueError, match="row count"):
+            apply_dense_rows(pair, bad)
+    assert apply_dense_rows(pair, "0") == {"setting": "0", "min_rows": 0}
+    info = apply_dense_rows(pair, "4")
+    layers = [m for model in (pair.draft, pair.target) for m in model.modules() if hasattr(m, "dense_parts")]
+    assert layers and all(m.dense_parts is not None and m.dense_min_rows == 4 for m in layers)
+    assert info["bytes"] == sum(m.dense_parts.numel() * 2 for m in layers)
+    auto = apply_dense_rows(pair, "auto")
+    assert auto["min_rows"] >= 0 and auto["measured"]["timings"]

@@ -295,3 +295,81 @@ def test_packed_cache_tensors_are_aligned_for_the_low_bit_kernels(tmp_path):
     x = torch.randn(5, 64)
     back = Int4Linear.from_buffers(got["m.packed"], got["m.scales_and_zeros"], got["m.bias"])
     torch.testing.assert_close(back(x), q(x))
+
+
+def test_int4_unpack_reads_back_the_values_and_weight_the_kernel_was_given():
+    from dyntree_core.quant.linear import int4_pack_sources
+
+    torch.manual_seed(3)
+    for n, k in ((48, 64), (64, 96), (80, 32)):
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32)
+        s, z = torch.rand(n, k // GROUP_SIZE) * 0.1 + 0.01, torch.randn(n, k // GROUP_SIZE) * 0.1
+        lin = Int4Linear(q, s, z, None)
+        assert torch.equal(lin.quantized_values(), q)
+        assert torch.equal(lin.dequantized_weight(), int4_reference_weight(q, s, z))
+        src = int4_pack_sources(n, k)
+        assert torch.equal(torch.sort(src).values, torch.arange(n * k))
+        # the identity rows read each weight back through the kernel itself (bf16 output)
+        eye = torch.eye(k)[: min(k, 40)]
+        assert torch.equal(lin(eye), lin.dequantized_weight().t()[: eye.shape[0]].bfloat16().float())
+
+
+def test_split_bf16_parts_sum_exactly_with_as_few_parts_as_needed():
+    from dyntree_core.quant.linear import split_bf16
+
+    torch.manual_seed(4)
+    w = torch.randn(40, 64)
+    mixed = torch.cat([w[:20].bfloat16().float(), w[20:]])  # one part for the first chunks, three after
+    for weight, parts in ((Int8Linear.from_dense(w).dequantized_weight(), 2),
+                          (Int4Linear.from_dense(w[:32]).dequantized_weight(), None),
+                          (w.bfloat16().float(), 1), (w, 3), (mixed, 3)):
+        split = split_bf16(weight, rows=7)  # several row chunks
+        k = weight.shape[1]
+        parts = parts or split.shape[1] // k
+        assert split.dtype == torch.bfloat16 and split.shape == (weight.shape[0], parts * k) and parts <= 3
+        total = sum(split[:, i * k:(i + 1) * k].float() for i in range(parts))
+        assert torch.equal(total, weight)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_dense_rows_agree_with_the_kernel_above_the_threshold_and_are_the_kernel_below(kind):
+    from torch import nn
+
+    from dyntree_core.quant.linear import enable_dense_rows
+
+    torch.manual_seed(5)
+    w, b = torch.randn(96, 128) * 0.05, torch.randn(96)
+    lin = (Int8Linear if kind == "int8" else Int4Linear).from_dense(w, b)
+    model = nn.Sequential(lin)
+    x = torch.randn(32, 128)
+    kernel_out = lin(x)
+    assert enable_dense_rows(model, 8) == lin.dense_parts.numel() * 2 > 0
+    assert torch.equal(lin(x[:7]), kernel_out[:7])  # 7 rows < 8: still the kernel, bit for bit
+    dense_out = lin(x)
+    exact = (x.bfloat16().double() @ lin.dequantized_weight().double().t()).bfloat16().double() + b.double()
+    # both are the exact product rounded once to bf16 (then + bias), up to float32 summation order
+    tol = (exact - b.double()).abs() * 2.0 ** -7 + 1e-6
+    assert ((dense_out.double() - exact).abs() <= tol).all() and ((kernel_out.double() - exact).abs() <= tol).all()
+    assert (dense_out == kernel_out).float().mean() > 0.95
+    enable_dense_rows(model, 0)
+    assert lin.dense_parts is None and torch.equal(lin(x), kernel_out)
+
+
+def test_dense_rows_keep_a_quantized_models_predictions_and_the_measured_threshold_is_consistent():
+    from dyntree_core.quant.linear import enable_dense_rows, measure_dense_rows
+    from dyntree_core.testing import tiny_pair
+
+    _, t = tiny_pair(vocab=64, seed=0, layers=2, hidden=64)
+    quantize_model(t, "int4")
+    x = torch.tensor([[3, 5, 7, 9, 11, 13, 2, 4, 6, 8]])
+    with torch.no_grad():
+        ref = t(x).logits
+        enable_dense_rows(t, 4)
+        out = t(x).logits
+    assert torch.allclose(out, ref, rtol=1e-2, atol=1e-2) and torch.equal(out.argmax(-1), ref.argmax(-1))
+    threshold, info = measure_dense_rows(t, rows=(2, 8, 32))
+    timings = info["timings"]
+    assert set(timings) == {2, 8, 32} and threshold in (0, 2, 8, 32)
+    assert all(timings[m]["dense_ms"] < timings[m]["kernel_ms"] for m in timings if threshold and m >= threshold)
+    if threshold == 0:
+        assert timings[32]["dense_ms"] >= timings[32]["kernel_ms"]

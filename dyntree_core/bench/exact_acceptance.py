@@ -238,15 +238,28 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
     different sessions) and print / write the combined table."""
     records, runs = [], []
     vectors: dict[str, tuple[str, list[float]]] = {}  # T -> (first file recording it, its Sequoia vector)
+    sources: dict[tuple, tuple[str, dict]] = {}  # (cell, prompt) -> (first file recording it, the record)
+    kernels: dict[tuple, dict[int, str]] = {}  # cell -> {--dense-rows threshold: first file using it}
     for path in paths:
         d = json.loads(path.read_text())
         if "prompt_records" not in d:
             print(f"{path} has no per-prompt records (written before --merge existed)", file=sys.stderr)
             return 2
+        dense_rows = int((d.get("dense_rows") or {}).get("min_rows", 0))
+        for r in d["prompt_records"]:
+            cell_prompt = (float(r["temperature"]), r["method"], int(r["budget"]), r["dataset"],
+                           r["decode_verifier"], r["prompt_id"])
+            if cell_prompt in sources and sources[cell_prompt][1] != r:
+                print(f"refusing to pool two different records of prompt {r['prompt_id']} in the cell "
+                      f"T={r['temperature']} {r['method']} budget {r['budget']} ({sources[cell_prompt][0]} vs "
+                      f"{path.name}): keep one of the files", file=sys.stderr)
+                return 2
+            sources.setdefault(cell_prompt, (path.name, r))
+            kernels.setdefault(cell_prompt[:5], {}).setdefault(dense_rows, path.name)
         records += d["prompt_records"]
         runs.append({"file": path.name, "argv": d.get("argv"), "machine_info": d.get("machine_info"),
                      "precision": d.get("precision"), "draft_precision": d.get("draft_precision"),
-                     "seconds": d.get("seconds")})
+                     "dense_rows": dense_rows, "seconds": d.get("seconds")})
         for t, v in (d.get("sequoia_acceptance") or {}).items():
             first = vectors.setdefault(t, (path.name, v))
             if len(first[1]) != len(v) or any(abs(a - b) > 1e-9 for a, b in zip(first[1], v)):
@@ -257,11 +270,19 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
     if len(precisions) > 1:
         print(f"refusing to pool runs at different precisions: {sorted(precisions)}", file=sys.stderr)
         return 2
+    for (t, m, b, ds, _), used in kernels.items():
+        if len(used) > 1:
+            print(f"refusing to pool prompts of one cell (T={t} {m} budget {b} {ds}) computed with different "
+                  f"--dense-rows thresholds {sorted(used)} ({', '.join(used.values())})", file=sys.stderr)
+            return 2
     cells = pooled_cells(records)
     record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
               "draft_precision": runs[0]["draft_precision"] if runs else None,
               "cells": [c.summary() for c in cells], "method_differences": method_differences(cells),
               "budget_gains": budget_gains(cells),
+              "dense_rows_by_cell": [{"temperature": t, "method": m, "budget": b, "dense_rows": rows}
+                                     for t, m, b, rows in sorted({(t, m, b, next(iter(used)))
+                                                                  for (t, m, b, _, _), used in kernels.items()})],
               "prompt_records": records}
     print_table(record, sys.stdout)
     if out:
@@ -314,10 +335,53 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reuse the Sequoia acceptance vectors recorded in this earlier run's JSON (same pair, "
                         "precisions and calibration prompts) instead of calibrating again; slices of one sweep "
                         "then grow the very same Sequoia trees")
+    p.add_argument("--dense-rows", default="0",
+                   help="from this many rows on, int8/int4 layers multiply on the dense bf16 GEMM by an exact "
+                        "bf16 split of their weight (same numbers up to the order of float32 sums; ~3-6x faster "
+                        "at 256 rows with AMX); 'auto' measures the crossover here, 0 keeps the kernels")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     return p
+
+
+def _available_bytes() -> Optional[int]:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def apply_dense_rows(pair, setting: str) -> dict:
+    """``--dense-rows``: turn the dense split on for both models; returns what to record in the JSON.
+    Raises ``ValueError`` for a bad setting or when the parts would not fit in the available memory."""
+    from ..quant.linear import dense_rows_bytes, enable_dense_rows, measure_dense_rows
+
+    info: dict = {"setting": setting}
+    if setting == "auto":
+        rows, info["measured"] = measure_dense_rows(pair.target)
+    else:
+        try:
+            rows = int(setting)
+        except ValueError:
+            raise ValueError(f"--dense-rows takes a row count >= 0 or 'auto', got {setting!r}") from None
+        if rows < 0:
+            raise ValueError(f"--dense-rows takes a row count >= 0 or 'auto', got {setting!r}")
+    info["min_rows"] = rows
+    if rows <= 0:
+        enable_dense_rows(pair.target, 0)
+        enable_dense_rows(pair.draft, 0)
+    else:
+        need = dense_rows_bytes(pair.target) + dense_rows_bytes(pair.draft)
+        avail = _available_bytes()
+        if avail is not None and need > 0.8 * avail:
+            raise ValueError(f"--dense-rows needs up to {need / 2**30:.1f} GiB for the bf16 weight splits and "
+                             f"{avail / 2**30:.1f} GiB is available; use --dense-rows 0")
+        info["bytes"] = enable_dense_rows(pair.target, rows) + enable_dense_rows(pair.draft, rows)
+    return info
 
 
 def _load(args):
@@ -349,6 +413,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     started = time.time()
     pair = _load(args)
+    try:
+        dense_rows = apply_dense_rows(pair, args.dense_rows)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     eos = list(getattr(pair, "eos_token_ids", ()) or ()) or None
     prompts = {ds: [(p.id, _encode(pair.tokenizer, p.text, args.prompt_tokens))
                     for p in load_prompts(ds, args.prompt_start + args.prompts)[args.prompt_start:]]
@@ -369,7 +438,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     record = {"bench": "exact-acceptance", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None else argv,
               "machine_info": machine_info().to_dict(), "pair": args.pair, "precision": args.precision,
               "draft_precision": args.draft_precision or args.precision, "new_tokens": args.new_tokens,
-              "prompt_tokens": args.prompt_tokens, "cells": []}
+              "prompt_tokens": args.prompt_tokens, "dense_rows": dense_rows, "cells": []}
 
     def save() -> None:
         record["prompt_records"] = [r for c in cells for r in c.records()]
