@@ -11,10 +11,11 @@ attention, residual stream) keeps its own dtype. torch core has no such kernels 
 release (2.13): asking for one there raises ``PrecisionError``.
 
 The kernels dequantize on the fly and do not use AMX: on an AMX Xeon a [4864, 896] layer at 256 input
-rows takes 12.9 ms (int4) / 14.2 ms (int8) against 1.2 ms for one dense bf16 GEMM. ``enable_dense_rows`` gives each layer an exact bf16 split of its
-float32 weight for inputs with many rows (tree verification, prefill); ``measure_dense_rows`` finds the
-row count from which that is faster on this machine (the split costs 3 GEMMs for int4, 2 for int8:
-3.7 ms and 2.5 ms there; the kernels win at 1-4 rows).
+rows takes 12.9 ms (int4) / 14.2 ms (int8) against 1.2 ms for one dense bf16 GEMM.
+``enable_dense_rows`` gives each layer an exact bf16 split of its float32 weight for inputs with many
+rows (tree verification, prefill); ``measure_dense_rows`` finds the row count from which that is
+faster on this machine (the split costs 3 GEMMs for int4, 2 for int8: 3.7 ms and 2.5 ms there; the
+kernels win at 1-4 rows).
 """
 
 from __future__ import annotations
