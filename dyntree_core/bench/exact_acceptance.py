@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ..config import METHODS, TOPK_METHODS, DecodeConfig, default_threshold
+from ..methods import REGISTRY
 
 SAMPLED_VERIFIERS: tuple[str, ...] = ("token_level", "traversal", "point_mass")
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
@@ -101,14 +102,15 @@ class PromptRecord:
             self.depth_forecast.append(np.bincount(depth, weights=value)[1:].tolist())
 
 
-def depth_profile(prompts: list[PromptRecord]) -> Optional[dict]:
+def depth_profile(prompts: list[PromptRecord], with_forecast: bool = True) -> Optional[dict]:
     """Nodes, expected accepted tokens and the drafter's forecast per step at each depth, averaged
     per prompt and then over prompts (as ``expected_accepted`` is, so over all prompts the accepted
     column sums to its mean). Runs recorded before profiles (or forecasts) existed may be pooled
     with newer ones: the profile then covers the prompts that have the most of it, and says how
-    many (``prompts``). None when no prompt has one."""
+    many (``prompts``). None when no prompt has one. ``with_forecast`` False leaves the forecast
+    out (i.i.d. siblings: summing the path probabilities of repeated draws forecasts nothing)."""
     profiled = [p for p in prompts if p.steps and len(p.depth_nodes) == p.steps]
-    forecast = [p for p in profiled if len(p.depth_forecast) == p.steps]
+    forecast = [p for p in profiled if len(p.depth_forecast) == p.steps] if with_forecast else []
     use = forecast or profiled
     if not use:
         return None
@@ -153,7 +155,8 @@ class Cell:
         for v in names:
             m, h = t_interval([p.mean(v) for p in done])
             out["expected_accepted"][v] = {"mean": m, "ci95": h}
-        profile = depth_profile(done)
+        method = REGISTRY.get(self.method)
+        profile = depth_profile(done, with_forecast=method is None or method.siblings != "iid")
         if profile:
             out["depth_profile"] = profile
         if {"traversal", "token_level"} <= set(names):
