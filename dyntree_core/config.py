@@ -143,8 +143,8 @@ class DecodeConfig:
             raise ConfigError(f"depth must be an integer in [1, 256], got {self.depth!r}")
         if not (isinstance(self.width, int) and 1 <= self.width <= 256):
             raise ConfigError(f"width must be an integer in [1, 256], got {self.width!r}")
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise ConfigError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
         if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         if self.sequoia_acceptance is not None:

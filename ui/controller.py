@@ -202,7 +202,7 @@ class Controller:
     def on_run(self, state: SessionState, baseline: bool, *values) -> None:
         try:
             settings = settings_from_form(*values)
-            settings.decode_config()
+            settings.validate()
             self.begin(state, settings)
         except Exception as e:  # noqa: BLE001 - shown in the page; the app stays usable
             self.fail(state, e)
@@ -223,7 +223,7 @@ class Controller:
             self.halt(state)
             if not state.active:
                 settings = settings_from_form(*values)
-                settings.decode_config()
+                settings.validate()
                 self.begin(state, settings)
             gen: Generation = state.generation  # type: ignore[assignment]
             state.view_step = None
@@ -340,7 +340,7 @@ class Controller:
         state.compare_stop = stop
         try:
             settings = settings_from_form(*values)
-            settings.decode_config()
+            settings.validate()
             for m in ("autoregressive", "chain", tree_method):
                 s = settings.with_method(m)
                 if not self.provider.is_loaded(s.pair_spec()):

@@ -200,7 +200,7 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
             with gr.Row():
                 max_new = gr.Number(defaults.max_new_tokens, label=f"Max new tokens (1-{MAX_NEW_TOKENS})", precision=0,
                                     elem_id="max-new-tokens")
-                seed = gr.Number(0, label="Seed", precision=0, elem_id="seed")
+                seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="seed")
             with_baseline = gr.Checkbox(False, label="Then run the autoregressive baseline (same prompt, seed, length)",
                                         elem_id="with-baseline")
             with gr.Row(elem_id="run-controls"):

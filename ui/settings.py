@@ -56,14 +56,29 @@ class RunSettings:
         return AUTO in (self.method, self.precision, self.draft_precision)
 
     def decode_config(self) -> DecodeConfig:
+        """The ``DecodeConfig`` of these settings; ``auto`` must have been resolved
+        (``ui.runner.resolve_auto``)."""
         if self.needs_auto:
             raise ConfigError("method/precision 'auto' must be resolved before decoding (the app does this on Run)")
+        return self._config(self.method, self.precision, self.draft_precision)
+
+    def validate(self) -> None:
+        """Check everything the form sets, before any model work. What ``auto`` will choose (the
+        method and its shape, the precisions) is checked once chosen; the rest is checked now."""
+        if self.method == AUTO and self.verifier != "auto":
+            raise ConfigError(f"verifier: with method 'auto' the verifier is chosen with the method; "
+                              f"set it to 'auto' (got {self.verifier!r})")
+        self._config("autoregressive" if self.method == AUTO else self.method,
+                     None if self.precision == AUTO else self.precision,
+                     None if self.draft_precision == AUTO else self.draft_precision)
+
+    def _config(self, method: str, precision: Optional[str], draft_precision: Optional[str]) -> DecodeConfig:
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ConfigError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens!r}")
         if not self.prompt or not self.prompt.strip():
             raise ConfigError("the prompt is empty: type some text first")
         return DecodeConfig(
-            method=self.method,
+            method=method,
             verifier=self.verifier,
             temperature=float(self.temperature),
             top_p=float(self.top_p),
@@ -75,11 +90,11 @@ class RunSettings:
             dtype=self.dtype,
             device=self.device,
             offload_target=self.offload,
-            precision=self.precision,
-            draft_precision=None if self.method == "autoregressive" else self.draft_precision,
-            stop_confidence=self.stop_confidence if self.method == "chain" else None,
-            sequoia_acceptance=self.sequoia_acceptance if self.method == "sequoia" else None,
-            spec_factor=self.spec_factor if self.method in ("suffix", "hybrid") else DEFAULT_SPEC_FACTOR,
+            precision=precision,
+            draft_precision=None if method == "autoregressive" else draft_precision,
+            stop_confidence=self.stop_confidence if method == "chain" else None,
+            sequoia_acceptance=self.sequoia_acceptance if method == "sequoia" else None,
+            spec_factor=self.spec_factor if method in ("suffix", "hybrid") else DEFAULT_SPEC_FACTOR,
         )
 
     def pair_spec(self) -> PairSpec:
