@@ -123,7 +123,8 @@ class SpeculativeDecoder:
             input_ids: the prompt, ``[L]`` or ``[1, L]`` token ids (L >= 1).
             max_new_tokens: > 0; exactly this many tokens are produced unless EOS, the model
                 context or ``stop_event`` ends the run first.
-            stop_event: set it (from another thread) to stop after the current step.
+            stop_event: set it (from another thread) to stop after the current step, or after the
+                current prefill chunk (then the iterator ends without a step).
             seed: RNG seed for this call (default ``config.seed``).
             on_prefill: called as ``on_prefill(done, total)`` before the prefill and after each chunk
                 (``PREFILL_CHUNK`` prompt tokens; target and draft chunks both count towards ``total``).
@@ -167,8 +168,10 @@ class SpeculativeDecoder:
         return prompt
 
     # ------------------------------------------------------------------ the loop
-    def _prefill(self, models: list, prompt: list[int], on_prefill: Optional[Callable[[int, int], None]]) -> None:
-        """Feed ``prompt[:-1]`` to each ``(model, cache)`` in chunks of ``PREFILL_CHUNK`` tokens."""
+    def _prefill(self, models: list, prompt: list[int], on_prefill: Optional[Callable[[int, int], None]],
+                 stop_event: Optional[threading.Event] = None) -> bool:
+        """Feed ``prompt[:-1]`` to each ``(model, cache)`` in chunks of ``PREFILL_CHUNK`` tokens;
+        False when ``stop_event`` was set between two chunks (the prefill is abandoned)."""
         body = prompt[:-1]
         total = len(body) * len(models)
         done = 0
@@ -176,11 +179,14 @@ class SpeculativeDecoder:
             on_prefill(0, total)
         for model, cache in models:
             for start in range(0, len(body), PREFILL_CHUNK):
+                if stop_event is not None and stop_event.is_set():
+                    return False
                 chunk = body[start:start + PREFILL_CHUNK]
                 causal_forward(model, cache, chunk, start, logits_rows=[len(chunk) - 1], attn_kwargs=self.attn_kwargs)
                 done += len(chunk)
                 if on_prefill is not None:
                     on_prefill(done, total)
+        return True
 
     def _run(self, prompt: list[int], max_new_tokens: int, stop_event, seed: int,
              on_prefill: Optional[Callable[[int, int], None]] = None) -> Iterator[StepTrace]:
@@ -202,9 +208,10 @@ class SpeculativeDecoder:
         from .methods import method_spec
 
         d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
-        if len(prompt) > 1:
-            self._prefill([(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None else []),
-                          prompt, on_prefill)
+        if len(prompt) > 1 and not self._prefill(
+                [(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None else []),
+                prompt, on_prefill, stop_event):
+            return  # stopped during the prefill: no step was decoded
         self._sync()
         state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
         produced = 0

@@ -130,3 +130,26 @@ def test_chunked_prefill_reports_progress_and_changes_nothing(pair, monkeypatch,
     assert seen[0] == (0, total) and len(seen) == 1 + models * 6  # ceil(39 / 7) chunks per model
     assert all(t == total for _, t in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1][0] == total
+
+
+def test_stop_during_the_prefill_ends_it_after_the_current_chunk(pair, monkeypatch):
+    """A stop set while the prompt is being prefilled ends the run after that chunk, with no step."""
+    import threading
+
+    import dyntree_core.engine as engine
+
+    draft, target = pair
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 5)
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append(done)
+        if done >= 10:
+            stop.set()
+
+    prompt = list(range(2, 42))
+    steps = list(SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=8, depth=3)).generate(
+        prompt, 16, stop_event=stop, on_prefill=progress))
+    assert steps == []
+    assert seen == [0, 5, 10]  # the chunk after the stop never ran

@@ -141,8 +141,8 @@ class Generation:
         try:
             try:
                 trace = next(self._steps)
-            except StopIteration:
-                self._finish("finished")
+            except StopIteration:  # a stop during the prefill ends it without a step
+                self._finish("stopped" if self.stop_event.is_set() else "finished")
                 return None
             except BaseException:
                 self._finish("error")
