@@ -18,7 +18,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "SpeculativeDecoder":
-        from .engine import SpeculativeDecoder
+        from .decode.engine import SpeculativeDecoder
 
         return SpeculativeDecoder
     raise AttributeError(name)

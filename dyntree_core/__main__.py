@@ -82,7 +82,7 @@ def _spec_factor_arg(text: str):
 
 
 def _generate(args) -> int:
-    from .engine import SpeculativeDecoder
+    from .decode.engine import SpeculativeDecoder
     from .models import load_pair
 
     auto_budget = args.budget == "auto"
@@ -138,7 +138,7 @@ def auto_config(args, cfg: DecodeConfig):
     """Resolve every ``auto`` (method, precisions) with the measured cost model; prints the reason."""
     import dataclasses
 
-    from .auto import PairCache, plan_auto, search_space
+    from .planning.auto import PairCache, plan_auto, search_space
 
     def say(msg: str) -> None:
         print("  " + msg, file=sys.stderr)
@@ -157,9 +157,9 @@ def auto_config(args, cfg: DecodeConfig):
 
 def tuned_config(pair, cfg: DecodeConfig, pair_name: str, refresh: bool = False) -> DecodeConfig:
     """``cfg`` with the budget/depth (and DySpec threshold control) tuned for this machine."""
-    from .hardware import load_or_profile, profile_key
+    from .planning.hardware import load_or_profile, profile_key
     from .prompts import load_prompts
-    from .tuning import load_or_tune
+    from .planning.tuning import load_or_tune
 
     def say(msg: str) -> None:
         print("  " + msg, file=sys.stderr)

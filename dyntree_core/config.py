@@ -11,7 +11,7 @@ from .methods import REGISTRY
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-#: per-model precisions (``dyntree_core.quant``); ``auto`` is resolved by ``dyntree_core.auto``
+#: per-model precisions (``dyntree_core.quant``); ``auto`` is resolved by ``dyntree_core.planning.auto``
 PRECISIONS: tuple[str, ...] = ("float32", "bfloat16", "float16", "int8", "int4")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 #: node orders of the target's tree forward (``TokenTree.order``)
@@ -123,7 +123,7 @@ class DecodeConfig:
         for name in ("precision", "draft_precision"):
             value = getattr(self, name)
             if value == "auto":
-                raise ConfigError(f"{name}='auto' is resolved before decoding: use dyntree_core.auto.plan_auto "
+                raise ConfigError(f"{name}='auto' is resolved before decoding: use dyntree_core.planning.auto.plan_auto "
                                   "(the CLI and the app do this for you)")
             if value is not None:
                 _choice(name, value, PRECISIONS)

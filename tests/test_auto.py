@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from dyntree_core.auto import chain_expected_tokens, choose, price_candidates
-from dyntree_core.machine_profile import MachineProfile, load_or_measure_profile
+from dyntree_core.planning.auto import chain_expected_tokens, choose, price_candidates
+from dyntree_core.planning.machine_profile import MachineProfile, load_or_measure_profile
 
 NS = [1, 2, 4, 8, 16, 32]
 
@@ -81,7 +81,7 @@ def test_one_resolution_rule_for_the_cli_and_the_app():
     """``search_space`` + ``AutoPlan.resolve``: method auto takes the plan's method, shape and stop
     rule; a fixed method keeps itself and gets only precisions (AR: the fastest target precision);
     fixed precisions are kept; the app's settings carry the chain's confidence stop to the engine."""
-    from dyntree_core.auto import search_space
+    from dyntree_core.planning.auto import search_space
     from ui.settings import RunSettings
 
     assert search_space("auto", "auto", "int4", "cpu") == (
@@ -178,7 +178,7 @@ def test_speed_bench_runs_only_the_transformers_rows_asked_for(tmp_path, monkeyp
 
 
 def test_chain_replay_is_exact_on_a_deterministic_sequence():
-    from dyntree_core.auto import STOP_GRID, Acceptance, simulate_chain
+    from dyntree_core.planning.auto import STOP_GRID, Acceptance, simulate_chain
 
     # accept pattern 1 1 0 1, draft confident (>= every tau) except at position 1
     seq = ((1.0, *[1.0] * len(STOP_GRID)), (1.0, *[0.0] * len(STOP_GRID)),

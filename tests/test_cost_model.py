@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from dyntree_core.cost_model import (
+from dyntree_core.planning.cost_model import (
     ArReference,
     StepCost,
     Verdict,
@@ -17,7 +17,7 @@ from dyntree_core.cost_model import (
     project_hardware,
     step_cost,
 )
-from dyntree_core.projection import LLAMA2_70B_BF16_BYTES
+from dyntree_core.planning.projection import LLAMA2_70B_BF16_BYTES
 from dyntree_core.quant.apply import quantize_model
 from dyntree_core.testing import tiny_pair
 from dyntree_core.trace import PhaseTimings, StepTrace, TokenProvenance

@@ -134,7 +134,7 @@ def test_drafter_contract_on_small_cases(method):
 
 
 def test_topk_rows_matches_torch_topk_on_flat_and_peaked_rows():
-    from dyntree_core.drafting.sampling import topk_rows
+    from dyntree_core.drafting.siblings import topk_rows
 
     g = torch.Generator().manual_seed(0)
     for v, k in ((5, 3), (2000, 1), (2000, 8), (7, 7)):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dyntree_core import ConfigError, DecodeConfig, SpeculativeDecoder
-from dyntree_core.engine import VocabMismatchError
+from dyntree_core.decode.engine import VocabMismatchError
 from dyntree_core.testing import tiny_pair
 
 
@@ -114,7 +114,7 @@ def test_mismatched_vocab_is_refused_with_both_sizes():
 def test_chunked_prefill_reports_progress_and_changes_nothing(pair, monkeypatch, method):
     """A prompt prefilled in chunks of 7 gives the same greedy output as one forward, and
     ``on_prefill`` counts every prompt token of each model that is prefilled."""
-    import dyntree_core.engine as engine
+    import dyntree_core.decode.engine as engine
 
     draft, target = pair
     prompt = [int(x) for x in torch.randint(1, 60, (40,), generator=torch.Generator().manual_seed(3))]
@@ -136,7 +136,7 @@ def test_stop_during_the_prefill_ends_it_after_the_current_chunk(pair, monkeypat
     """A stop set while the prompt is being prefilled ends the run after that chunk, with no step."""
     import threading
 
-    import dyntree_core.engine as engine
+    import dyntree_core.decode.engine as engine
 
     draft, target = pair
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 5)

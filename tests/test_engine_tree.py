@@ -7,9 +7,9 @@ import torch
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.config import METHODS
-from dyntree_core.draft_source import ModelDraftSource
-from dyntree_core.forward import causal_forward, masked_forward, new_cache
-from dyntree_core.kv import cache_length, compact
+from dyntree_core.decode.draft_source import ModelDraftSource
+from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
+from dyntree_core.decode.kv import cache_length, compact
 from dyntree_core.testing import tiny_pair
 from dyntree_core.tree import tree_from_parents
 

@@ -14,7 +14,7 @@ from dyntree_core.attention import hf_backend
 from dyntree_core.attention.mask import build_block_lists, meta_from_mask, meta_from_tree
 from dyntree_core.attention import trees
 from dyntree_core.attention.triton_kernel import HAS_TRITON
-from dyntree_core.prepared import PreparedPair
+from dyntree_core.decode.prepared import PreparedPair
 from dyntree_core.testing import tiny_pair
 
 needs_kernel = pytest.mark.skipif(

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from dyntree_core.drafting.threshold_control import ThresholdController
-from dyntree_core.hardware import (
+from dyntree_core.planning.hardware import (
     HardwareProfile,
     choose_budget,
     sequoia_choose,

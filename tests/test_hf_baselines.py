@@ -7,7 +7,7 @@ import torch
 
 from dyntree_core.bench.hf_baselines import HFRun, hf_assisted_defaults, hf_generate
 from dyntree_core.config import DecodeConfig
-from dyntree_core.engine import SpeculativeDecoder
+from dyntree_core.decode.engine import SpeculativeDecoder
 from dyntree_core.testing import tiny_pair
 
 PROMPTS = ([5, 6, 7, 8, 9], [2, 3], [10, 20, 30, 40, 50, 60, 11, 12], [7])

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dyntree_core import machine
-from dyntree_core.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpuinfo
+from dyntree_core.planning import machine
+from dyntree_core.planning.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpuinfo
 
 # Sapphire Rapids (AMX) as a cloud VM shows it; two processors, only the first is read.
 XEON_AMX = """\

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from dyntree_core.forward import causal_forward, masked_forward, new_cache
+from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
 from dyntree_core.offload import (
     LayerLayout,
     OffloadError,

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from dyntree_core.forward import causal_forward, masked_forward, new_cache
+from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
 from dyntree_core.offload import offload_decoder_layers, sync_offload_layers
 from dyntree_core.testing import tiny_pair
 

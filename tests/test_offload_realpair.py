@@ -9,7 +9,7 @@ pytestmark = pytest.mark.realpair
 
 
 def test_realpair_target_offloaded_bit_exact(embedded_pair):
-    from dyntree_core.forward import causal_forward, masked_forward, new_cache
+    from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
     from dyntree_core.offload import offload_decoder_layers
     from dyntree_core.testing import align_cpu_parameters
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dyntree_core.projection import LLAMA2_70B_BF16_BYTES, OffloadCost, project, speedup_table
+from dyntree_core.planning.projection import LLAMA2_70B_BF16_BYTES, OffloadCost, project, speedup_table
 
 
 def test_floor_cost_is_bytes_over_bandwidth():

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from dyntree_core.config import DecodeConfig
-from dyntree_core.hardware import HardwareProfile
+from dyntree_core.planning.hardware import HardwareProfile
 from dyntree_core.testing import tiny_pair
-from dyntree_core.tuning import (
+from dyntree_core.planning.tuning import (
     TuningPoint,
     TuningResult,
     TUNING_VERSION,

@@ -7,7 +7,7 @@ import html
 from pathlib import Path
 from typing import Optional
 
-from dyntree_core.cost_model import ar_reference, project_hardware, step_cost, Verdict
+from dyntree_core.planning.cost_model import ar_reference, project_hardware, step_cost, Verdict
 
 from .session import RunRecord
 

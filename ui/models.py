@@ -44,7 +44,7 @@ class LoadedPair:
         per precision / attention settings on this pair and then reused."""
         key = ("ar", config.precision, config.attention, config.offload_target)
         if key not in self.measured:
-            from dyntree_core.hardware import time_forward
+            from dyntree_core.planning.hardware import time_forward
 
             prepared = self.prepared(config)
             self.measured[key] = time_forward(prepared.target, min(prefix_len, 256), 1, repeats=3, warmup=1)
@@ -52,15 +52,15 @@ class LoadedPair:
 
     def params(self) -> tuple[int, int]:
         if "params" not in self.measured:
-            from dyntree_core.cost_model import logical_params
+            from dyntree_core.planning.cost_model import logical_params
 
             self.measured["params"] = (logical_params(self.draft), logical_params(self.target))
         return self.measured["params"]
 
     def prepared(self, config: Any) -> Any:
-        """The ``dyntree_core.prepared.PreparedPair`` for ``config`` (a ``DecodeConfig``): prepared
+        """The ``dyntree_core.decode.prepared.PreparedPair`` for ``config`` (a ``DecodeConfig``): prepared
         on first use, then borrowed by every Run, Compare column and baseline with those settings."""
-        from dyntree_core.prepared import PreparedPair
+        from dyntree_core.decode.prepared import PreparedPair
 
         return PreparedPair.for_models(self.draft, self.target, config)
 
@@ -76,12 +76,12 @@ class ModelProvider(Protocol):
     def is_loaded(self, spec: PairSpec) -> bool: ...
 
     def auto_plan(self, settings: Any, progress: Any = None) -> Any:
-        """``dyntree_core.auto.AutoPlan`` for the settings' pair, temperature and the choices left to auto."""
+        """``dyntree_core.planning.auto.AutoPlan`` for the settings' pair, temperature and the choices left to auto."""
         ...
 
 
 class HubModelProvider:
-    """Loads pairs through ``dyntree_core.auto.PairCache`` (one cache per draft/target/device: the
+    """Loads pairs through ``dyntree_core.planning.auto.PairCache`` (one cache per draft/target/device: the
     models of the last two precisions stay loaded, so auto's profiling, its choice and the run
     share them), or ``load_pair`` for an offloaded target."""
 
@@ -99,7 +99,7 @@ class HubModelProvider:
         return pair is not None and pair.spec == spec
 
     def _pair_cache(self, draft: str, target: str, device: str):
-        from dyntree_core.auto import PairCache
+        from dyntree_core.planning.auto import PairCache
         from dyntree_core.models import precheck_pair
 
         key = (draft, target, device)
@@ -111,7 +111,7 @@ class HubModelProvider:
 
     def auto_plan(self, settings: Any, progress: Any = None) -> Any:
         """Resolve ``auto`` (method and/or precisions) with the measured cost model (cached)."""
-        from dyntree_core.auto import plan_auto, search_space
+        from dyntree_core.planning.auto import plan_auto, search_space
 
         def say(msg: str) -> None:
             self.progress = msg.strip()

@@ -9,7 +9,7 @@ from typing import Optional
 from collections.abc import Mapping
 
 from dyntree_core.config import ConfigError, DecodeConfig
-from dyntree_core.engine import SpeculativeDecoder
+from dyntree_core.decode.engine import SpeculativeDecoder
 
 from .models import ModelProvider
 from .session import ExternalRun, Generation, RoundPoint, RunRecord

@@ -45,14 +45,14 @@ class RunSettings:
     offload: bool = False
     precision: str = AUTO
     draft_precision: str = AUTO
-    # set by `auto` (dyntree_core.auto.AutoPlan.resolve), never by the form
+    # set by `auto` (dyntree_core.planning.auto.AutoPlan.resolve), never by the form
     stop_confidence: Optional[float] = None
     sequoia_acceptance: Optional[tuple[float, ...]] = None
     spec_factor: Optional[float] = DEFAULT_SPEC_FACTOR
 
     @property
     def needs_auto(self) -> bool:
-        """Something is left to ``dyntree_core.auto`` (resolve with the provider first)."""
+        """Something is left to ``dyntree_core.planning.auto`` (resolve with the provider first)."""
         return AUTO in (self.method, self.precision, self.draft_precision)
 
     def decode_config(self) -> DecodeConfig:

@@ -62,7 +62,7 @@ class TinyModelProvider:
     def auto_plan(self, settings, progress=None):
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
-        from dyntree_core.auto import plan_auto, search_space
+        from dyntree_core.planning.auto import plan_auto, search_space
         from dyntree_core.testing import TinyPairCache
 
         cache = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed)

@@ -14,7 +14,7 @@ Registered implementations (``register()`` is idempotent and runs at import):
 - ``"dyntree_tree_torch"``: always SDPA;
 - ``"dyntree_tree_dispatch"``: the backend named per call by the ``tree_attention_backend``
   keyword argument (``"torch"``, ``"triton"`` or ``"auto"``), SDPA when none is given. A model
-  prepared once (``dyntree_core.prepared.PreparedPair``) is switched to this implementation, so
+  prepared once (``dyntree_core.decode.prepared.PreparedPair``) is switched to this implementation, so
   decoders with different attention settings share it without switching it again.
 
 In every implementation an explicit ``tree_attention_backend=...`` keyword argument to

@@ -8,7 +8,7 @@ tree-size curve.
 
 ``acceptance`` reports tokens/step only; ``latency`` adds seconds per token (bf16 by default);
 ``all`` also sweeps budgets for the curve and compares the hardware-tuned configuration
-(``dyntree_core.tuning``) of ``--tune-methods`` with fixed budgets ``--tune-fixed-budgets`` on the
+(``dyntree_core.planning.tuning``) of ``--tune-methods`` with fixed budgets ``--tune-fixed-budgets`` on the
 same prompts in the same run. Ctrl-C stops early and still writes what was measured.
 """
 
@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..config import METHODS, DecodeConfig, default_threshold
-from ..machine import machine_info
+from ..planning.machine import machine_info
 
 CURVE_BUDGETS = (8, 16, 32, 64, 128, 256, 512, 768)
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
@@ -258,7 +258,7 @@ def _load(pair_spec: str, dtype: str, device: str):
 def main(argv: Optional[list[str]] = None) -> int:
     from tqdm import tqdm
 
-    from ..engine import SpeculativeDecoder
+    from ..decode.engine import SpeculativeDecoder
     from ..prompts import load_prompts
 
     args = build_parser().parse_args(argv)
@@ -390,9 +390,9 @@ def _tuning_plan(args, pair, dtype: str, methods: Sequence[str], make_cfg, tunin
     plan the comparison: AR, every fixed budget, the tuned configuration (same prompts)."""
     import dataclasses
 
-    from ..hardware import load_or_profile, profile_key
+    from ..planning.hardware import load_or_profile, profile_key
     from ..prompts import load_prompts
-    from ..tuning import load_or_tune
+    from ..planning.tuning import load_or_tune
 
     ds = args.datasets[0]
     key = profile_key(f"{args.pair}", args.device, dtype)

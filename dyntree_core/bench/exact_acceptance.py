@@ -402,8 +402,8 @@ def _load(args):
 def main(argv: Optional[list[str]] = None) -> int:
     from tqdm import tqdm
 
-    from ..engine import SpeculativeDecoder
-    from ..machine import machine_info
+    from ..decode.engine import SpeculativeDecoder
+    from ..planning.machine import machine_info
     from ..prompts import load_prompts
     from ..verify.expected import expected_acceptance
     from .decoding import _encode, calibrate_sequoia

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ..config import METHODS, DecodeConfig
-from ..machine import machine_info
+from ..planning.machine import machine_info
 
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     from ..models import load_pair
-    from ..engine import SpeculativeDecoder
+    from ..decode.engine import SpeculativeDecoder
     from ..prompts import load_prompts
 
     args = build_parser().parse_args(argv)

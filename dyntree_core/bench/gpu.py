@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..machine import machine_info
+from ..planning.machine import machine_info
 
 SECTIONS: tuple[str, ...] = ("kernel_oracle", "greedy_identity", "attention", "offload", "decode_step")
 PHASES: tuple[str, ...] = ("draft", "tree_build", "mask", "target_forward", "offload_transfer", "verify", "kv_compaction")
@@ -222,7 +222,7 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
     from ..offload.backend import make_backend
     from ..offload.layout import LayerLayout
     from ..offload.synthetic import StackShape, build_meta_model, cycled_host_layers, make_buffers
-    from ..prepared import PreparedPair
+    from ..decode.prepared import PreparedPair
 
     dtype_name = "float32" if plan.dry_run else "bfloat16"
     dtype = getattr(torch, dtype_name)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..machine import machine_info
+from ..planning.machine import machine_info
 from ..offload import OffloadError, accelerate_offload_layers, offload_decoder_layers, sync_offload_layers
 from ..offload.backend import Backend, HostBuffer, make_backend
 from ..offload.layout import LayerLayout

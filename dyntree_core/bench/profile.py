@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from ..auto import PairCache, default_precisions
+from ..planning.auto import PairCache, default_precisions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from ..machine import machine_info
-    from ..machine_profile import measure_profile
+    from ..planning.machine import machine_info
+    from ..planning.machine_profile import measure_profile
 
     args = build_parser().parse_args(argv)
     d, _, t = args.pair.partition(",")

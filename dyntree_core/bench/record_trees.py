@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     from tqdm import tqdm
 
-    from ..engine import SpeculativeDecoder
+    from ..decode.engine import SpeculativeDecoder
     from ..prompts import load_prompts
     from .decoding import _encode, _load
 

@@ -3,7 +3,7 @@
 Rows (each over the same prompts, same new-token count, decode time only: prefill excluded):
 
 * ``autoregressive @ P`` for every precision P in ``--precisions`` (target only);
-* ``auto``: the configuration ``dyntree_core.auto`` chooses for this machine at each temperature
+* ``auto``: the configuration ``dyntree_core.planning.auto`` chooses for this machine at each temperature
   (precision of both models, method, shape), with its predicted ms/token next to the measured one;
 * ``hf_generate``: transformers' ``generate`` on the target at the best autoregressive precision;
 * ``hf_assisted``: transformers' ``generate(assistant_model=draft)``, same target precision, draft at
@@ -37,10 +37,10 @@ from typing import Callable, Optional
 
 import torch
 
-from ..auto import PairCache, plan_auto
+from ..planning.auto import PairCache, plan_auto
 from ..config import DecodeConfig, parse_spec_factor
-from ..engine import SpeculativeDecoder
-from ..machine import machine_info
+from ..decode.engine import SpeculativeDecoder
+from ..planning.machine import machine_info
 from .hf_baselines import hf_assisted_defaults, hf_generate
 
 

@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from ..engine import SpeculativeDecoder
-    from ..machine import machine_info
+    from ..decode.engine import SpeculativeDecoder
+    from ..planning.machine import machine_info
     from ..prompts import load_prompts
     from .decoding import _encode
     from .exact_acceptance import _load

@@ -16,7 +16,7 @@ from .base import DraftSource, PathFunctionSource
 from .chain import ChainDrafter
 from .builder import TreeBuilder
 from .drafter import Drafter, DraftStats
-from .sampling import SiblingSampler, iid_draws, sibling_orders, top_children
+from .siblings import SiblingSampler, iid_draws, sibling_orders, top_children
 from .dynatree import DynaTreeDrafter, DynaTreeParams
 from .dyspec_greedy import DySpecGreedyDrafter
 from .dyspec_threshold import DySpecThresholdDrafter

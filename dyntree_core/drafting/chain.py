@@ -15,7 +15,7 @@ import torch
 from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
-from .sampling import iid_draws, sibling_orders
+from .siblings import iid_draws, sibling_orders
 
 
 class ChainDrafter(Drafter):

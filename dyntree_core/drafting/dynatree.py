@@ -45,7 +45,7 @@ from ..config import DecodeConfig
 from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
-from .sampling import top_children
+from .siblings import top_children
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ import torch
 from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
-from .sampling import SiblingSampler, top_children
+from .siblings import SiblingSampler, top_children
 
 
 class DySpecGreedyDrafter(Drafter):

@@ -41,7 +41,7 @@ from ..config import DecodeConfig
 from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
-from .sampling import SiblingSampler, top_children
+from .siblings import SiblingSampler, top_children
 from .threshold_control import ThresholdController
 
 

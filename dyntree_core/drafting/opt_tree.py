@@ -34,7 +34,7 @@ import torch
 from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
-from .sampling import top_children
+from .siblings import top_children
 
 
 class OptTreeDrafter(Drafter):

@@ -36,7 +36,7 @@ from ..config import DecodeConfig
 from ..tree import TokenTree
 from .builder import TreeBuilder
 from .drafter import CountingSource, Drafter
-from .sampling import SiblingSampler
+from .siblings import SiblingSampler
 
 #: power-law default acceptance vector: r_k = 0.37·k^-0.5 rejection after k children
 #: (Sequoia Def. 3.5 with b = 0.5), p_k = r_{k-1} - r_k, r_0 = 1, K = 16. It fits the Sequoia

@@ -15,7 +15,7 @@ import torch
 
 from .forward import masked_forward
 from .kv import cache_length, compact
-from .sampling import probs_from_logits
+from ..sampling import probs_from_logits
 
 
 class ModelDraftSource:
@@ -39,7 +39,7 @@ class ModelDraftSource:
         self.pending = list(pending)
         self.temperature = temperature
         self.attn_kwargs = attn_kwargs
-        from .quant.apply import output_dim
+        from ..quant.apply import output_dim
 
         self.vocab_size = output_dim(model)
         self.base = cache_length(cache)

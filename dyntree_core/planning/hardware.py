@@ -76,7 +76,7 @@ def profile_key(pair_name: str, device: str, dtype: str) -> str:
 
 
 def profile_cache_path(key: str) -> Path:
-    from .paths import cache_file
+    from ..paths import cache_file
 
     return cache_file("profiles", key)
 
@@ -84,10 +84,10 @@ def profile_cache_path(key: str) -> Path:
 def time_forward(model, prefix_len: int, n: int, repeats: int = 3, warmup: int = 1) -> float:
     """Median seconds of one forward of ``n`` tree tokens (a chain-shaped causal block is as
     costly as any tree mask of the same size) on top of a ``prefix_len``-token cache."""
-    from .forward import causal_forward, new_cache
-    from .kv import compact
+    from ..decode.forward import causal_forward, new_cache
+    from ..decode.kv import compact
 
-    from .quant.apply import output_dim
+    from ..quant.apply import output_dim
 
     vocab = output_dim(model)
     gen = torch.Generator().manual_seed(0)

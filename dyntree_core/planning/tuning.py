@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .config import DecodeConfig, default_threshold
-from .methods import method_spec
+from ..config import DecodeConfig, default_threshold
+from ..methods import method_spec
 from .hardware import HardwareProfile, seconds_per_token, sequoia_choose
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
@@ -214,7 +214,7 @@ def calibrate_point(
     eos_token_id=None,
 ) -> TuningPoint:
     """Decode ``new_tokens`` after each prompt with ``cfg`` and summarise the steps."""
-    from .engine import SpeculativeDecoder
+    from ..decode.engine import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(draft, target, cfg, eos_token_id=eos_token_id)
     steps = tokens = 0
@@ -340,13 +340,13 @@ def _middle(grid: Sequence[int], preferred: int) -> int:
 
 
 def _tune_sequoia(cfg: DecodeConfig, profile: HardwareProfile, budgets: Sequence[int], depths: Sequence[int]):
-    from .drafting.sequoia import default_acceptance_vector, sequoia_dp, sequoia_tree
+    from ..drafting.sequoia import default_acceptance_vector, sequoia_dp, sequoia_tree
 
     acc = cfg.sequoia_acceptance or default_acceptance_vector()
     table = sequoia_dp(acc, max(budgets), max(depths) + 1)
 
     def shape(n: int, d: int):
-        from .drafting.sequoia import best_size
+        from ..drafting.sequoia import best_size
 
         return sequoia_tree(table, best_size(table, n, d + 1), d + 1)
 
@@ -376,7 +376,7 @@ def _tune_sequoia(cfg: DecodeConfig, profile: HardwareProfile, budgets: Sequence
 
 
 def tuning_cache_path(profile_key: str, method: str, temperature: float) -> Path:
-    from .paths import cache_file
+    from ..paths import cache_file
 
     return cache_file("tuning", f"{profile_key}|{method}|T{temperature:g}")
 

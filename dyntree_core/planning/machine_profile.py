@@ -2,7 +2,7 @@
 
 Measured once and cached (JSON under ``$DYNTREE_CACHE/profiles/``), keyed by the CPU model and
 flags (or GPU name), the thread count, the torch version, the pair and the candidate
-precisions. The cost model of ``dyntree_core.auto`` reads nothing else about the machine: an
+precisions. The cost model of ``dyntree_core.planning.auto`` reads nothing else about the machine: an
 AVX2 laptop, an AMX server and a GPU each get their own numbers.
 
 Forwards run on top of a 128-token prefix: with a 32-token one, bf16 on an AVX2 CPU measured 201 ms
@@ -103,7 +103,7 @@ def profile_key(pair_name: str, device: str, precisions: Sequence[str], ns: Sequ
 
 
 def profile_path(key: str) -> Path:
-    from .paths import cache_root
+    from ..paths import cache_root
 
     return cache_root() / "profiles" / f"machine-{key}.json"
 
@@ -112,8 +112,8 @@ class _Timer:
     """Forwards of n new tokens on top of one prefilled cache (rolled back after each)."""
 
     def __init__(self, model, prefix_len: int):
-        from .forward import causal_forward, new_cache
-        from .quant.apply import output_dim
+        from ..decode.forward import causal_forward, new_cache
+        from ..quant.apply import output_dim
 
         self.model, self.prefix_len = model, prefix_len
         self.vocab = output_dim(model)
@@ -130,8 +130,8 @@ class _Timer:
         self.device = model.get_input_embeddings().weight.device
 
     def once(self, n: int) -> float:
-        from .forward import causal_forward
-        from .kv import compact
+        from ..decode.forward import causal_forward
+        from ..decode.kv import compact
 
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -148,7 +148,7 @@ class _Timer:
 
 
 def _verify_seconds(vocab: int, n: int) -> float:
-    from .sampling import probs_from_logits
+    from ..sampling import probs_from_logits
 
     logits = torch.randn(n, vocab)
     best = math.inf

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .projection import LLAMA2_70B_BF16_BYTES, OffloadCost
-from .trace import StepTrace
+from ..trace import StepTrace
 
 OVERHEAD_PHASES = ("tree_build", "mask", "verify", "kv_compaction", "offload_transfer")
 
@@ -193,7 +193,7 @@ def project_hardware(cost: StepCost, draft_params: float, target_params: float,
 
 def logical_params(model) -> int:
     """Parameter count as the unquantised model has it (int4/int8 layers count ``in x out``)."""
-    from .quant.linear import Int4Linear, Int8Linear
+    from ..quant.linear import Int4Linear, Int8Linear
 
     total, seen = 0, set()
     for mod in model.modules():

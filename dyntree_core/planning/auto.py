@@ -51,7 +51,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .config import DecodeConfig
+from ..config import DecodeConfig
 from .machine_profile import MachineProfile
 
 AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
@@ -274,7 +274,7 @@ def simulate_suffix_shapes(texts: Sequence[tuple[Sequence[int], Sequence[int]]],
                            model_commit: Optional[dict] = None) -> dict:
     """``{SuffixShape: SuffixStats or None}`` of every shape on ``(prompt, continuation)`` texts, from
     one lockstep replay per text (``drafting.suffix_replay.replay_shapes``); None without steps."""
-    from .drafting.suffix_replay import replay_shapes
+    from ..drafting.suffix_replay import replay_shapes
 
     steps: dict = {s: [] for s in shapes}
     seconds = {s: 0.0 for s in shapes}
@@ -300,14 +300,14 @@ def simulate_suffix_shapes(texts: Sequence[tuple[Sequence[int], Sequence[int]]],
 def simulate_suffix(texts: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, depth: int,
                     threshold: float, spec_factor: Optional[float] = None) -> Optional[SuffixStats]:
     """``SuffixStats`` of one ``suffix`` shape on ``(prompt, continuation)`` texts (None without texts)."""
-    from .drafting.suffix_replay import SuffixShape
+    from ..drafting.suffix_replay import SuffixShape
 
     shape = SuffixShape(budget, depth, threshold, spec_factor)
     return simulate_suffix_shapes(texts, [shape])[shape]
 
 
 def _sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths: Sequence[int]):
-    from .drafting.sequoia import best_size, sequoia_dp, sequoia_tree
+    from ..drafting.sequoia import best_size, sequoia_dp, sequoia_tree
 
     table = sequoia_dp(tuple(acceptance), max(budgets), max(depths) + 1)
     out = {}
@@ -348,7 +348,7 @@ def price_candidates(
                    for k in range(1, CHAIN_MAX + 1) if k + 1 <= profile.max_tokens
                    for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)
                    } if ("chain" in methods and sequences) else {}
-    from .drafting.suffix_replay import SuffixShape
+    from ..drafting.suffix_replay import SuffixShape
 
     suffix_shapes = [SuffixShape(n, d, q, f) for n in SUFFIX_BUDGETS if n <= profile.max_tokens
                      for d in SUFFIX_DEPTHS for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS
@@ -470,9 +470,9 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
     continuation; on the continuation positions Sequoia's estimator (notes/sequoia.md §1.5) gives
     the positional vector and each position's chain acceptance / confidence-stop statistics
     (``Acceptance``). Text the models write agrees more than human text does."""
-    from .drafting.sequoia import estimate_acceptance_vector
-    from .engine import SpeculativeDecoder
-    from .sampling import probs_from_logits
+    from ..drafting.sequoia import estimate_acceptance_vector
+    from ..decode.engine import SpeculativeDecoder
+    from ..sampling import probs_from_logits
 
     say = progress or (lambda _m: None)
     gen = torch.Generator().manual_seed(seed)
@@ -569,7 +569,7 @@ class PairCache:
             m = self._models.pop(key)
             self._models[key] = m
             return m
-        from .models.load import load_model, resolve_spec
+        from ..models.load import load_model, resolve_spec
 
         src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
         m = load_model(src, "float32", self.device, precision)
@@ -582,7 +582,7 @@ class PairCache:
         """A model that costs what ``model(role, precision)`` costs per forward: its zero-weight shape
         twin where one can be built (a GGUF preset on the CPU: seconds instead of a full load), else
         the model itself. Twins are not kept."""
-        from .models.load import load_shape_twin, resolve_spec
+        from ..models.load import load_shape_twin, resolve_spec
 
         src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
         twin = load_shape_twin(src, self.device, precision)
@@ -592,7 +592,7 @@ class PairCache:
         """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""
         import dataclasses
 
-        from .models.load import load_pair
+        from ..models.load import load_pair
 
         if self._base is None:
             self._base = load_pair(self.draft_spec, self.target_spec, device=self.device,
@@ -631,7 +631,7 @@ def search_space(method: str, precision: str, draft_precision: str,
 
 def calibration_prompts(tokenizer, n_per_dataset: int = 2, max_tokens: int = 96) -> list[list[int]]:
     """Prompts from the ``calib`` slices of wiki and code (disjoint from every evaluation)."""
-    from .prompts import load_prompts
+    from ..prompts import load_prompts
 
     return [list(tokenizer(p.text, add_special_tokens=False)["input_ids"])[:max_tokens]
             for ds in ("wiki", "code") for p in load_prompts(ds, n_per_dataset, split="calib")]

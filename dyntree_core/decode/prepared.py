@@ -18,15 +18,15 @@ from typing import Any, Optional
 
 import torch
 
-from .config import ConfigError, DecodeConfig
-from .models.load import VocabMismatchError
+from ..config import ConfigError, DecodeConfig
+from ..models.load import VocabMismatchError
 
 _ATTR = "_dyntree_prepared_pair"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def model_vocab_size(model) -> int:
-    from .quant.apply import output_dim
+    from ..quant.apply import output_dim
 
     return output_dim(model)
 
@@ -66,8 +66,8 @@ def prepare_model(model, device: Optional[torch.device], dtype: torch.dtype, pre
     """Bring ``model`` to ``precision`` (None: quantized models stay as loaded, dense ones take
     ``dtype``). A dense model asked for int8/int4 is quantized in place; a quantized model cannot
     become dense again (load it again at that precision)."""
-    from .quant.apply import QUANT_PRECISIONS, model_precision, quantize_model
-    from .quant.linear import PrecisionError
+    from ..quant.apply import QUANT_PRECISIONS, model_precision, quantize_model
+    from ..quant.linear import PrecisionError
 
     current = model_precision(model)
     if precision is None:
@@ -153,7 +153,7 @@ class PreparedPair:
         prepare_model(draft, device, dtype, settings.draft_precision, "draft")
         offload = None
         if settings.offload_target:
-            from .offload import offload_decoder_layers
+            from ..offload import offload_decoder_layers
 
             if device.type != "cuda" and not allow_cpu_offload:
                 raise ConfigError("offload_target needs a CUDA device (device='cuda')")
@@ -163,7 +163,7 @@ class PreparedPair:
             target.eval()
         else:
             prepare_model(target, device, dtype, settings.precision, "target")
-        from .attention.hf_backend import use_dispatch
+        from ..attention.hf_backend import use_dispatch
 
         undo = [h for h in (use_dispatch(draft), use_dispatch(target)) if h is not None]
         pair = cls(draft, target, settings, offload, undo)

@@ -13,17 +13,17 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from .config import ConfigError, DecodeConfig
+from ..config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward, new_cache
 from .kv import cache_length, compact
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
-from .sampling import probs_from_logits
-from .trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
-from .tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
-from .verify.common import sample_index
-from .verify.rows import LogitRows
+from ..sampling import probs_from_logits
+from ..trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
+from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
+from ..verify.common import sample_index
+from ..verify.rows import LogitRows
 
 
 
@@ -76,7 +76,7 @@ class SpeculativeDecoder:
         return self
 
     def _borrow(self, pair: PreparedPair, config: DecodeConfig, eos_token_id, on_verify) -> None:
-        from .attention.hf_backend import BACKEND_KWARG, check_backend, kernel_runs
+        from ..attention.hf_backend import BACKEND_KWARG, check_backend, kernel_runs
 
         pair.check(config)
         self.pair = pair
@@ -198,14 +198,14 @@ class SpeculativeDecoder:
         drafter = None
         verifier = None
         if not is_ar:
-            from .drafting import make_drafter
-            from .verify import make_verifier
+            from ..drafting import make_drafter
+            from ..verify import make_verifier
 
             drafter = make_drafter(cfg)
             drafter.reset(prompt)
             verifier = make_verifier(self.verifier_name)
         t_cache = new_cache(self.target)
-        from .methods import method_spec
+        from ..methods import method_spec
 
         d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
         if len(prompt) > 1 and not self._prefill(
@@ -393,8 +393,8 @@ class SpeculativeDecoder:
         kwargs = dict(self.attn_kwargs)
         meta = None
         if self.kernel:
-            from .attention.hf_backend import META_KWARG, kernel_tiles
-            from .attention.mask import meta_from_tree
+            from ..attention.hf_backend import META_KWARG, kernel_tiles
+            from ..attention.mask import meta_from_tree
 
             block_q, block_n = kernel_tiles(self.target)
             meta = meta_from_tree(tree, cache_len, perm, block_q, block_n, device=self.device,
