@@ -53,9 +53,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(1)  # the tiny pair needs no more; leave a core to the browser under test
 
         provider = TinyModelProvider()
+        # the real app's defaults (Method and precisions auto, its budget/depth/width) with a prompt the
+        # tiny tokenizer reads and fewer tokens
         defaults = AppDefaults(device=args.device, dtype="float32", prompt="t1 t2 t3 t4 t5", chat=False,
-                               method="dyspec_greedy", precision="float32", draft_precision="float32",
-                               max_new_tokens=24, budget=16, depth=4, width=3, title="DynTree (tiny test pair)")
+                               max_new_tokens=24, title="DynTree (tiny test pair)")
     else:
         provider = HubModelProvider(args.draft, args.target)
         defaults = AppDefaults(device=args.device, dtype=dtype)

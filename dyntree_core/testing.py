@@ -43,6 +43,7 @@ def tiny_pair(
     hidden: int = 64,
     eos: bool = False,
     dtype: torch.dtype = torch.float32,
+    max_positions: int = 512,
 ):
     """Return ``(draft, target)``: tiny random Llama models with a shared vocabulary.
 
@@ -55,11 +56,12 @@ def tiny_pair(
         hidden: hidden size.
         eos: when False the EOS token's logit is pushed down so runs reach ``max_new_tokens``
             (EOS behaviour is then tested explicitly with ``eos=True``).
+        max_positions: the models' context length.
     """
     from transformers import LlamaForCausalLM
 
     gen = torch.Generator().manual_seed(seed)
-    tcfg = tiny_config(vocab=vocab, layers=layers, hidden=hidden)
+    tcfg = tiny_config(vocab=vocab, layers=layers, hidden=hidden, max_positions=max_positions)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         target = LlamaForCausalLM(tcfg)
@@ -71,7 +73,7 @@ def tiny_pair(
         if not eos:
             target.lm_head.weight[tcfg.eos_token_id].zero_()
             target.lm_head.bias = None
-    dcfg = tiny_config(vocab=vocab, layers=max(1, layers // 2), hidden=hidden)
+    dcfg = tiny_config(vocab=vocab, layers=max(1, layers // 2), hidden=hidden, max_positions=max_positions)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 1)
         draft = LlamaForCausalLM(dcfg)
@@ -121,13 +123,13 @@ class TinyPairCache:
     device = "cpu"
     draft_spec = target_spec = "tiny"
 
-    def __init__(self, tokenizer, vocab: int = 64, seed: int = 0):
-        self.tokenizer, self.vocab, self.seed = tokenizer, vocab, seed
+    def __init__(self, tokenizer, vocab: int = 64, seed: int = 0, max_positions: int = 512):
+        self.tokenizer, self.vocab, self.seed, self.max_positions = tokenizer, vocab, seed, max_positions
 
     def model(self, role: str, precision: str):
         from .quant import QUANT_PRECISIONS, quantize_model
 
-        draft, target = tiny_pair(vocab=self.vocab, seed=self.seed)
+        draft, target = tiny_pair(vocab=self.vocab, seed=self.seed, max_positions=self.max_positions)
         m = draft if role == "draft" else target
         if precision in QUANT_PRECISIONS:
             return quantize_model(m, precision)

@@ -26,6 +26,18 @@ PHASES: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """The prompt's prefill so far (``SpeculativeDecoder.generate(prefill_progress=True)`` yields one
+    before the first chunk and one after each): ``done`` of ``total`` prompt tokens fed (target and
+    draft both count), ``seconds`` since the prefill began, ``stopped`` when a stop ended it early."""
+
+    done: int
+    total: int
+    seconds: float
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
 class TokenProvenance:
     """Where one committed token came from.
 
@@ -139,6 +151,18 @@ class StepTrace:
     @property
     def tree_size(self) -> int:
         return 0 if self.tree is None else self.tree.size
+
+    @property
+    def cut_nodes(self) -> list[int]:
+        """Accepted-path nodes (root excluded) the verifier accepted but the run did not commit:
+        the length limit, the context or an earlier EOS (``finish_reason``) ended the run first."""
+        kept = sum(1 for c in self.committed if c.kind == "accepted")
+        return [int(v) for v in self.accepted_nodes[1 + kept:]]
+
+    @property
+    def bonus_cut(self) -> bool:
+        """The verifier drew a bonus token that the run did not commit (see ``cut_nodes``)."""
+        return self.tree is not None and not any(c.kind == "bonus" for c in self.committed)
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepTrace":

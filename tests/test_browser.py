@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ui.page_driver import CHROMIUM_FLAGS, AppStartError, set_field, start_app, stop_app
+from ui.page_driver import CHROMIUM_FLAGS, AppStartError, choose, set_field, start_app, stop_app
 
 pytestmark = pytest.mark.browser
 
@@ -61,6 +61,17 @@ def _wait_status(page, word: str, timeout_s: float = 60) -> None:
                              f"pause button {page.inner_text('#pause-btn')!r}") from e
 
 
+def _prompt_info(page) -> str:
+    return page.inner_text("#prompt-info [data-testid=markdown]").strip()
+
+
+def _ready(page) -> None:
+    """The page is served and its client is connected: the load event has filled the prompt line."""
+    page.wait_for_selector("#run-btn", timeout=60_000)
+    page.wait_for_function("() => (document.querySelector('#prompt-info') || {innerText: ''})"
+                           ".innerText.includes('tokens')", timeout=60_000)
+
+
 def _tokens(page) -> int:
     return page.locator("#colored-text .dt-tok").count()
 
@@ -96,7 +107,49 @@ def test_app_end_to_end(app_url, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1800})
             page.goto(app_url, timeout=60_000)
-            page.wait_for_selector("#run-btn", timeout=60_000)
+            _ready(page)
+
+            # --- the app's defaults: Method and precisions auto; Run, Step and Compare each finish
+            assert _prompt_info(page) == "5 tokens"
+            page.click("#model-pair")  # (closed by default)
+            for elem in ("method", "precision", "draft-precision"):
+                assert page.locator(f"#{elem} input").first.input_value() == "auto"
+            page.click("#model-pair")
+            page.click("#run-btn")
+            _wait_status(page, "finished", 300)  # the first auto measures the tiny pair's profile
+            assert "auto:" in _status(page) and _error_line(page).strip() == ""
+            assert _tokens(page) == 24
+            page.click("#step-btn")
+            _wait_status(page, "paused", 120)
+            assert "1 steps" in _status(page)
+            page.click("#stop-btn")
+            _wait_status(page, "stopped", 30)
+            page.get_by_role("tab", name="Compare").click()
+            page.click("#compare-btn")
+            page.wait_for_function(
+                "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=180_000)
+            for i in range(4):
+                assert page.locator(f"#compare-text-{i} .dt-tok").count() == 24
+            assert 'class="dt-prompt"' in page.inner_html("#compare-text-3")  # prompt and colours, like ours
+            page.get_by_role("tab", name="Live").click()
+
+            # --- a bad seed is refused inline, naming the field; the shown run stays
+            shown = _tokens(page)
+            set_field(page, "seed", -1)
+            page.click("#run-btn")
+            page.wait_for_function("() => document.querySelector('#error-box').innerText.includes('seed')",
+                                   timeout=30_000)
+            assert "[0, 2^63)" in _error_line(page) and _tokens(page) == shown
+            set_field(page, "seed", 0)
+
+            # --- the rest drives one tree method at fixed precisions
+            choose(page, "method", "dyspec_greedy")
+            page.click("#model-pair")
+            choose(page, "precision", "float32")
+            choose(page, "draft-precision", "float32")
+            page.click("#model-pair")
+            set_field(page, "budget", 16)
+            set_field(page, "depth", 4)
 
             # --- Run: every panel renders
             page.click("#run-btn")
@@ -225,9 +278,20 @@ def test_app_end_to_end(app_url, tmp_path):
             page.wait_for_selector("#export-files a", timeout=30_000)
             assert "steptraces.json" in (page.locator("#export-files a").first.get_attribute("href") or "")
 
+            # --- a file that is not an exported run: an inline error with its name, nothing lost
+            bogus = tmp_path / "notes.json"
+            bogus.write_text('{"hello": 1}')
+            page.set_input_files("#open-run input[type=file]", str(bogus))
+            page.wait_for_function(
+                "() => document.querySelector('#error-box').innerText.includes('not a DynTree run export')",
+                timeout=30_000)
+            assert "notes.json" in _error_line(page) and "/tmp" not in _error_line(page)
+            assert _tokens(page) == stopped_at
+
             # --- compare mode: AR vs chain vs a tree method, same prompt/seed/length
             set_field(page, "max-new-tokens", 12)
             page.get_by_role("tab", name="Compare").click()
+            choose(page, "compare-method", "dyspec_greedy")
             page.click("#compare-btn")
             page.wait_for_function(
                 "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=90_000)
@@ -276,3 +340,29 @@ def test_app_end_to_end(app_url, tmp_path):
             assert (tmp_path / "final.png").stat().st_size > 10_000
         finally:
             browser.close()
+
+
+def test_first_screen_at_1280x800(app_url, tmp_path):
+    """What a new user sees on a laptop screen: Run and the status line above the fold, the prompt's
+    token count, and an export before any run is a notice, not an error."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(app_url, timeout=60_000)
+            _ready(page)
+            for elem in ("run-btn", "status"):
+                box = page.locator(f"#{elem}").bounding_box()
+                assert box is not None and box["y"] + box["height"] <= 800, (elem, box)
+            assert _prompt_info(page) == "5 tokens"
+            page.screenshot(path=str(tmp_path / "first_screen.png"))
+            page.click("#export")
+            page.click("#export-json")
+            page.wait_for_selector(".toast-item", timeout=30_000)  # the notice
+            time.sleep(2 * STREAM_INTERVAL_S)
+            assert _error_line(page).strip() == ""
+        finally:
+            browser.close()
+

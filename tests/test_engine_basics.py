@@ -112,18 +112,20 @@ def test_mismatched_vocab_is_refused_with_both_sizes():
 
 @pytest.mark.parametrize("method", ["autoregressive", "dyspec_greedy"])
 def test_chunked_prefill_reports_progress_and_changes_nothing(pair, monkeypatch, method):
-    """A prompt prefilled in chunks of 7 gives the same greedy output as one forward, and
-    ``on_prefill`` counts every prompt token of each model that is prefilled."""
+    """A prompt prefilled in chunks of 7 gives the same greedy output as one forward, and the
+    ``PrefillProgress`` items count every prompt token of each model that is prefilled."""
     import dyntree_core.decode.engine as engine
+    from dyntree_core.trace import PrefillProgress
 
     draft, target = pair
     prompt = [int(x) for x in torch.randint(1, 60, (40,), generator=torch.Generator().manual_seed(3))]
     cfg = DecodeConfig(method=method, budget=12, depth=3)
     whole = SpeculativeDecoder(draft, target, cfg).generate_ids(prompt, 16)
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 7)
-    seen: list[tuple[int, int]] = []
-    chunked = [c.token_id for t in SpeculativeDecoder(draft, target, cfg).generate(
-        prompt, 16, on_prefill=lambda done, total: seen.append((done, total))) for c in t.committed]
+    items = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, 16, prefill_progress=True))
+    seen = [(p.done, p.total) for p in items if isinstance(p, PrefillProgress)]
+    assert all(isinstance(p, PrefillProgress) for p in items[:len(seen)])  # all progress comes first
+    chunked = [c.token_id for t in items[len(seen):] for c in t.committed]
     assert chunked == whole
     models = 1 if method == "autoregressive" else 2
     total = 39 * models
@@ -137,19 +139,22 @@ def test_stop_during_the_prefill_ends_it_after_the_current_chunk(pair, monkeypat
     import threading
 
     import dyntree_core.decode.engine as engine
+    from dyntree_core.trace import PrefillProgress
 
     draft, target = pair
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 5)
     stop = threading.Event()
-    seen: list[int] = []
-
-    def progress(done: int, total: int) -> None:
-        seen.append(done)
-        if done >= 10:
+    items = []
+    for item in SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=8, depth=3)).generate(
+            list(range(2, 42)), 16, stop_event=stop, prefill_progress=True):
+        items.append(item)
+        if item.done >= 10:
             stop.set()
-
-    prompt = list(range(2, 42))
-    steps = list(SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=8, depth=3)).generate(
-        prompt, 16, stop_event=stop, on_prefill=progress))
-    assert steps == []
-    assert seen == [0, 5, 10]  # the chunk after the stop never ran
+    assert all(isinstance(i, PrefillProgress) for i in items)  # no step
+    assert [i.done for i in items] == [0, 5, 10, 10] and items[-1].stopped  # the chunk after the stop never ran
+    # without progress items the iterator simply ends
+    stop.clear()
+    steps = SpeculativeDecoder(draft, target, DecodeConfig(method="chain", depth=2)).generate(
+        list(range(2, 42)), 16, stop_event=stop)
+    stop.set()
+    assert list(steps) == []

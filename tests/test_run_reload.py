@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import gradio as gr
 import pytest
@@ -74,7 +75,7 @@ def test_a_file_that_is_not_a_run_export_is_refused(tmp_path):
     bad.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(RunFileError, match="not a DynTree run export"):
         read_json(bad)
-    with pytest.raises(RunFileError, match="cannot read"):
+    with pytest.raises(RunFileError, match="missing.json could not be read"):
         read_json(tmp_path / "missing.json")
 
 
@@ -83,7 +84,6 @@ def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
     next refresh tick draws it: the tree of its last step, its text and status, with no model
     provider call."""
     from ui.app import build_app
-    from ui.session import SessionState
 
     class NoModels:
         default_draft = default_target = "tiny"
@@ -100,19 +100,19 @@ def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
     on_tick = next(f.fn for f in fns if getattr(f, "name", None) == "on_tick")
     run = runs[0]
     path = write_json(run, tmp_path / "run.json")
-    state = SessionState()
+    tab = types.SimpleNamespace(session_hash="tab")  # what Gradio passes as the request
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
-    assert on_open(state, str(path)) is None  # the Live tab's components are the tick's alone
-    out = on_tick(state, 16)
-    assert state.record is not None and state.record.token_ids == run.token_ids
+    on_tick(tab, 16)  # the first tick shows the footer's memory line
+    assert on_open(tab, str(path)) is None  # the Live tab's components are the tick's alone
+    out = on_tick(tab, 16)
     expected = step_view(run, len(run.traces) - 1, 16)
     assert _same(_fig(out[by_id["tree-plot"]]), _fig(expected.tree))  # the tree of the last step
     assert out[by_id["colored-text"]] == run_view(run, None).text_html
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    on_open(state, str(bad))
-    out = on_tick(state, 16)
+    on_open(tab, str(bad))
+    out = on_tick(tab, 16)
     error = str(out[by_id["error-box"]])
     assert "Cannot open the run" in error and "not a DynTree run export" in error  # the inline error box
-    assert state.record is not None and state.record.token_ids == run.token_ids  # the open run stays
-    assert list(on_tick(state, 16).values()) == [gr.skip()]  # nothing changed: nothing redrawn
+    assert out[by_id["colored-text"]] == run_view(run, None).text_html  # the open run stays
+    assert list(on_tick(tab, 16).values()) == [gr.skip()]  # nothing changed: nothing redrawn

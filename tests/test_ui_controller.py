@@ -3,8 +3,10 @@ real app's defaults (``AppDefaults()``: Method, Target and Draft precision = ``a
 
 from __future__ import annotations
 
+import time
 import types
 
+import gradio as gr
 import pytest
 
 from ui.controller import Controller
@@ -30,7 +32,7 @@ def _form(**kw) -> list:
 def controller(tmp_path, monkeypatch) -> Controller:
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))  # a fresh profile cache: auto measures
     comps = types.SimpleNamespace(
-        cmp_speed="cmp_speed", cmp_steps="cmp_steps", cmp_status="cmp_status",
+        cmp_speed="cmp_speed", cmp_steps="cmp_steps", cmp_status="cmp_status", export_files="export_files",
         cmp_texts=tuple(f"text{i}" for i in range(N_COMPARE)), cmp_stats=tuple(f"stats{i}" for i in range(N_COMPARE)))
     return Controller(TinyModelProvider(), comps, [], stream_interval_s=0.5)
 
@@ -81,3 +83,135 @@ def test_bad_input_is_refused_before_any_work_and_keeps_the_result(controller, f
     controller.on_run(state, False, *_form(**{field: value}))
     assert words in state.error, state.error
     assert state.record is before and before.status == "finished"
+
+
+LONG = " ".join(f"t{2 + i % 60}" for i in range(9000))  # 9,000 tokens of the tiny tokenizer
+FIXED = dict(method="chain", precision="float32", draft_precision="float32", max_new_tokens=8)
+
+
+def _wait_for(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_prompt_over_the_limit_is_refused_before_any_work(controller):
+    state = SessionState()
+    controller.on_run(state, False, *_form(prompt=LONG, **FIXED))
+    assert "prompt: 9,000 tokens, over the limit of 4,096" in state.error and "keep the end" in state.error
+    assert state.record is None and state.worker is None
+
+
+def test_the_prompt_line_counts_tokens_before_run(controller):
+    state = SessionState()
+    assert controller.prompt_info(state, "tiny", "tiny", "t1 t2 t3", False, 8, 16) == "3 tokens"
+    line = controller.prompt_info(state, "tiny", "tiny", LONG, False, 8, 16)
+    assert "9,000 tokens" in line and "over the limit of 4,096" in line
+
+
+def test_stop_during_a_long_prefill_ends_it_within_one_chunk(controller):
+    """9,000 tokens kept to their last 4,096: prefilled in 512-token chunks; a Stop between two
+    chunks runs no further chunk and decodes no step."""
+    state = SessionState()
+    controller.on_run(state, False, *_form(prompt=LONG, long_prompt="keep the end", **FIXED))
+    assert state.error == "", state.error
+    rec = state.record
+    assert len(rec.prompt_ids) == 4096 and "first 4,904 of 9,000 tokens were dropped" in rec.note
+    _wait_for(lambda: rec.prefill[0] > 0)
+    with controller.model_lock.turn("test: another session's step"):  # the worker now waits between chunks
+        done = rec.prefill[0]
+        assert 0 < done < rec.prefill[1]
+        controller.on_stop(state)
+    assert state.worker.join(60)
+    assert rec.status == "stopped" and rec.traces == []
+    assert rec.prefill[0] == done  # not one more chunk
+
+
+def test_a_second_session_runs_within_a_few_chunks_of_a_long_prefill(controller, monkeypatch):
+    """Sessions take turns chunk by chunk: while A prefills 4,096 tokens in 64-token chunks (128
+    chunks for target and draft), B's Run gets its first step after at most a handful of A's chunks
+    (B's own turns: the cost model's forward, two prefill items and the step)."""
+    import dyntree_core.decode.engine as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
+    a, b = SessionState(), SessionState()
+    controller.on_run(a, False, *_form(prompt=LONG, long_prompt="keep the end", **FIXED))
+    _wait_for(lambda: a.record.prefill[0] >= 2 * 64)
+    start = a.record.prefill[0]
+    controller.on_run(b, False, *_form(prompt="t1 t2 t3", **FIXED))
+    _wait_for(lambda: bool(b.record.traces) or b.record.status != "running")
+    chunks = (a.record.prefill[0] - start) / 64
+    assert b.record.traces, (b.record.status, b.error)
+    assert chunks <= 8, f"A ran {chunks:.0f} chunks before B's first step"
+    assert a.record.prefill[0] < a.record.prefill[1]  # A was still prefilling
+    for s in (a, b):
+        controller.on_stop(s)
+        assert s.worker.join(60)
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"settings": {}}', "is not a DynTree run export"),
+    ('["a", "b"]', "is not a DynTree run export"),
+    ('{"format": "dyntree.run/1", "settings": {"draft": "tiny"}}', "damaged or from an incompatible version"),
+    ('{"format": "dyntree.run/1", "settings": "x"}', "damaged or from an incompatible version"),
+    ("not json at all", "is not valid JSON"),
+])
+def test_a_file_that_is_not_an_exported_run_says_so_without_server_paths(controller, tmp_path, content, words):
+    bad = tmp_path / "upload" / "my run.json"
+    bad.parent.mkdir()
+    bad.write_text(content)
+    state = SessionState()
+    controller.on_open_run(state, str(bad))
+    assert words in state.error and "my run.json" in state.error, state.error
+    assert str(tmp_path) not in state.error and "Unexpected error" not in state.error
+
+
+def test_export_before_any_run_is_not_an_error(controller):
+    state = SessionState()
+    out = controller.on_export("json")(state, 0, 16)
+    assert state.error == "" and list(out.values()) == [gr.skip()]
+
+
+def test_temp_paths_never_reach_the_page():
+    import tempfile
+
+    from ui.errors import describe_error
+
+    path = f"{tempfile.gettempdir()}/gradio/0a1b2c/steptraces.json"
+    assert describe_error(OSError(f"cannot open {path}: denied")) == "Unexpected error (OSError): cannot open steptraces.json: denied"
+
+
+def test_every_event_of_a_tab_sees_one_session_state(controller):
+    """The tab's first events arrive together (timer, load, a quick click): they must all get the
+    same SessionState, created once (Gradio's own per-session store creates it without a lock)."""
+    import threading
+    import typing
+
+    from ui.session import SessionRegistry
+
+    registry = SessionRegistry()
+    barrier = threading.Barrier(16)
+    got = []
+
+    def first_event():
+        barrier.wait()
+        got.append(registry.get("tab-1"))
+
+    threads = [threading.Thread(target=first_event) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(s) for s in got}) == 1 and len(registry) == 1
+
+    seen = []
+    handler = controller.bound(lambda state, *inputs: seen.append((state, inputs)))
+    assert typing.get_type_hints(handler)["request"] is gr.Request  # what Gradio injects the request by
+    for _ in range(2):
+        handler(types.SimpleNamespace(session_hash="tab-2"), 1, 2)
+    handler(types.SimpleNamespace(session_hash="tab-3"))
+    assert seen[0][0] is seen[1][0] is controller.sessions.get("tab-2") and seen[0][1] == (1, 2)
+    assert seen[2][0] is not seen[0][0]
+    controller.on_unload(types.SimpleNamespace(session_hash="tab-2"))
+    assert controller.sessions.get("tab-2") is not seen[0][0]  # a reloaded tab starts afresh

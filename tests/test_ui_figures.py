@@ -346,21 +346,21 @@ def test_tiny_provider_refuses_other_models(provider):
 def test_generation_step_and_stop_keep_what_was_produced(provider):
     gen = start_generation(provider, _settings(method="chain", max_new_tokens=40))
     assert gen.record.traces == []
-    first = gen.advance()
+    first = gen.next_step()
     assert first is not None and len(gen.record.traces) == 1
-    gen.advance()
+    gen.next_step()
     produced = gen.record.token_ids
     gen.stop_now()
     assert gen.done and gen.record.status == "stopped"
-    assert gen.advance() is None
+    assert gen.next_step() is None
     assert gen.record.token_ids == produced and 2 <= len(produced) < 40
 
 
 def test_stop_event_ends_a_running_generation(provider):
     gen = start_generation(provider, _settings(method="chain", max_new_tokens=40))
-    gen.advance()
+    gen.next_step()
     gen.stop_event.set()
-    last = gen.advance()
+    last = gen.next_step()
     assert last is not None and last.finish_reason == "stopped"
     assert gen.done and gen.record.status == "stopped"
 
@@ -468,3 +468,49 @@ def test_compare_hf_assisted_column_is_transformers_on_the_same_pair(provider, a
     stop.set()
     stopped = run_hf_assisted(provider, _settings(method="autoregressive"), stop)
     assert stopped.status == "stopped" and 0 < len(stopped.token_ids) < 12
+
+
+def test_a_step_cut_by_max_new_tokens_is_marked_in_tree_walkthrough_and_text(provider):
+    """The verifier may accept more than the run has room for: the tree marks the tokens that were
+    not kept, the walkthrough says so, and the text holds exactly max new tokens."""
+    from ui.walkthrough import walkthrough_html
+
+    found = 0
+    for max_new in range(3, 14):
+        rec = run_to_end(provider, _settings(method="dyspec_greedy", budget=24, depth=5, max_new_tokens=max_new))
+        last = rec.traces[-1]
+        assert len(rec.token_ids) == max_new and last.finish_reason == "length"
+        verified = len(last.accepted_nodes) - 1 + 1  # accepted draft tokens + the bonus
+        dropped = len(last.cut_nodes) + int(last.bonus_cut)
+        assert last.num_committed + dropped == verified  # every verified token is kept or marked
+        if not dropped:
+            continue
+        found += 1
+        title = tree_figure(last, rec.texts, rec.root_token(len(rec.traces) - 1)).layout.title.text
+        assert f"{last.num_committed} kept (max new tokens reached)" in title, title
+        page = walkthrough_html(last, rec.texts, None)
+        assert f"Only the first {last.num_committed} of the tokens this step verified were kept" in page
+        assert "(not kept)" in page
+    assert found, "no run ended with a cut step: the test proves nothing"
+
+
+def test_the_transformers_column_shows_the_prompt_and_colours_each_round():
+    from ui.session import ExternalRun, RoundPoint
+    from ui.views import external_text_html
+
+    tok = TinyTokenizer(64)
+    run = ExternalRun(label="transformers assisted", text="", token_ids=[5, 6, 7, 8, 9],
+                      rounds=[RoundPoint(0, 3, 0.1, 3), RoundPoint(1, 2, 0.2, 5)], status="finished",
+                      prompt="t1 t2 ", texts=TokenTexts(tok))
+    kinds = [(p.step, p.kind) for p in run.provenance()]
+    assert kinds == [(0, "accepted"), (0, "accepted"), (0, "bonus"), (1, "accepted"), (1, "bonus")]
+    page = external_text_html(run)
+    assert 'class="dt-prompt"' in page and "t1 t2" in page
+    assert page.count("dt-tok dt-accepted") == 3 and page.count("dt-tok dt-bonus") == 2
+
+
+def test_the_baseline_line_spans_the_runs_own_steps(tree_run, ar_run):
+    fig = tokens_per_step_figure([("tree", tree_run.traces)], ar_run.traces)
+    line = next(t for t in fig.data if t.name == "autoregressive (1 / step)")
+    assert list(line.x) == [tree_run.traces[0].step, tree_run.traces[-1].step]
+    assert len(ar_run.traces) > len(tree_run.traces)  # the baseline has more steps: they must not stretch the axis

@@ -3,8 +3,8 @@
 Layout (``layout.py``): controls on the left; on the right a *Live* tab (coloured text, step slider,
 draft tree, masks in BFS/DFS/HPD order, speed charts, phase timings, export and replay) and a
 *Compare* tab (AR vs chain vs a tree method on the same prompt, seed and length). What the events
-do is ``controller.py``; this module only wires components to handlers. Per-browser state lives in
-a ``gr.State`` (``SessionState``). Run starts a background ``DecodeWorker``; Pause/Stop/Step act on
+do is ``controller.py``; this module only wires components to handlers. Per-browser state is a
+``SessionState`` per tab (``Controller.sessions``). Run starts a background ``DecodeWorker``; Pause/Stop/Step act on
 the worker and the session's state; a ``gr.Timer`` is the Live tab's only writer: each tick draws
 the session's state if it changed since the last one.
 """
@@ -18,7 +18,6 @@ import gradio as gr
 from .controller import Controller
 from .layout import AppDefaults, build_layout
 from .models import ModelProvider
-from .session import SessionState
 
 #: the page pulls a fresh snapshot this often when something changed (seconds; DYNTREE_UI_STREAM_INTERVAL
 #: overrides). The pull is timer-driven in the browser, so a busy page never builds up a backlog; an
@@ -53,7 +52,6 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
     """The whole UI; ``model_provider`` loads pairs lazily (on the first Run)."""
     examples = _example_prompts()
     with gr.Blocks(title=defaults.title, fill_width=True) as demo:
-        session = gr.State(SessionState, delete_callback=lambda s: s.close() if isinstance(s, SessionState) else None)
         timer = gr.Timer(STREAM_INTERVAL_S)
         gr.Markdown(
             f"# {defaults.title} — see tree-based speculative decoding\n"
@@ -67,30 +65,36 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
 
         quick = dict(concurrency_limit=None, show_progress="hidden")
         load = dict(concurrency_id="load", concurrency_limit=1, show_progress="hidden")
-        view = [session, c.block_size]
+        on = ctl.bound  # handlers take the tab's SessionState first (ctl.sessions), then the inputs
+        view = [c.block_size]
 
         c.method.change(ctl.verifier_update, [c.method, c.temperature, c.verifier], c.verifier, **quick)
         c.method.change(ctl.method_changed, c.method, [c.method_hint, c.budget, c.depth, c.width, c.threshold], **quick)
         c.temperature.change(ctl.verifier_update, [c.method, c.temperature, c.verifier], c.verifier, **quick)
         c.example.change(ctl.example_chosen, c.example, c.prompt, **quick)
+        prompt_inputs = [c.draft, c.target, c.prompt, c.chat, c.max_new, c.budget]
+        for trigger in (c.prompt.change, c.chat.change, c.max_new.change):
+            trigger(on(ctl.prompt_info), prompt_inputs, c.prompt_info, trigger_mode="always_last", **quick)
+        demo.load(on(ctl.prompt_info), prompt_inputs, c.prompt_info, **quick)
+        demo.unload(ctl.on_unload)
 
         # the Live tab's components have one writer, the timer; the other events only change state
-        timer.tick(ctl.on_tick, view, c.live_outputs, trigger_mode="once", concurrency_id="render",
+        timer.tick(on(ctl.on_tick), view, c.live_outputs, trigger_mode="once", concurrency_id="render",
                    concurrency_limit=4, show_progress="hidden")
-        c.run_btn.click(ctl.on_run, [session, c.with_baseline, *c.form], None, **load)
-        c.pause_btn.click(ctl.on_pause, session, None, **quick)
-        c.step_btn.click(ctl.on_step, [session, *c.form], None, **load)
-        c.stop_btn.click(ctl.on_stop, session, None, **quick)
-        c.step_slider.release(ctl.on_select_step, [session, c.step_slider], None, **quick)
-        c.block_size.change(ctl.on_block_size, session, None, **quick)
-        c.walk_prev.click(ctl.on_walk(-1), session, None, **quick)
-        c.walk_next.click(ctl.on_walk(+1), session, None, **quick)
-        c.open_run.upload(ctl.on_open_run, [session, c.open_run], None, **load)
+        c.run_btn.click(on(ctl.on_run), [c.with_baseline, *c.form], None, **load)
+        c.pause_btn.click(on(ctl.on_pause), None, None, **quick)
+        c.step_btn.click(on(ctl.on_step), c.form, None, **load)
+        c.stop_btn.click(on(ctl.on_stop), None, None, **quick)
+        c.step_slider.release(on(ctl.on_select_step), c.step_slider, None, **quick)
+        c.block_size.change(on(ctl.on_block_size), None, None, **quick)
+        c.walk_prev.click(on(ctl.on_walk(-1)), None, None, **quick)
+        c.walk_next.click(on(ctl.on_walk(+1)), None, None, **quick)
+        c.open_run.upload(on(ctl.on_open_run), c.open_run, None, **load)
         for btn, kind in ((c.png_btn, "png"), (c.svg_btn, "svg"), (c.json_btn, "json")):
-            btn.click(ctl.on_export(kind), [session, c.step_slider, c.block_size], [c.export_files],
+            btn.click(on(ctl.on_export(kind)), [c.step_slider, c.block_size], [c.export_files],
                       concurrency_id="export", concurrency_limit=1)
-        c.cmp_btn.click(ctl.on_compare, [session, c.cmp_method, c.cmp_hf, *c.form], c.compare_outputs, **load)
-        c.cmp_stop.click(ctl.on_compare_stop, session, c.cmp_status, **quick)
+        c.cmp_btn.click(on(ctl.on_compare), [c.cmp_method, c.cmp_hf, *c.form], c.compare_outputs, **load)
+        c.cmp_stop.click(on(ctl.on_compare_stop), None, c.cmp_status, **quick)
 
     demo.queue(default_concurrency_limit=1)
     return demo

@@ -52,9 +52,9 @@ def tokens_per_step_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]],
             mean = statistics.fmean(per)
             fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[mean, mean], mode="lines",
                                      name=f"{name} mean {mean:.2f}", line=dict(color=color, dash="dot")))
-    if baseline:
-        steps = [t.step for t in baseline]
-        fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[1, 1], mode="lines", name="autoregressive (1 / step)",
+    if baseline:  # one token per step, drawn over this chart's own steps (not the baseline's many more)
+        steps = [t.step for _, traces in runs for t in traces] or [t.step for t in baseline]
+        fig.add_trace(go.Scatter(x=[min(steps), max(steps)], y=[1, 1], mode="lines", name="autoregressive (1 / step)",
                                  line=dict(color=BASELINE_COLOR, dash="dash")))
     _style(fig, title, "step", "tokens")
     return fig

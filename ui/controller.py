@@ -8,22 +8,26 @@ decoding steps on the shared models, so sessions take turns instead of clobberin
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import gradio as gr
+
+from dyntree_core.trace import PrefillProgress
 
 from .errors import describe_error, error_markdown
 from .export import read_json, write_images, write_json
 from .layout import METHOD_HINTS, N_COMPARE, Components, verifier_choices
 from .models import ModelProvider
 from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
-from .session import ExternalRun, Generation, RunRecord, SessionState
+from .session import ExternalRun, Generation, ModelLock, RunRecord, SessionRegistry, SessionState
 from .settings import METHOD_PARAMS, RunSettings, settings_from_form
 from .views import compare_views, export_figures, run_view, step_view
-from .worker import DecodeWorker
+from .memory import memory_line, process_rss
+from .worker import DecodeWorker, advance_in_turn
 
 Updates = dict[Any, Any]
 
@@ -37,7 +41,24 @@ class Controller:
         self.c = c
         self.examples = dict(examples)
         self.stream_interval_s = stream_interval_s
-        self.model_lock = threading.Lock()  # one decoding step at a time on the shared models (all sessions)
+        self.model_lock = ModelLock()  # one prefill chunk or decoding step at a time on the shared models
+        self.sessions = SessionRegistry()  # each tab's SessionState
+
+    def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn(state, *inputs)`` as a Gradio handler: the tab's ``SessionState`` is found by the
+        request's session (``SessionRegistry``), so every event of a tab sees the same state."""
+        if inspect.isgeneratorfunction(fn):
+            def handler(request: gr.Request, *inputs):
+                yield from fn(self.sessions.get(request.session_hash), *inputs)
+        else:
+            def handler(request: gr.Request, *inputs):
+                return fn(self.sessions.get(request.session_hash), *inputs)
+        handler.__name__ = getattr(fn, "__name__", "handler")
+        return handler
+
+    def on_unload(self, request: gr.Request) -> None:
+        """The tab was closed or reloaded: its run stops and its state goes."""
+        self.sessions.close(request.session_hash)
 
     # ------------------------------------------------------------------ form helpers
     def method_changed(self, method: str) -> Updates:
@@ -50,6 +71,33 @@ class Controller:
     def verifier_update(method: str, temperature: float, current: Optional[str]) -> Any:
         choices = verifier_choices(method, temperature)
         return gr.Dropdown(choices=choices, value=current if current in choices else "auto")
+
+    def prompt_info(self, state: SessionState, draft: str, target: str, prompt: str, chat: bool,
+                    max_new_tokens: Any, budget: Any) -> str:
+        """The line under the prompt box: its token count, the limit, and the predicted prefill time
+        at this session's last measured prefill rate (nothing is loaded for it)."""
+        if not prompt or not prompt.strip():
+            return ""
+        try:
+            info = self.provider.text_info(str(draft), str(target))
+        except Exception:  # noqa: BLE001 - a bad model name is reported on Run
+            info = None
+        if info is None:
+            return "token count: known once the models are loaded (first Run)"
+        from .prompt_check import check_prompt
+        from .runner import encode_prompt
+
+        ids = encode_prompt(info.tokenizer, prompt, chat=bool(chat) and info.supports_chat)
+        rate, source = None, ""
+        rec = state.record
+        if rec is not None and rec.prefill_seconds and (rec.settings.draft, rec.settings.target) == (draft, target):
+            rate = len(rec.prompt_ids) / rec.prefill_seconds
+            source = f"this session's last prefill: {rate:,.0f} tokens/s"
+        try:
+            new, size = int(float(max_new_tokens)), int(float(budget))
+        except (TypeError, ValueError):
+            new, size = 0, 0
+        return check_prompt(ids, info.context, new, size, rate, source).markdown()
 
     def example_chosen(self, label: Optional[str]) -> Any:
         return self.examples.get(label, gr.skip()) if label else gr.skip()
@@ -94,7 +142,17 @@ class Controller:
             c.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=max(idx, 0), step=1, interactive=n > 1),
             c.error_box: error_markdown(state.error),
             c.pause_btn: self.pause_label(state, "Resume" if paused else "Pause"),
+            c.memory: self.memory_update(state),
         }
+
+    def memory_update(self, state: SessionState) -> Any:
+        """The footer's memory line, re-sent only when the app's memory moved by 0.1 GB or more
+        since the page last showed it (no repaint for the noise between two ticks)."""
+        rss = process_rss()
+        if rss is None or abs(rss - state.rendered_memory) < 1e8:
+            return gr.skip()
+        state.rendered_memory = rss
+        return memory_line(rss)
 
     def fail(self, state: SessionState, exc: BaseException) -> None:
         """Show ``exc`` as a pop-up now and in the inline error line from the next refresh on."""
@@ -104,6 +162,11 @@ class Controller:
         state.bump()
 
     # ------------------------------------------------------------------ run lifecycle
+    def acknowledge(self, state: SessionState) -> None:
+        """A new Run/Step click: the previous error goes at the next refresh, not after the models load."""
+        state.error = ""
+        state.bump()
+
     def halt(self, state: SessionState, wait_s: float = 120.0) -> None:
         """Pause the background worker (if any) and wait for its current step to end."""
         if state.worker is not None:
@@ -134,15 +197,15 @@ class Controller:
                     base = start_generation(self.provider, baseline_of.with_method("autoregressive"))
                     base.record.status = "running"
                     while not gen.stop_event.is_set():
-                        with self.model_lock:
-                            if base.advance() is None or base.done:
-                                break
+                        if advance_in_turn(base, self.model_lock, f"{state.name}: AR baseline",
+                                           state.bump) is None or base.done:
+                            break
                     if base.record.status == "finished":
                         state.baselines[baseline_of.baseline_key()] = base.record
                 finally:
                     state.baseline_running = False
 
-        state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after).start()
+        state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after, who=state.name).start()
 
     def begin(self, state: SessionState, settings: RunSettings) -> None:
         """Replace the session's generation with a new one (the page shows a loading notice meanwhile)."""
@@ -195,11 +258,12 @@ class Controller:
             return self.live(state, block)
         prefill = state.record.prefill if state.record is not None else None
         if state.version == state.rendered_version and prefill == state.rendered_prefill:
-            return {self.c.status: gr.skip()}  # (an empty dict is refused as "too few outputs")
+            return {self.c.memory: self.memory_update(state)}  # (an empty dict is refused as "too few outputs")
         state.rendered_prefill = prefill
         return self.live(state, block)
 
     def on_run(self, state: SessionState, baseline: bool, *values) -> None:
+        self.acknowledge(state)
         try:
             settings = settings_from_form(*values)
             settings.validate()
@@ -219,6 +283,7 @@ class Controller:
         state.bump()
 
     def on_step(self, state: SessionState, *values) -> None:
+        self.acknowledge(state)
         try:
             self.halt(state)
             if not state.active:
@@ -227,8 +292,8 @@ class Controller:
                 self.begin(state, settings)
             gen: Generation = state.generation  # type: ignore[assignment]
             state.view_step = None
-            with self.model_lock:
-                gen.advance()
+            while isinstance(advance_in_turn(gen, self.model_lock, state.name, state.bump), PrefillProgress):
+                state.bump()  # through the prefill's chunks, one turn each, up to one step
             if not gen.done:
                 gen.record.status = "paused"
             elif gen.record.config.method == "autoregressive" and gen.record.status == "finished":
@@ -300,7 +365,7 @@ class Controller:
             rec = state.record
             c = self.c
             if rec is None or not rec.traces:
-                self.fail(state, ValueError("Nothing to export yet: run a generation first."))
+                gr.Info("Nothing to export yet: Run (or Step) first, then export the steps you see.")
                 return {c.export_files: gr.skip()}
             out = Path(state.export_dir()) / f"export-{time.strftime('%H%M%S')}-{kind}"
             try:
@@ -338,6 +403,7 @@ class Controller:
         records: list[RunRecord | ExternalRun] = []
         stop = threading.Event()
         state.compare_stop = stop
+        yield self.compare_progress("starting …")  # the previous status goes at once
         try:
             settings = settings_from_form(*values)
             settings.validate()
@@ -351,9 +417,8 @@ class Controller:
                 yield self.compare_updates(records, f"running {gen.record.label} …")
                 last = time.monotonic()
                 while True:
-                    with self.model_lock:
-                        if gen.advance() is None or gen.done:
-                            break
+                    if advance_in_turn(gen, self.model_lock, f"{state.name}: compare") is None or gen.done:
+                        break
                     if time.monotonic() - last >= 2 * self.stream_interval_s:  # partial text as it grows
                         last = time.monotonic()
                         yield self.compare_updates(records, f"running {gen.record.label} … "
@@ -361,7 +426,7 @@ class Controller:
                 if stop.is_set():
                     break
             if with_hf and not stop.is_set():
-                yield from self.compare_hf_assisted(settings, stop, records)
+                yield from self.compare_hf_assisted(settings, stop, records, f"{state.name}: transformers assisted")
         except Exception as e:  # noqa: BLE001
             msg = describe_error(e)
             gr.Warning(msg)
@@ -374,7 +439,7 @@ class Controller:
         yield self.compare_updates(records, "stopped" if stop.is_set() else "done: same prompt, seed and length")
 
     def compare_hf_assisted(self, settings: RunSettings, stop: threading.Event,
-                            records: list[RunRecord | ExternalRun]) -> Iterator[Updates]:
+                            records: list[RunRecord | ExternalRun], who: str) -> Iterator[Updates]:
         """Run transformers' assisted generation in a thread (holding the model lock) and stream
         its progress; its result is appended to ``records``."""
         records.append(ExternalRun(label=HF_ASSISTED_LABEL))
@@ -384,7 +449,7 @@ class Controller:
 
         def work() -> None:
             try:
-                with self.model_lock:
+                with self.model_lock.turn(who):
                     box["run"] = run_hf_assisted(self.provider, settings, stop,
                                                  progress=lambda n: tokens.__setitem__(0, n))
             except Exception as e:  # noqa: BLE001

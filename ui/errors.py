@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
+import tempfile
+from pathlib import Path
 
 from dyntree_core.config import ConfigError
 
@@ -27,7 +30,19 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def describe_error(exc: BaseException) -> str:
-    """A user-facing message; unexpected errors are also logged with their traceback."""
+    """A user-facing message (server temp paths reduced to file names); unexpected errors are also
+    logged with their traceback."""
+    return without_temp_paths(_describe(exc))
+
+
+def without_temp_paths(message: str) -> str:
+    """``message`` with every path under the server's temp directory (uploads, exports) reduced to
+    its file name: those paths mean nothing to the user and tell them about the server."""
+    root = re.escape(tempfile.gettempdir().rstrip("/"))
+    return re.sub(root + r"/[^\s'\"()\[\],;]*", lambda m: Path(m.group(0)).name, message)
+
+
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, ConfigError):
         return f"Invalid settings: {exc}"
     if isinstance(exc, ModelLoadError):

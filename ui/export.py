@@ -45,8 +45,30 @@ RUN_FORMAT = "dyntree.run/1"
 
 def read_json(path: Path) -> RunRecord:
     """An exported run (``write_json``) as a ``RunRecord`` again: settings, config, prompt ids, token
-    texts and every step, so each figure can be drawn without the models."""
-    from dataclasses import fields
+    texts and every step, so each figure can be drawn without the models. Anything else raises
+    ``RunFileError`` naming the file (not its path) and what is wrong."""
+    name = Path(path).name  # (never the server's path: it is a temporary upload location)
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise RunFileError(f"{name} is not a text file: open a run exported with 'JSON (StepTraces)'") from None
+    except ValueError as e:
+        raise RunFileError(f"{name} is not valid JSON ({e}): open a run exported with 'JSON (StepTraces)'") from None
+    except OSError as e:
+        raise RunFileError(f"{name} could not be read ({e.strerror or type(e).__name__})") from None
+    if not isinstance(d, dict) or d.get("format") != RUN_FORMAT:
+        raise RunFileError(f"{name} is not a DynTree run export (no \"format\": {RUN_FORMAT!r}): open a file "
+                           "saved with 'JSON (StepTraces)'")
+    try:
+        return _record_from(d)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        what = f"missing field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise RunFileError(f"{name} is a DynTree run export but it is damaged or from an incompatible "
+                           f"version ({what})") from None
+
+
+def _record_from(d: dict) -> RunRecord:
+    from dataclasses import MISSING, fields
 
     from dyntree_core.config import DecodeConfig
     from dyntree_core.trace import StepTrace
@@ -54,15 +76,14 @@ def read_json(path: Path) -> RunRecord:
     from .settings import RunSettings
     from .tokens import StoredTokenTexts
 
-    try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RunFileError(f"cannot read run file {path}: {e}") from e
-    if not isinstance(d, dict) or d.get("format") != RUN_FORMAT:
-        raise RunFileError(f"{Path(path).name} is not a DynTree run export (format {RUN_FORMAT!r})")
-
     def build(cls, values: dict):
+        if not isinstance(values, dict):
+            raise TypeError(f"{cls.__name__} must be an object, got {type(values).__name__}")
         names = {f.name for f in fields(cls) if f.init}
+        missing = [f.name for f in fields(cls) if f.init and f.default is MISSING
+                   and f.default_factory is MISSING and f.name not in values]
+        if missing:
+            raise KeyError(f"{cls.__name__}.{missing[0]}")
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names}
         return cls(**kw)
 

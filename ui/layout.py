@@ -13,6 +13,8 @@ from dyntree_core.methods import REGISTRY
 from dyntree_core.tree import BLOCK_SIZES
 
 from .mask_figure import MASK_LEGEND
+from .memory import memory_line
+from .prompt_check import LONG_PROMPT_CHOICES, MAX_PROMPT_TOKENS
 from .runner import HF_ASSISTED_LABEL
 from .settings import AUTO, MAX_NEW_TOKENS, METHOD_CHOICES, METHOD_PARAMS, PRECISION_CHOICES, TREE_METHODS
 from .views import run_view, step_view
@@ -65,6 +67,8 @@ class Components:
     draft_precision: Any
     offload: Any
     prompt: Any
+    prompt_info: Any
+    long_prompt: Any
     chat: Any
     example: Any
     method: Any
@@ -113,13 +117,14 @@ class Components:
     cmp_steps: Any
     cmp_texts: tuple[Any, ...]
     cmp_stats: tuple[Any, ...]
+    memory: Any
 
     @property
     def form(self) -> list[Any]:
         """The run settings, in ``settings.settings_from_form``'s argument order."""
         return [self.draft, self.target, self.device, self.dtype, self.prompt, self.chat, self.method, self.verifier,
                 self.temperature, self.top_p, self.budget, self.depth, self.width, self.threshold, self.max_new,
-                self.seed, self.offload, self.precision, self.draft_precision]
+                self.seed, self.offload, self.precision, self.draft_precision, self.long_prompt]
 
     @property
     def masks(self) -> tuple[Any, Any, Any]:
@@ -134,8 +139,7 @@ class Components:
     def live_outputs(self) -> list[Any]:
         """Everything the Live tab's refresh tick draws (its only writer)."""
         return [*self.step_outputs, self.text_html, self.cost_model, self.speed_plot, self.steps_plot, self.status,
-                self.step_slider,
-                self.error_box, self.pause_btn]
+                self.step_slider, self.error_box, self.pause_btn, self.memory]
 
     @property
     def compare_outputs(self) -> list[Any]:
@@ -161,7 +165,9 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                 with gr.Row():
                     device = gr.Dropdown(["cpu", "cuda"] if cuda else ["cpu"], value=defaults.device,
                                          label="Device", elem_id="device")
-                    dtype = gr.Dropdown(list(DTYPES), value=defaults.dtype, label="dtype", elem_id="dtype")
+                    dtype = gr.Dropdown(list(DTYPES), value=defaults.dtype, label="dtype", elem_id="dtype",
+                                        info="of float weights and of the activations between layers; "
+                                             "int8/int4 layers keep their low-bit weights")
                 with gr.Row():
                     precision = gr.Dropdown(list(PRECISION_CHOICES), value=defaults.precision,
                                             label="Target precision", elem_id="precision",
@@ -170,7 +176,8 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                                                   label="Draft precision", elem_id="draft-precision")
                 offload = gr.Checkbox(False, label="Offload the target's layers to host memory (CUDA)",
                                       visible=cuda, elem_id="offload")
-            prompt = gr.Textbox(defaults.prompt, lines=4, label="Prompt", elem_id="prompt")
+            prompt = gr.Textbox(defaults.prompt, lines=3, max_lines=12, label="Prompt", elem_id="prompt")
+            prompt_info = gr.Markdown("", elem_id="prompt-info")
             with gr.Row():
                 chat = gr.Checkbox(defaults.chat, label="Chat template", elem_id="chat",
                                    info="wrap the prompt when the tokenizer has one")
@@ -178,31 +185,6 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                                       visible=bool(examples), elem_id="example-prompt")
             method = gr.Dropdown(list(METHOD_CHOICES), value=defaults.method, label="Method", elem_id="method")
             method_hint = gr.Markdown(METHOD_HINTS.get(defaults.method, ""), elem_id="method-hint")
-            verifier = gr.Dropdown(verifier_choices(defaults.method, 0.0), value="auto",
-                                   label="Verifier (lossless choices only)", elem_id="verifier")
-            with gr.Row():
-                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
-                                        elem_id="temperature")
-                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
-            used = METHOD_PARAMS.get(defaults.method, frozenset())
-            with gr.Row():
-                # no minimum/maximum on the numbers: Gradio would answer an out-of-range value with a
-                # bare "Error"; RunSettings/DecodeConfig name the field and its range inline instead
-                budget = gr.Number(defaults.budget, label="Budget (nodes incl. root, 2-4096)", precision=0,
-                                   interactive="budget" in used, elem_id="budget")
-                depth = gr.Number(defaults.depth, label="Depth (1-256)", precision=0,
-                                  interactive="depth" in used, elem_id="depth")
-            with gr.Row():
-                width = gr.Number(defaults.width, label="Width (1-256)", precision=0,
-                                  interactive="width" in used, elem_id="width")
-                threshold = gr.Number(0.05, label="Threshold (0-1)", step=0.01,
-                                      interactive="threshold" in used, elem_id="threshold")
-            with gr.Row():
-                max_new = gr.Number(defaults.max_new_tokens, label=f"Max new tokens (1-{MAX_NEW_TOKENS})", precision=0,
-                                    elem_id="max-new-tokens")
-                seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="seed")
-            with_baseline = gr.Checkbox(False, label="Then run the autoregressive baseline (same prompt, seed, length)",
-                                        elem_id="with-baseline")
             with gr.Row(elem_id="run-controls"):
                 run_btn = gr.Button("Run", variant="primary", elem_id="run-btn", min_width=60)
                 pause_btn = gr.Button("Pause", elem_id="pause-btn", min_width=60)
@@ -210,6 +192,34 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
             status = gr.Markdown("Idle. Press Run, or Step through one step at a time.", elem_id="status")
             error_box = gr.Markdown("", elem_id="error-box")
+            with gr.Accordion("Decoding settings", open=True, elem_id="decoding-settings"):
+                verifier = gr.Dropdown(verifier_choices(defaults.method, 0.0), value="auto",
+                                       label="Verifier (lossless choices only)", elem_id="verifier")
+                with gr.Row():
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                            elem_id="temperature")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
+                used = METHOD_PARAMS.get(defaults.method, frozenset())
+                with gr.Row():
+                    # no minimum/maximum on the numbers: Gradio would answer an out-of-range value with a
+                    # bare "Error"; RunSettings/DecodeConfig name the field and its range inline instead
+                    budget = gr.Number(defaults.budget, label="Budget (nodes incl. root, 2-4096)", precision=0,
+                                       interactive="budget" in used, elem_id="budget")
+                    depth = gr.Number(defaults.depth, label="Depth (1-256)", precision=0,
+                                      interactive="depth" in used, elem_id="depth")
+                with gr.Row():
+                    width = gr.Number(defaults.width, label="Width (1-256)", precision=0,
+                                      interactive="width" in used, elem_id="width")
+                    threshold = gr.Number(0.05, label="Threshold (0-1)", step=0.01,
+                                          interactive="threshold" in used, elem_id="threshold")
+                with gr.Row():
+                    max_new = gr.Number(defaults.max_new_tokens, label=f"Max new tokens (1-{MAX_NEW_TOKENS})",
+                                        precision=0, elem_id="max-new-tokens")
+                    seed = gr.Number(0, label="Seed (0 or more)", precision=0, elem_id="seed")
+                long_prompt = gr.Radio(list(LONG_PROMPT_CHOICES), value="refuse", elem_id="long-prompt",
+                                       label=f"Long prompt (over {MAX_PROMPT_TOKENS:,} tokens or the context)")
+                with_baseline = gr.Checkbox(False, label="Then run the autoregressive baseline (same prompt, seed, "
+                                            "length)", elem_id="with-baseline")
             gr.HTML(PAGE_STYLE, elem_id="page-style", padding=False)
 
         # ---------------------------------------------------------------- panels
@@ -276,6 +286,7 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                     with gr.Row():
                         cmp_speed = gr.Plot(label="Tokens/s", elem_id="compare-speed")
                         cmp_steps = gr.Plot(label="Tokens per step", elem_id="compare-steps")
+    memory = gr.Markdown(memory_line(), elem_id="memory-footer")
 
     return Components(
         draft=draft,
@@ -286,6 +297,8 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
         draft_precision=draft_precision,
         offload=offload,
         prompt=prompt,
+        prompt_info=prompt_info,
+        long_prompt=long_prompt,
         chat=chat,
         example=example,
         method=method,
@@ -334,4 +347,5 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
         cmp_steps=cmp_steps,
         cmp_texts=tuple(cmp_texts),
         cmp_stats=tuple(cmp_stats),
+        memory=memory,
     )

@@ -26,7 +26,9 @@ MAX_CELLS = 256  # larger masks are shown downsampled (any() over tiles)
 MASK_COLORS: tuple[str, ...] = ("#ffffff", "#f9c784", "#2b6cb0", "#2ca02c")
 MASK_LEGEND = ("white: all-zero block, **skipped** by the kernel · amber: a masked cell inside a **computed** block "
                "(work done, then thrown away) · blue: visible ancestor · green: accepted path rows · "
-               "grey lines: block grid")
+               "grey lines: block grid. HPD is DFS with each node's heaviest subtree first: it differs from "
+               "DFS only where a later-drawn sibling has the larger subtree; its title says when no sibling "
+               "did on the shown step.")
 
 
 def _colorscale() -> list[list]:
@@ -94,6 +96,8 @@ def mask_heatmap(trace: StepTrace, order: str, block_size: int) -> tuple[go.Heat
         lines.append(dict(type="line", x0=c, x1=c, y0=-0.5, y1=edge - 0.5, line=dict(color="#7a7a7a", width=1)))
         lines.append(dict(type="line", y0=c, y1=c, x0=-0.5, x1=edge - 0.5, line=dict(color="#7a7a7a", width=1)))
     note = f" · shown ÷{scale}" if scale > 1 else ""
+    if order == "hpd" and torch.equal(perm, trace.tree.order("dfs")):
+        note += " · same order as DFS (every heaviest subtree was drawn first)"
     title = f"{ORDER_TITLES[order]}: {blocks} of {nb * nb} blocks non-zero ({block_size}×{block_size}){note}"
     return heat, lines, title, blocks
 

@@ -14,6 +14,8 @@ from typing import Any, Optional, Protocol
 
 from dyntree_core.models.load import ModelLoadError  # the one "this pair cannot be loaded" error
 
+from .prompt_check import TextInfo
+
 
 @dataclass(frozen=True)
 class PairSpec:
@@ -79,6 +81,10 @@ class ModelProvider(Protocol):
         """``dyntree_core.planning.auto.AutoPlan`` for the settings' pair, temperature and the choices left to auto."""
         ...
 
+    def text_info(self, draft: str, target: str) -> Optional["TextInfo"]:
+        """The pair's tokenizer and context without loading weights (None when that needs a download)."""
+        ...
+
 
 class HubModelProvider:
     """Loads pairs through ``dyntree_core.planning.auto.PairCache`` (one cache per draft/target/device: the
@@ -93,6 +99,22 @@ class HubModelProvider:
         self._cache: Any = None
         self._cache_key: Optional[tuple] = None
         self.progress: str = ""  # the latest progress line of a long load / profile (status line)
+        self._text_info: dict[tuple[str, str], Optional[TextInfo]] = {}
+
+    def text_info(self, draft: str, target: str) -> Optional[TextInfo]:
+        """The target's tokenizer and context (the loaded pair's, else read from local files once)."""
+        key = (draft.strip(), target.strip())
+        pair = self._pair
+        if pair is not None and (pair.spec.draft, pair.spec.target) == key:
+            context = int(getattr(pair.target.config, "max_position_embeddings", 0) or 1 << 30)
+            return TextInfo(pair.tokenizer, context, pair.supports_chat)
+        if key not in self._text_info:
+            from dyntree_core.models.load import local_text_info
+
+            found = local_text_info(key[1], "target")
+            self._text_info[key] = None if found is None else TextInfo(
+                found[0], found[1], bool(getattr(found[0], "chat_template", None)))
+        return self._text_info[key]
 
     def is_loaded(self, spec: PairSpec) -> bool:
         pair = self._pair

@@ -8,6 +8,7 @@ NODE_COLORS: dict[str, str] = {
     "rejected": "#d62728",
     "unverified": "#c7c7c7",
     "bonus": "#8c4fd0",
+    "cut": "#b8e0b0",
 }
 NODE_LABELS: dict[str, str] = {
     "root": "root (last committed token)",
@@ -15,6 +16,7 @@ NODE_LABELS: dict[str, str] = {
     "rejected": "rejected by the verifier",
     "unverified": "never verified",
     "bonus": "bonus token (from the target)",
+    "cut": "accepted, but past the run's end (not kept)",
 }
 #: draft-tree node shape and outline by what proposed the tokens (``StepTrace.draft_source``)
 SOURCE_SYMBOLS: dict[str, str] = {"model": "circle", "suffix": "square"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Optional
 
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from dyntree_core.config import ConfigError, DecodeConfig
 from dyntree_core.decode.engine import SpeculativeDecoder
 
 from .models import ModelProvider
+from .prompt_check import TextInfo, check_prompt, fit_prompt
 from .session import ExternalRun, Generation, RoundPoint, RunRecord
 from .settings import RunSettings
 from .tokens import TokenTexts
@@ -38,6 +38,12 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     return [int(i) for i in ids]
 
 
+def prompt_ids(info: TextInfo, settings: RunSettings, budget: int) -> tuple[list[int], str]:
+    """The prompt's token ids as the run takes them and a note if they were cut (``fit_prompt``)."""
+    ids = encode_prompt(info.tokenizer, settings.prompt, chat=settings.chat and info.supports_chat)
+    return fit_prompt(ids, check_prompt(ids, info.context, settings.max_new_tokens, budget), settings.long_prompt)
+
+
 def resolve_auto(provider: ModelProvider, settings: RunSettings) -> tuple[RunSettings, str]:
     """``settings`` with every ``auto`` replaced by the provider's plan, and the plan's reason."""
     if not settings.needs_auto:
@@ -60,23 +66,19 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     the record's ``note`` carries the one-line reason. Raises ``ConfigError`` for invalid settings,
     ``ModelLoadError`` for an unloadable pair.
     """
+    info = provider.text_info(settings.draft, settings.target)
+    if info is not None:  # a prompt over the limit is refused before any planning or loading
+        prompt_ids(info, settings, settings.budget)
     settings, note = resolve_auto(provider, settings)
     cfg = settings.decode_config()
     pair = provider.load(settings.pair_spec())
-    ids = encode_prompt(pair.tokenizer, settings.prompt, chat=settings.chat and pair.supports_chat)
+    context = int(getattr(pair.target.config, "max_position_embeddings", 0) or 1 << 30)
+    ids, cut = prompt_ids(TextInfo(pair.tokenizer, context, pair.supports_chat), settings, cfg.budget)
     decoder = SpeculativeDecoder.on_pair(pair.prepared(cfg), cfg, eos_token_id=list(pair.eos_token_ids) or None)
     stop = stop_event or threading.Event()
-    record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer), note=note)
-    started = [0.0]
-
-    def prefill_progress(done: int, total: int) -> None:
-        if done == 0:
-            started[0] = time.perf_counter()
-        record.prefill = (done, total)
-        if done == total:
-            record.prefill_seconds = time.perf_counter() - started[0]
-
-    steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, on_prefill=prefill_progress)
+    record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer),
+                       note="; ".join(n for n in (note, cut) if n))
+    steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, prefill_progress=True)
     return Generation(record, steps, stop)
 
 
@@ -120,4 +122,5 @@ def run_hf_assisted(provider: ModelProvider, settings: RunSettings, stop_event: 
             f"{d['assistant_confidence_threshold']}")
     return ExternalRun(label=HF_ASSISTED_LABEL, text=pair.tokenizer.decode(list(run.token_ids)),
                        token_ids=list(run.token_ids), rounds=rounds,
-                       status="stopped" if run.stopped else "finished", note=note)
+                       status="stopped" if run.stopped else "finished", note=note,
+                       prompt=settings.prompt + ("\n" if settings.chat else ""), texts=TokenTexts(pair.tokenizer))

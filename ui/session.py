@@ -12,12 +12,15 @@ import shutil
 import statistics
 import tempfile
 import threading
+import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal, Optional
+from typing import Callable, Iterator, Literal, Optional
 
 from dyntree_core.config import DecodeConfig
-from dyntree_core.trace import StepTrace
+from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
 from .settings import RunSettings
 from .tokens import TokenTexts
@@ -41,6 +44,8 @@ class RunRecord:
     model_params: tuple[int, int] = (0, 0)  # logical parameter counts (draft, target)
     prefill: tuple[int, int] = (0, 0)  # prompt tokens prefilled so far / in all (target + draft)
     prefill_seconds: Optional[float] = None  # wall time of the prefill once it ended
+    waiting: str = ""  # while this run waits for the shared models: what holds them
+    wait_seconds: float = 0.0  # time spent waiting for other sessions' chunks and steps
 
     @property
     def label(self) -> str:
@@ -100,10 +105,27 @@ class ExternalRun:
     rounds: list[RoundPoint] = field(default_factory=list)
     status: RunStatus = "running"
     note: str = ""
+    prompt: str = ""  # shown before the text, as in the other columns
+    texts: Optional[TokenTexts] = None  # token pieces (None: show ``text`` plain)
 
     @property
     def traces(self) -> list[RoundPoint]:  # what the charts plot
         return self.rounds
+
+    def provenance(self) -> list[TokenProvenance]:
+        """Each round's tokens as the speculative columns show theirs: a round of n tokens is n - 1
+        draft tokens the target accepted and the target's own token (assisted generation ends
+        every round with one)."""
+        out: list[TokenProvenance] = []
+        ids = iter(self.token_ids)
+        for r in self.rounds:
+            for j in range(r.num_committed):
+                tok = next(ids, None)
+                if tok is None:
+                    return out
+                last = j == r.num_committed - 1
+                out.append(TokenProvenance(int(tok), r.step, j + 1, -1, "bonus" if last else "accepted"))
+        return out
 
     def summary(self) -> dict:
         per = [r.num_committed for r in self.rounds]
@@ -123,36 +145,51 @@ class GenerationBusy(RuntimeError):
 
 
 class Generation:
-    """The live engine iterator of a ``RunRecord``."""
+    """The live engine iterator of a ``RunRecord``: each ``advance()`` runs one prefill chunk or one
+    decoding step, so whoever advances it can let other sessions use the models in between."""
 
-    def __init__(self, record: RunRecord, steps: Iterator[StepTrace], stop_event: threading.Event) -> None:
+    def __init__(self, record: RunRecord, steps: Iterator[StepTrace | PrefillProgress],
+                 stop_event: threading.Event) -> None:
         self.record = record
         self._steps = steps
         self.stop_event = stop_event
         self._lock = threading.Lock()
         self.done = False
 
-    def advance(self) -> Optional[StepTrace]:
-        """Run exactly one decoding step; None when the generation has ended."""
+    def advance(self) -> Optional[StepTrace | PrefillProgress]:
+        """Run exactly one prefill chunk or one decoding step; None when the generation has ended."""
         if self.done:
             return None
         if not self._lock.acquire(blocking=False):
             raise GenerationBusy("a step of this generation is already running")
         try:
             try:
-                trace = next(self._steps)
-            except StopIteration:  # a stop during the prefill ends it without a step
+                item = next(self._steps)
+            except StopIteration:
                 self._finish("stopped" if self.stop_event.is_set() else "finished")
                 return None
             except BaseException:
                 self._finish("error")
                 raise
-            self.record.traces.append(trace)
-            if trace.finished:
-                self._finish("stopped" if trace.finish_reason == "stopped" else "finished")
-            return trace
+            if isinstance(item, PrefillProgress):
+                self.record.prefill = (item.done, item.total)
+                if item.stopped:
+                    self._finish("stopped")
+                elif item.done == item.total:
+                    self.record.prefill_seconds = item.seconds
+                return item
+            self.record.traces.append(item)
+            if item.finished:
+                self._finish("stopped" if item.finish_reason == "stopped" else "finished")
+            return item
         finally:
             self._lock.release()
+
+    def next_step(self) -> Optional[StepTrace]:
+        """Advance through any prefill chunks left to the next decoding step (no turns taken)."""
+        while isinstance(item := self.advance(), PrefillProgress):
+            pass
+        return item
 
     def stop_now(self) -> None:
         """End the generation without running another step (used while paused)."""
@@ -172,10 +209,73 @@ class Generation:
         self.record.status = status
 
 
+class ModelLock:
+    """One lock for the models all sessions share, handed out first come, first served.
+
+    Each prefill chunk and each decoding step takes a ``turn``; a session that has to wait is told
+    so (``on_wait``), and ``waiting`` / ``holder`` say who else is there. A plain ``threading.Lock``
+    let the thread that had just released it take it again at once, so a long run starved others."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
+        self._held = False
+        self.holder = ""  # what the current turn is for (shown to sessions that wait)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def acquire(self, who: str = "", on_wait: Optional[Callable[[str], None]] = None) -> float:
+        """Wait for this caller's turn (FIFO); returns the seconds waited. ``on_wait(holder)`` is
+        called once if the lock is busy."""
+        t0 = time.perf_counter()
+        with self._cond:
+            ticket = object()
+            self._queue.append(ticket)
+            if self._held or self._queue[0] is not ticket:
+                if on_wait is not None:
+                    on_wait(self.holder)
+                while self._held or self._queue[0] is not ticket:
+                    self._cond.wait()
+            self._queue.popleft()
+            self._held = True
+            self.holder = who
+        return time.perf_counter() - t0
+
+    def release(self) -> None:
+        with self._cond:
+            if not self._held:
+                raise RuntimeError("release of an unheld ModelLock")
+            self._held = False
+            self.holder = ""
+            self._cond.notify_all()
+
+    @contextmanager
+    def turn(self, who: str = "", on_wait: Optional[Callable[[str], None]] = None) -> Iterator[float]:
+        """``with lock.turn("session 3: step"):`` holds the models for one chunk or step."""
+        waited = self.acquire(who, on_wait)
+        try:
+            yield waited
+        finally:
+            self.release()
+
+    def __enter__(self) -> "ModelLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+_session_numbers = iter(range(1, 1 << 62))
+
+
 class SessionState:
     """Mutable state of one browser session (kept in a ``gr.State``)."""
 
     def __init__(self) -> None:
+        self.name = f"session {next(_session_numbers)}"  # how other sessions waiting for the models see it
         self.record: Optional[RunRecord] = None
         self.generation: Optional[Generation] = None
         self.baselines: dict[tuple, RunRecord] = {}
@@ -191,6 +291,7 @@ class SessionState:
         self.version = 0  # bumped on every change the page should show
         self.rendered_version = 0  # the page starts with the layout's own initial values
         self.rendered_prefill: Optional[tuple[int, int]] = None  # prefill progress the page shows
+        self.rendered_memory = 0  # the app's memory (bytes) the page's footer shows
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None
@@ -229,3 +330,34 @@ class SessionState:
             self.compare_stop.set()
         if self._export_dir is not None:
             shutil.rmtree(self._export_dir, ignore_errors=True)
+
+
+class SessionRegistry:
+    """Each browser tab's ``SessionState``, created exactly once per tab.
+
+    Gradio's own per-session state store creates a session's values without a lock: two events
+    of a tab that has just opened (the timer's first refresh and a quick Run click, or the page's
+    load event) could each get a fresh ``SessionState``, and the run then wrote to one the page
+    never read again (the page stayed "Idle"). Here one lock guards the creation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, SessionState] = {}
+
+    def get(self, key: str) -> SessionState:
+        with self._lock:
+            state = self._sessions.get(key)
+            if state is None:
+                state = self._sessions[key] = SessionState()
+            return state
+
+    def close(self, key: str) -> None:
+        """The tab was closed or reloaded: stop what it runs and forget it."""
+        with self._lock:
+            state = self._sessions.pop(key, None)
+        if state is not None:
+            state.close()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+

@@ -10,6 +10,7 @@ from dyntree_core.config import (DEFAULT_SPEC_FACTOR, METHODS, PRECISIONS, Confi
 from dyntree_core.methods import REGISTRY
 
 from .models import PairSpec
+from .prompt_check import LONG_PROMPT_CHOICES
 
 MAX_NEW_TOKENS = 2048
 AUTO = "auto"
@@ -49,6 +50,7 @@ class RunSettings:
     stop_confidence: Optional[float] = None
     sequoia_acceptance: Optional[tuple[float, ...]] = None
     spec_factor: Optional[float] = DEFAULT_SPEC_FACTOR
+    long_prompt: str = "refuse"  # a prompt over the limit: "refuse" or "keep the end" (ui.prompt_check)
 
     @property
     def needs_auto(self) -> bool:
@@ -65,6 +67,8 @@ class RunSettings:
     def validate(self) -> None:
         """Check everything the form sets, before any model work. What ``auto`` will choose (the
         method and its shape, the precisions) is checked once chosen; the rest is checked now."""
+        if self.long_prompt not in LONG_PROMPT_CHOICES:
+            raise ConfigError(f"long prompt must be one of {', '.join(LONG_PROMPT_CHOICES)}, got {self.long_prompt!r}")
         if self.method == AUTO and self.verifier != "auto":
             raise ConfigError(f"verifier: with method 'auto' the verifier is chosen with the method; "
                               f"set it to 'auto' (got {self.verifier!r})")
@@ -128,7 +132,7 @@ def _int(value, name: str) -> int:
 
 def settings_from_form(draft, target, device, dtype, prompt, chat, method, verifier, temperature, top_p,
                        budget, depth, width, threshold, max_new_tokens, seed, offload,
-                       precision=AUTO, draft_precision=AUTO) -> RunSettings:
+                       precision=AUTO, draft_precision=AUTO, long_prompt="refuse") -> RunSettings:
     """Build ``RunSettings`` from raw component values (numbers may arrive as floats or None)."""
     return RunSettings(
         draft=str(draft or ""),
@@ -150,4 +154,5 @@ def settings_from_form(draft, target, device, dtype, prompt, chat, method, verif
         offload=bool(offload),
         precision=str(precision or AUTO),
         draft_precision=str(draft_precision or AUTO),
+        long_prompt=str(long_prompt or "refuse"),
     )

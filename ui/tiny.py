@@ -13,6 +13,7 @@ import zlib
 from typing import Optional, Sequence
 
 from .models import LoadedPair, ModelLoadError, PairSpec
+from .prompt_check import TextInfo
 
 TINY_NAME = "tiny"
 _TOKEN_RE = re.compile(r"t(\d+)")
@@ -49,9 +50,10 @@ class TinyModelProvider:
     default_draft = TINY_NAME
     default_target = TINY_NAME
 
-    def __init__(self, vocab: int = 64, seed: int = 0) -> None:
+    def __init__(self, vocab: int = 64, seed: int = 0, max_positions: int = 16384) -> None:
         self.vocab = vocab
         self.seed = seed
+        self.max_positions = max_positions  # long enough for the long-prompt tests
         self._lock = threading.Lock()
         self._pair: Optional[LoadedPair] = None
 
@@ -65,12 +67,18 @@ class TinyModelProvider:
         from dyntree_core.planning.auto import plan_auto, search_space
         from dyntree_core.testing import TinyPairCache
 
-        cache = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed)
+        cache = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed,
+                              max_positions=self.max_positions)
         _, _, methods = search_space(settings.method, settings.precision, settings.draft_precision, "cpu")
         tps = ("float32",) if settings.precision == "auto" else (settings.precision,)
         dps = ("float32", "int8") if settings.draft_precision == "auto" else (settings.draft_precision,)
         return plan_auto(cache, float(settings.temperature), target_precisions=tps, draft_precisions=dps,
                          methods=methods, progress=progress)
+
+    def text_info(self, draft: str, target: str) -> Optional[TextInfo]:
+        if draft != TINY_NAME or target != TINY_NAME:
+            return None
+        return TextInfo(TinyTokenizer(self.vocab), self.max_positions, supports_chat=False)
 
     def load(self, spec: PairSpec) -> LoadedPair:
         if spec.draft != TINY_NAME or spec.target != TINY_NAME:
@@ -82,7 +90,8 @@ class TinyModelProvider:
             if self._pair is None or self._pair.spec != spec:
                 from dyntree_core.testing import TinyPairCache
 
-                pair = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed).pair(
+                pair = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed,
+                                    max_positions=self.max_positions).pair(
                     _concrete(spec.precision), _concrete(spec.draft_precision))
                 self._pair = LoadedPair(pair.draft, pair.target, pair.tokenizer, spec,
                                         description=f"tiny random Llama pair (test only; {pair.description})")

@@ -79,10 +79,13 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
     p_acc = list(trace.node_accept_prob) if len(trace.node_accept_prob) == n else [math.nan] * n
     path = [int(v) for v in trace.accepted_nodes] or [0]
     last = path[-1]
+    for i in trace.cut_nodes:  # accepted by the verifier, dropped by the run's limit
+        status[i] = "cut"
 
     bonus = next((c for c in trace.committed if c.kind == "bonus"), None)
-    all_parents = parents + ([last] if bonus is not None else [])
-    all_ranks = ranks + ([10**9] if bonus is not None else [])
+    drawn_bonus = bonus is not None or trace.bonus_cut
+    all_parents = parents + ([last] if drawn_bonus else [])
+    all_ranks = ranks + ([10**9] if drawn_bonus else [])
     pos = tree_layout(all_parents, all_ranks)
 
     nodes: list[_Node] = []
@@ -105,6 +108,13 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
             f"<b>{_hover_escape(visible_whitespace(tok_text, 30))}</b> (id {bonus.token_id})<br>"
             f"bonus token after node {last}<br>depth {bonus.depth}<br>"
             f"p_draft {prob(bonus.p_draft)} · p_target {prob(bonus.p_target)}",
+        ))
+    elif drawn_bonus:
+        tok_text = texts.piece(trace.bonus_token)
+        nodes.append(_Node(
+            visible_whitespace(tok_text, 10), "cut",
+            f"<b>{_hover_escape(visible_whitespace(tok_text, 30))}</b> (id {trace.bonus_token})<br>"
+            f"bonus token after node {last}, drawn but not kept: {_why_cut(trace)}",
         ))
 
     on_path = set(path)
@@ -137,7 +147,7 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
     def edge(i: int) -> str:
         return SOURCE_EDGE[origin] if 0 < i < n else SOURCE_EDGE["model"]
 
-    for st in ("root", "accepted", "rejected", "unverified", "bonus"):
+    for st in ("root", "accepted", "cut", "rejected", "unverified", "bonus"):
         idx = [i for i, nd in enumerate(nodes) if nd.status == st]
         if not idx:
             continue
@@ -165,9 +175,11 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
                                  name=f"walkthrough: node {highlight}" if highlight < n else "walkthrough: bonus"))
     levels = int(max(-y for _, y in pos.values())) + 1
     accepted = len(path) - 1
+    cut = len(trace.cut_nodes) + int(trace.bonus_cut)
+    kept = (f" · {trace.num_committed} kept ({_why_cut(trace)})" if cut else "")
     fig.update_layout(
         title=title or (f"step {trace.step} · {trace.method}/{trace.verifier} · tree of {n} nodes · "
-                        f"accepted {accepted}" + (" + bonus" if bonus is not None else "")
+                        f"accepted {accepted}" + (" + bonus" if drawn_bonus else "") + kept
                         + (" · drafted from the text (no draft forward)" if origin == "suffix" else "")),
         height=max(320, min(900, 110 * levels + 140)),
         margin=dict(l=20, r=20, t=60, b=20),
@@ -176,6 +188,11 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
         plot_bgcolor="white", paper_bgcolor="white", hovermode="closest",
     )
     return fig
+
+
+def _why_cut(trace: StepTrace) -> str:
+    return {"length": "max new tokens reached", "context": "the model's context is full",
+            "eos": "end of sequence came first"}.get(trace.finish_reason or "", "the run ended")
 
 
 def _ar_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Optional[str]) -> go.Figure:

@@ -13,10 +13,11 @@ from dyntree_core.tree import ORDERS
 
 from .charts import phase_figure, speed_figure, tokens_per_step_figure
 from .cost_view import cost_model_html
-from .colored_text import TEXT_STYLE, build_spans, legend_html, render_html
+from .colored_text import TEXT_STYLE, TextSpan, build_spans, legend_html, render_html
 from .mask_figure import mask_figure, masks_figure
 from .session import ExternalRun, RunRecord
 from .text_figure import text_figure
+from .tokens import group_pieces
 from .tree_figure import empty_figure, tree_figure
 from .walkthrough import walkthrough_html
 
@@ -89,19 +90,28 @@ def status_line(record: Optional[RunRecord]) -> str:
     note = f"  \n_{html.escape(record.note)}_" if record.note else ""
     prec = record.config.precision
     label = f"{record.label} @ {prec}" if prec else record.label
+    shared = ""
+    if record.status == "running" and record.waiting:
+        shared = f" · ⏳ waiting for {html.escape(record.waiting)} (the models take one chunk or step at a time)"
+    elif record.wait_seconds >= 0.5:
+        own = s["seconds"] - record.wait_seconds
+        alone = f", {s['tokens'] / own:.2f} tok/s without the waits" if s["tokens"] and own > 0 else ""
+        shared = f" · {record.wait_seconds:.1f} s of it waiting for other sessions{alone}"
     if not s["steps"]:
         if record.status != "running":
-            return f"**{label}** · {record.status} · no step yet{note}"
+            done, total = record.prefill
+            cut = f" after {done:,} of {total:,} prefill tokens" if 0 < done < total else ""
+            return f"**{label}** · {record.status} · no step yet{cut}{shared}{note}"
         n = len(record.prompt_ids)
         long = (" — a long prompt: on a CPU its prefill alone can take minutes" if n > LONG_PROMPT_TOKENS else "")
         done, total = record.prefill
         share = f" {100 * done / total:.0f}%" if total else ""
-        return f"**{label}** · running · prefilling {n:,} prompt tokens …{share}{long}{note}"
+        return f"**{label}** · running · prefilling {n:,} prompt tokens …{share}{long}{shared}{note}"
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
     mixed = (f" · {s['suffix_steps']} of {s['steps']} steps drafted from the text (no draft forward)"
              if record.config.method == "hybrid" else "")
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
-            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{mixed}{note}")
+            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{mixed}{shared}{note}")
 
 
 def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:
@@ -129,9 +139,16 @@ def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> RunV
 
 
 def external_text_html(run: ExternalRun) -> str:
-    """An external run's text, plain (it has no per-token provenance to colour), and its note."""
-    return (f'<div class="dt-text" style="{TEXT_STYLE}">{html.escape(run.text)}</div>'
-            f'<div style="color:#666;font-size:0.85em;margin-top:4px">{html.escape(run.note)}</div>')
+    """An external run's prompt and text coloured by round like the other columns (each round's
+    tokens: the accepted draft tokens, then the target's own), and its note."""
+    if run.texts is not None:
+        provs = run.provenance()
+        ids = [p.token_id for p in provs]
+        body = render_html([TextSpan(text, tuple(provs[a:b])) for a, b, text in group_pieces(run.texts, ids)],
+                           prompt=run.prompt)
+    else:
+        body = f'<div class="dt-text" style="{TEXT_STYLE}">{html.escape(run.text)}</div>'
+    return body + f'<div style="color:#666;font-size:0.85em;margin-top:4px">{html.escape(run.note)}</div>'
 
 
 def compare_views(records: Sequence[RunRecord | ExternalRun]) -> tuple[list[str], list[str], go.Figure, go.Figure]:

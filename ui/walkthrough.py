@@ -91,6 +91,12 @@ def walkthrough_html(trace: Optional[StepTrace], texts: Optional[TokenTexts], se
             + (f"<b>Decision {sel + 1} of {len(ds)}.</b> {explain(ds[sel], texts)}" if sel is not None else
                f"{len(ds)} decisions in step {trace.step}. Press <b>Next</b> to go through them; the node "
                "is ringed in the tree.") + "</p>")
+    cut = set(trace.cut_nodes)
+    if cut or trace.bonus_cut:
+        why = {"length": "max new tokens was reached", "context": "the model's context is full",
+               "eos": "an end-of-sequence token came first"}.get(trace.finish_reason or "", "the run ended")
+        head += (f"<p class='dt-walk-cut'><b>Only the first {trace.num_committed} of the tokens this step verified "
+                 f"were kept</b>: {why}. Decisions marked 'not kept' are shown as the verifier made them.</p>")
     rows = []
     for i, d in enumerate(ds):
         outcome = "accept" if d.accepted else "reject"
@@ -98,6 +104,8 @@ def walkthrough_html(trace: Optional[StepTrace], texts: Optional[TokenTexts], se
             outcome = "enter" if d.accepted else "skip"
         elif d.kind in ("bonus", "sample"):
             outcome = "drawn"
+        if (d.kind == "bonus" and trace.bonus_cut) or (d.accepted and d.node in cut and d.kind not in ("bonus", "enter")):
+            outcome += " (not kept)"
         cls = " class='dt-walk-current'" if i == sel else ""
         rows.append(f"<tr{cls}><td>{i + 1}</td><td>{KIND_LABELS[d.kind]}</td><td>{d.node}</td>"
                     f"<td class='tok'>{_tok(texts, d.token)}</td><td>{_num(d.p_target)}</td><td>{_num(d.q)}</td>"

@@ -1,28 +1,29 @@
-"""Background decoding: a thread advances a ``Generation`` step by step until it is paused,
-stopped or finished, while the page pulls snapshots on a timer (so a slow browser never builds
-up a backlog of repaints). A lock shared by all sessions of one app serialises steps on the
-shared models, so several users take turns step by step instead of clobbering each other."""
+"""Background decoding: a thread advances a ``Generation`` one prefill chunk or one step at a time
+until it is paused, stopped or finished, while the page pulls snapshots on a timer (so a slow
+browser never builds up a backlog of repaints). Every chunk and step takes its own turn on the
+``ModelLock`` all sessions of one app share, so several users take turns instead of one long
+prefill locking the others out; while it waits, the run's record says for whom."""
 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Optional
 
-from .session import Generation
+from .session import Generation, ModelLock
 
 
 class DecodeWorker:
-    """Runs ``generation.advance()`` on a daemon thread under ``model_lock``."""
+    """Runs ``generation.advance()`` on a daemon thread, one ``model_lock`` turn per item."""
 
-    def __init__(self, generation: Generation, model_lock: threading.Lock,
+    def __init__(self, generation: Generation, model_lock: ModelLock,
                  on_change: Callable[[], None], on_error: Callable[[BaseException], None],
-                 after: Optional[Callable[[], None]] = None) -> None:
+                 after: Optional[Callable[[], None]] = None, who: str = "") -> None:
         self.generation = generation
         self._lock = model_lock
         self._on_change = on_change
         self._on_error = on_error
         self._after = after
+        self._who = who
         self._pause = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dyntree-decode", daemon=True)
 
@@ -51,12 +52,10 @@ class DecodeWorker:
         gen = self.generation
         try:
             while not self._pause.is_set():
-                with self._lock:
-                    trace = gen.advance()
+                item = advance_in_turn(gen, self._lock, self._who, self._on_change)
                 self._on_change()
-                if trace is None or gen.done:
+                if item is None or gen.done:
                     break
-                time.sleep(0.001)  # let the web server's threads in between fast steps
             if not gen.done:
                 gen.record.status = "paused"
             elif self._after is not None:
@@ -66,3 +65,18 @@ class DecodeWorker:
             self._on_error(e)
         finally:
             self._on_change()
+
+
+def advance_in_turn(gen: Generation, lock: ModelLock, who: str, on_change: Callable[[], None] = lambda: None):
+    """``gen.advance()`` in one turn of ``lock``; while another session holds it the record's
+    ``waiting`` names that session, and the time waited adds to ``wait_seconds``."""
+    rec = gen.record
+
+    def waiting(holder: str) -> None:
+        rec.waiting = holder or "another session"
+        on_change()
+
+    with lock.turn(who, waiting) as waited:
+        rec.waiting = ""
+        rec.wait_seconds += waited
+        return gen.advance()

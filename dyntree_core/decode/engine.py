@@ -20,7 +20,7 @@ from .kv import cache_length, compact
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
 from ..sampling import probs_from_logits
-from ..trace import NodeStatus, PhaseTimings, StepTrace, TokenProvenance
+from ..trace import NodeStatus, PhaseTimings, PrefillProgress, StepTrace, TokenProvenance
 from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
 from ..verify.common import sample_index
 from ..verify.rows import LogitRows
@@ -115,8 +115,8 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         stop_event: Optional[threading.Event] = None,
         seed: Optional[int] = None,
-        on_prefill: Optional[Callable[[int, int], None]] = None,
-    ) -> Iterator[StepTrace]:
+        prefill_progress: bool = False,
+    ) -> Iterator[StepTrace | PrefillProgress]:
         """Decode up to ``max_new_tokens`` new tokens, yielding one ``StepTrace`` per step.
 
         Args:
@@ -126,13 +126,15 @@ class SpeculativeDecoder:
             stop_event: set it (from another thread) to stop after the current step, or after the
                 current prefill chunk (then the iterator ends without a step).
             seed: RNG seed for this call (default ``config.seed``).
-            on_prefill: called as ``on_prefill(done, total)`` before the prefill and after each chunk
-                (``PREFILL_CHUNK`` prompt tokens; target and draft chunks both count towards ``total``).
+            prefill_progress: also yield a ``PrefillProgress`` before the prefill and after each
+                chunk (``PREFILL_CHUNK`` prompt tokens; target and draft chunks both count towards
+                ``total``), so a caller can report progress, stop, pause or let others use the models
+                between chunks.
         """
         prompt = self._validate(input_ids, max_new_tokens)
         self.pair.check(self.config)
-        return self._run(prompt, max_new_tokens, stop_event, self.config.seed if seed is None else int(seed),
-                         on_prefill)
+        steps = self._run(prompt, max_new_tokens, stop_event, self.config.seed if seed is None else int(seed))
+        return steps if prefill_progress else (s for s in steps if isinstance(s, StepTrace))
 
     def generate_ids(
         self, input_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, seed: Optional[int] = None
@@ -168,28 +170,28 @@ class SpeculativeDecoder:
         return prompt
 
     # ------------------------------------------------------------------ the loop
-    def _prefill(self, models: list, prompt: list[int], on_prefill: Optional[Callable[[int, int], None]],
-                 stop_event: Optional[threading.Event] = None) -> bool:
-        """Feed ``prompt[:-1]`` to each ``(model, cache)`` in chunks of ``PREFILL_CHUNK`` tokens;
-        False when ``stop_event`` was set between two chunks (the prefill is abandoned)."""
+    def _prefill(self, models: list, prompt: list[int],
+                 stop_event: Optional[threading.Event] = None) -> Iterator[PrefillProgress]:
+        """Feed ``prompt[:-1]`` to each ``(model, cache)`` in chunks of ``PREFILL_CHUNK`` tokens,
+        yielding the progress before the first chunk and after each; it ends early (with
+        ``stopped=True`` progress) when ``stop_event`` is set between two chunks."""
         body = prompt[:-1]
         total = len(body) * len(models)
         done = 0
-        if on_prefill is not None:
-            on_prefill(0, total)
+        t0 = time.perf_counter()
+        yield PrefillProgress(0, total, 0.0)
         for model, cache in models:
             for start in range(0, len(body), PREFILL_CHUNK):
                 if stop_event is not None and stop_event.is_set():
-                    return False
+                    yield PrefillProgress(done, total, time.perf_counter() - t0, stopped=True)
+                    return
                 chunk = body[start:start + PREFILL_CHUNK]
                 causal_forward(model, cache, chunk, start, logits_rows=[len(chunk) - 1], attn_kwargs=self.attn_kwargs)
                 done += len(chunk)
-                if on_prefill is not None:
-                    on_prefill(done, total)
-        return True
+                yield PrefillProgress(done, total, time.perf_counter() - t0)
 
-    def _run(self, prompt: list[int], max_new_tokens: int, stop_event, seed: int,
-             on_prefill: Optional[Callable[[int, int], None]] = None) -> Iterator[StepTrace]:
+    def _run(self, prompt: list[int], max_new_tokens: int, stop_event,
+             seed: int) -> Iterator[StepTrace | PrefillProgress]:
         cfg = self.config
         t_start = time.perf_counter()
         gen = torch.Generator().manual_seed(seed)
@@ -208,10 +210,12 @@ class SpeculativeDecoder:
         from ..methods import method_spec
 
         d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
-        if len(prompt) > 1 and not self._prefill(
-                [(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None else []),
-                prompt, on_prefill, stop_event):
-            return  # stopped during the prefill: no step was decoded
+        if len(prompt) > 1:
+            for progress in self._prefill([(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None
+                                                                      else []), prompt, stop_event):
+                yield progress
+                if progress.stopped:
+                    return  # stopped during the prefill: no step was decoded
         self._sync()
         state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
         produced = 0

@@ -533,3 +533,30 @@ def _config_vocab(src: ModelSource) -> Optional[int]:
         return None
     v = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
     return int(v) if isinstance(v, int) else None
+
+
+def local_text_info(spec: str, role: str) -> Optional[tuple[Any, int]]:
+    """``(tokenizer, context length)`` of ``spec`` from files already on this machine (an embedded
+    preset once fetched, a local checkpoint directory); None where that would need a download or
+    a weight load (a hub id, a preset not fetched yet, a bare GGUF)."""
+    from .fetch import cache_root, converted
+
+    preset = _preset_of(spec, role)
+    if preset is not None:
+        meta = cache_root() / "models" / preset.name
+        if not converted(meta, preset.sha256):
+            return None
+        location = meta
+    else:
+        path = Path(spec.strip()).expanduser()
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            return None
+        location = path
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(location))
+        cfg = AutoConfig.from_pretrained(str(location))
+    except (OSError, ValueError):
+        return None
+    return tok, int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
