@@ -29,9 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--draft-temperature", type=float, default=None)
     g.add_argument("--budget", type=_budget_arg, default=64,
-                   help="tree size incl. root, or 'auto': profile this machine and tune budget/depth "
-                        "(and DySpec's threshold) for the method (cached per pair, device, dtype)")
-    g.add_argument("--retune", action="store_true", help="with --budget auto: re-profile and re-tune")
+                   help="tree size incl. root, or 'auto': the shape auto prices for this machine (with --method "
+                        "auto, the chosen method's); for a method auto cannot price in closed form (DySpec, "
+                        "OPT-Tree, ...) budget/depth (and DySpec's threshold) calibrated by short decodes "
+                        "(cached per machine profile, method, precisions and temperature)")
+    g.add_argument("--retune", action="store_true", help="re-measure the machine profile and acceptance, re-tune")
     g.add_argument("--depth", type=int, default=4, help="levels below the root (chain length k)")
     g.add_argument("--width", type=int, default=8)
     g.add_argument("--threshold", type=float, default=0.05)
@@ -101,15 +103,13 @@ def _generate(args) -> int:
         dtype=args.dtype,
         device=args.device,
     )
-    if "auto" in (args.method, args.precision, args.draft_precision):
+    if "auto" in (args.method, args.precision, args.draft_precision) or auto_budget:
         pair, cfg = auto_config(args, cfg)
     else:
         pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device,
                          precision=args.precision, draft_precision=args.draft_precision)
         cfg = _with_precisions(cfg, pair)
     ids = encode_prompt(pair.tokenizer, args.prompt, chat=args.chat)
-    if auto_budget and cfg.method != "autoregressive":
-        cfg = tuned_config(pair, cfg, f"{args.draft},{args.target}", refresh=args.retune)
     summary = run_once(SpeculativeDecoder(pair.draft, pair.target, cfg), ids, args.max_new_tokens)
     print(pair.tokenizer.decode(summary["ids"], skip_special_tokens=True))
     line = (
@@ -135,43 +135,60 @@ def _with_precisions(cfg: DecodeConfig, pair) -> DecodeConfig:
 
 
 def auto_config(args, cfg: DecodeConfig):
-    """Resolve every ``auto`` (method, precisions) with the measured cost model; prints the reason."""
+    """Resolve every ``auto`` (method, precisions, budget) with the one planner, ``planning.auto``, on
+    the one machine profile; prints the reason. ``--budget auto`` takes the shape ``auto`` prices for
+    the method; a method it cannot price in closed form is calibrated (``planning.tuning``) on the
+    same profile, which the plan measured with the calibration's sizes: the machine is profiled once."""
     import dataclasses
 
-    from .planning.auto import PairCache, plan_auto, search_space
+    from .planning.auto import AUTO, AUTO_METHODS, PairCache, plan_auto, profile_for, search_space
+    from .planning.tuning import CALIBRATION_NS
 
     def say(msg: str) -> None:
         print("  " + msg, file=sys.stderr)
 
     device = args.device if args.device != "auto" else "cpu"
-    tps, dps, methods = search_space(args.method, args.precision, args.draft_precision, device)
+    auto_budget = args.budget == "auto"
+    calibrate = auto_budget and args.method != AUTO and args.method not in AUTO_METHODS
     cache = PairCache(args.draft, args.target, device=device)
-    plan = plan_auto(cache, args.temperature, target_precisions=tps, draft_precisions=dps, methods=methods,
-                     refresh=args.retune, progress=say)
-    cfg = dataclasses.replace(cfg, **plan.resolve(args.method, args.precision, args.draft_precision))
+    tps, dps, methods = search_space(args.method, args.precision, args.draft_precision, device)
+    calib_ns = CALIBRATION_NS if calibrate else ()
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in (("precision", args.precision),
+                                                         ("draft_precision", args.draft_precision)) if v != AUTO})
+    if AUTO in (args.method, args.precision, args.draft_precision) or (auto_budget and not calibrate):
+        plan = plan_auto(cache, args.temperature, target_precisions=tps, draft_precisions=dps, methods=methods,
+                         refresh=args.retune, progress=say, target_ns=calib_ns)
+        cfg = dataclasses.replace(cfg, **plan.resolve(args.method, args.precision, args.draft_precision))
+        best = plan.best_of(cfg.method)
+        if auto_budget and args.method != AUTO and best is not None:
+            cfg = dataclasses.replace(cfg, **plan.method_fields(best))
+        print(plan.reason, file=sys.stderr)
+        fallback_draft = plan.fastest_draft_precision
+    else:
+        fallback_draft = args.draft_precision
     if cfg.method == "autoregressive":
         cfg = dataclasses.replace(cfg, draft_precision=None)
-    print(plan.reason, file=sys.stderr)
-    return cache.pair(cfg.precision, cfg.draft_precision or plan.fastest_draft_precision), cfg
+    pair = cache.pair(cfg.precision, cfg.draft_precision or fallback_draft)
+    if calibrate:
+        profile = profile_for(cache, [cfg.precision], [cfg.draft_precision or fallback_draft], calib_ns,
+                              refresh=args.retune and AUTO not in (args.method, args.precision, args.draft_precision),
+                              progress=say)
+        cfg = tuned_config(pair, cfg, profile, refresh=args.retune)
+    return pair, cfg
 
 
-def tuned_config(pair, cfg: DecodeConfig, pair_name: str, refresh: bool = False) -> DecodeConfig:
-    """``cfg`` with the budget/depth (and DySpec threshold control) tuned for this machine."""
-    from .planning.hardware import load_or_profile, profile_key
-    from .prompts import load_prompts
+def tuned_config(pair, cfg: DecodeConfig, profile, refresh: bool = False) -> DecodeConfig:
+    """``cfg`` with the budget/depth (and DySpec threshold control) calibrated on this machine's profile."""
+    from .planning.auto import calibration_prompts
     from .planning.tuning import load_or_tune
 
     def say(msg: str) -> None:
         print("  " + msg, file=sys.stderr)
 
-    key = profile_key(pair_name, cfg.device, cfg.dtype)
-    print(f"hardware profile {key} (measured once, then cached)", file=sys.stderr)
-    profile = load_or_profile(pair.draft, pair.target, key, refresh=refresh, progress=say)
-    calib = [list(pair.tokenizer(p.text, add_special_tokens=False)["input_ids"])[:128]
-             for ds in ("wiki", "code") for p in load_prompts(ds, 2, split="calib")]
-    print(f"tuning {cfg.method} at T={cfg.temperature} (cached)", file=sys.stderr)
+    print(f"calibrating {cfg.method} at T={cfg.temperature} on machine profile {profile.key} (cached)",
+          file=sys.stderr)
     res = load_or_tune(pair.draft, pair.target, cfg, profile, refresh=refresh, same_calibration=False,
-                       prompts=calib, new_tokens=32,
+                       prompts=calibration_prompts(pair.tokenizer, max_tokens=128), new_tokens=32,
                        eos_token_id=list(pair.eos_token_ids) or None, progress=say)
     b = res.best
     print(f"tuned: budget {b.budget}, depth {b.depth}, width {b.width} "

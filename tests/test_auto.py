@@ -115,17 +115,21 @@ def test_one_resolution_rule_for_the_cli_and_the_app():
     assert replace(form, **kw).with_method("autoregressive").decode_config().stop_confidence is None
 
 
-def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
+def _tiny_loader(loads: list):
     from dyntree_core.testing import tiny_pair
-
-    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
-    loads = []
 
     def load(role, precision):
         loads.append((role, precision))
         d, t = tiny_pair(seed=0)
         return (d if role == "draft" else t).to(getattr(torch, precision))
 
+    return load
+
+
+def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    loads = []
+    load = _tiny_loader(loads)
     msgs = []
     p1 = load_or_measure_profile(load, "tiny", "cpu", ["float32"], ns=(1, 2, 4), progress=msgs.append)
     assert loads == [("target", "float32"), ("draft", "float32")]
@@ -133,6 +137,79 @@ def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
     assert p1.machine["cpu_model"] and p1.seconds > 0 and any("n=4" in m for m in msgs)
     p2 = load_or_measure_profile(load, "tiny", "cpu", ["float32"], ns=(1, 2, 4))
     assert len(loads) == 2 and p2.target == p1.target  # from the cache
+
+
+def test_one_profile_per_machine_and_pair_grows_by_what_is_asked(tmp_path, monkeypatch):
+    """Other precisions and larger sizes go into the same file: only what it lacks is measured,
+    what it has is never measured again."""
+    from dyntree_core.planning.machine_profile import profile_key, profile_path
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    loads = []
+    load = _tiny_loader(loads)
+    first = load_or_measure_profile(load, "tiny", "cpu", ["float32"], ns=(1, 2, 4))
+    both = load_or_measure_profile(load, "tiny", "cpu", ["float32", "bfloat16"], ns=(1, 2, 4),
+                                   draft_precisions=["float32"], target_ns=(8, 16))
+    assert loads[2:] == [("target", "float32"), ("target", "bfloat16")]  # float32 target: only 8 and 16
+    assert both.key == first.key == profile_key("tiny", "cpu") and both.ns == [1, 2, 4, 8, 16]
+    assert both.target["float32"][:3] == first.target["float32"]  # kept, not re-measured
+    assert math.isfinite(both.target_time("float32", 16)) and both.draft_time("float32", 8) == math.inf
+    assert both.max_tokens == 16 or "target:bfloat16" in both.dropped
+    assert sorted(p.name for p in profile_path(both.key).parent.glob("machine-*.json")) == [profile_path(both.key).name]
+    n_loads = len(loads)
+    again = load_or_measure_profile(load, "tiny", "cpu", ["bfloat16", "float32"], ns=(1, 4), draft_precisions=["float32"],
+                                    target_ns=(16,))
+    assert len(loads) == n_loads and again.target == both.target
+
+
+def test_dropped_sizes_are_never_measured_again(tmp_path, monkeypatch):
+    from dyntree_core.planning.machine_profile import empty_profile, measure_into
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    prof = empty_profile("k")
+    prof.target["float32"] = [None]
+    prof.ns = [1]
+    prof.verify = [0.0]
+    prof.dropped["target:int8"] = 4
+    assert prof.missing("target", "int8", (1, 2, 4, 8)) == [1, 2]
+    assert prof.missing("target", "float32", (1, 2)) == [1, 2]
+    loads = []
+    assert measure_into(prof, _tiny_loader(loads), {("target", "float32"): (1,)}) == 1
+    assert measure_into(prof, _tiny_loader(loads), {("target", "float32"): (1,)}) == 0 and len(loads) == 1
+
+
+def test_cli_method_auto_budget_auto_profiles_the_machine_once(tmp_path, monkeypatch, capsys):
+    """``--method auto --budget auto`` goes through the one planner: one machine profile (each model
+    timed once), auto's shape for the chosen method, no second tuner; a second run measures nothing."""
+    import dyntree_core.planning.auto as auto_mod
+    from dyntree_core.__main__ import main
+    from dyntree_core.planning import machine_profile
+    from dyntree_core.testing import TinyPairCache
+    from ui.tiny import TinyTokenizer
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    timed = []
+    real_timer = machine_profile.ForwardTimer
+
+    class CountingTimer(real_timer):
+        def __init__(self, model, prefix_len, max_tokens=32):
+            timed.append(type(model).__name__)
+            super().__init__(model, prefix_len, max_tokens)
+
+    monkeypatch.setattr(machine_profile, "ForwardTimer", CountingTimer)
+    monkeypatch.setattr(auto_mod, "PairCache", lambda d, t, device="cpu": TinyPairCache(TinyTokenizer(64), vocab=64))
+    tuned = []
+    import dyntree_core.planning.tuning as tuning_mod
+
+    monkeypatch.setattr(tuning_mod, "tune", lambda *a, **k: tuned.append(1))
+    argv = ["generate", "--prompt", "t1 t2 t3 t1 t2 t3", "--draft", "tiny", "--target", "tiny", "--method", "auto",
+            "--budget", "auto", "--precision", "float32", "--draft-precision", "float32", "--max-new-tokens", "6"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert len(timed) == 2, timed  # the target and the draft, once each: one profile
+    assert not tuned and "auto:" in err
+    assert main(argv) == 0
+    assert len(timed) == 2  # cached: the second run measures nothing
 
 
 @pytest.mark.slow

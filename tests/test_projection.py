@@ -1,10 +1,28 @@
-"""The offload projection: labelled, driven by its inputs, and reading the bench JSON."""
+"""The pricing rules every planner uses (one step-cost formula, one interpolation policy) and the
+offload projection: labelled, driven by its inputs, and reading the bench JSON."""
 
 import json
+import math
 
 import pytest
 
-from dyntree_core.planning.projection import LLAMA2_70B_BF16_BYTES, OffloadCost, project, speedup_table
+from dyntree_core.planning.pricing import interpolate, seconds_per_token
+from dyntree_core.planning.projection import LLAMA2_70B_BF16_BYTES, OffloadCost
+
+
+def test_the_step_cost_formula():
+    assert seconds_per_token(0.5, 0.2, 0.1, 4.0) == pytest.approx(0.2)
+    assert seconds_per_token(0.5, 0.0, 0.0, 0.0) == math.inf  # nothing committed: no price
+
+
+def test_the_interpolation_policy_never_prices_an_unmeasured_larger_size():
+    xs, ys = [1, 4, 16], [1.0, 2.0, 5.0]
+    assert interpolate(xs, ys, 4) == 2.0
+    assert interpolate(xs, ys, 10) == pytest.approx(3.5)  # linear between measured sizes
+    assert interpolate(xs, ys, 0.5) == 1.0  # below the smallest: its time (an upper bound)
+    assert interpolate(xs, ys, 17) == math.inf  # above the largest: no price (not extrapolated)
+    with pytest.raises(ValueError):
+        interpolate([], [], 1)
 
 
 def test_floor_cost_is_bytes_over_bandwidth():
@@ -12,19 +30,6 @@ def test_floor_cost_is_bytes_over_bandwidth():
     assert cost.at(1) == pytest.approx(LLAMA2_70B_BF16_BYTES / 25e9)
     assert cost.at(768) == cost.at(1)
     assert "floor" in cost.source and "25" in cost.source
-
-
-def test_projection_divides_step_cost_by_tokens_per_step():
-    cost = OffloadCost((1, 64, 768), (5.0, 5.2, 6.0), "measured: x.json (cuda)")
-    p = project("dyspec_greedy", 64, 8.0, cost, draft_seconds=0.4)
-    assert p.seconds_per_token == pytest.approx((5.2 + 0.4) / 8.0)
-    assert p.as_dict()["kind"] == "projection"
-    rows = speedup_table({"dyspec_greedy": (64, 8.0), "chain": (8, 3.0)}, cost, {"dyspec_greedy": 0.4})
-    assert rows[0]["method"] == "autoregressive" and rows[0]["speedup"] == 1.0
-    assert rows[1]["speedup"] == pytest.approx(5.0 / ((5.2 + 0.4) / 8.0))
-    assert cost.at(416) == pytest.approx(5.6)  # linear between measured points
-    with pytest.raises(ValueError):
-        project("chain", 8, 0.0, cost)
 
 
 def test_cost_from_offload_bench_json(tmp_path):
@@ -40,3 +45,4 @@ def test_cost_from_offload_bench_json(tmp_path):
     cost = OffloadCost.from_bench_json(path)
     assert cost.tokens == (1, 64) and cost.seconds == (5.5, 5.7)
     assert "H100" in cost.source
+    assert cost.at(64) == 5.7 and cost.at(65) == math.inf

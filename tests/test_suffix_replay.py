@@ -214,7 +214,7 @@ def test_hybrid_replay_takes_the_suffix_tree_exactly_where_the_hybrid_drafter_do
 
 
 def test_auto_prices_hybrid_and_takes_it_where_text_repeats_in_parts_and_the_draft_is_cheap():
-    from dyntree_core.planning.auto import HYBRID_BUDGETS, HYBRID_DEPTHS, _sequoia_shapes, simulate_suffix_shapes
+    from dyntree_core.planning.auto import HYBRID_BUDGETS, HYBRID_DEPTHS, sequoia_shapes, simulate_suffix_shapes
     from dyntree_core.drafting.suffix_replay import SuffixShape
 
     rng = random.Random(1)
@@ -231,7 +231,7 @@ def test_auto_prices_hybrid_and_takes_it_where_text_repeats_in_parts_and_the_dra
     assert {c.method for c in hybrid} == {"hybrid"}
     assert {(c.budget, c.depth) for c in hybrid} == {(n, d) for n in HYBRID_BUDGETS for d in HYBRID_DEPTHS}
     assert all(0.0 < c.model_share < 1.0 for c in hybrid)  # repeats: suffix steps; fresh text: model steps
-    trees = _sequoia_shapes(vector, HYBRID_BUDGETS, HYBRID_DEPTHS)
+    trees = sequoia_shapes(vector, HYBRID_BUDGETS, HYBRID_DEPTHS)
     for c in hybrid:
         size, g, levels = trees[(c.budget, c.depth)]
         assert c.draft_seconds >= c.model_share * 0.002 * len(levels)

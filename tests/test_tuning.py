@@ -1,5 +1,7 @@
-"""Hardware-aware tuning: the coordinate search on functions with a known optimum, Sequoia's
-optimizer on a synthetic profile, and calibrated tuning of real drafters on the tiny pair."""
+"""``auto``'s calibration (``planning.tuning``): the coordinate search on functions with a known
+optimum, Sequoia through auto's closed-form price on a synthetic machine profile, calibrated tuning of
+real drafters on the tiny pair priced from the one machine profile, and DySpec's threshold controller
+that makes a threshold tree track the tuned budget."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import pytest
 import torch
 
 from dyntree_core.config import DecodeConfig
-from dyntree_core.planning.hardware import HardwareProfile
+from dyntree_core.drafting.threshold_control import ThresholdController
+from dyntree_core.planning.machine_profile import MachineProfile
 from dyntree_core.testing import tiny_pair
 from dyntree_core.planning.tuning import (
+    CALIBRATION_NS,
     TuningPoint,
     TuningResult,
     TUNING_VERSION,
@@ -31,10 +35,12 @@ def point(budget: int, depth: int, width: int, latency: float) -> TuningPoint:
                        target_seconds=latency, overhead_seconds=0.0)
 
 
-def knee_profile(knee: int) -> HardwareProfile:
-    ns = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-    return HardwareProfile("synthetic", 128, ns, [1.0 if n <= knee else n / knee for n in ns],
-                           [1, 1024], [0.05, 0.05 + 1023 * 1e-4])
+def knee_profile(knee: int, ns=CALIBRATION_NS) -> MachineProfile:
+    """t(n) flat up to the knee, then linear in n (a real GPU/CPU forward's shape), at float32; a
+    draft forward of m tokens costs 0.05 s + 1e-4 s per token."""
+    return MachineProfile("synthetic", {"cpu_model": "test"}, 128, list(ns),
+                          {"float32": [1.0 if n <= knee else n / knee for n in ns]},
+                          {"float32": [0.05 + (n - 1) * 1e-4 for n in ns]}, [0.0] * len(ns))
 
 
 @pytest.mark.parametrize("opt", [(8, 2), (64, 4), (256, 8), (32, 6)])
@@ -117,7 +123,7 @@ def test_sequoia_prices_one_draft_forward_per_level_with_internal_nodes():
     res = tune(None, None, cfg, prof, budgets=(4,), depths=(3,))
     # p_1 = .8 dominates: the 4-node tree is a chain of 4, three internal levels, one node each
     assert res.best.mean_tree_size == 4
-    assert res.best.overhead_seconds == pytest.approx(3 * prof.draft_time(1))
+    assert res.best.overhead_seconds == pytest.approx(3 * prof.draft_time("float32", 1))
 
 
 @pytest.fixture(scope="module")
@@ -175,12 +181,13 @@ def test_tuning_is_cached_per_profile_method_and_temperature(pair, tmp_path, mon
     cfg = DecodeConfig(method="dyspec_greedy", temperature=0.0, depth=3)
     kw = dict(prompts=prompts(1), new_tokens=6, budgets=(8, 16), depths=(2, 3))
     first = load_or_tune(draft, target, cfg, prof, **kw)
-    path = tuning_cache_path(prof.key, "dyspec_greedy", 0.0)
+    path = tuning_cache_path(prof.key, cfg)
     assert path.exists() and str(tmp_path) in str(path)
     again = load_or_tune(None, None, cfg, prof, **kw)  # from the cache: no model needed
     assert again == first
     assert TuningResult.from_json(first.to_json()) == first
-    assert tuning_cache_path(prof.key, "dyspec_greedy", 0.6) != path
+    assert tuning_cache_path(prof.key, dataclasses.replace(cfg, temperature=0.6)) != path
+    assert tuning_cache_path(prof.key, dataclasses.replace(cfg, precision="int8")) != path  # precisions are keyed
     # other calibration prompts: recomputed, unless any tuning of this machine will do
     other = dict(kw, prompts=prompts(1, length=5))
     assert load_or_tune(None, None, cfg, prof, same_calibration=False, **other) == first
@@ -192,3 +199,76 @@ def test_tuning_is_cached_per_profile_method_and_temperature(pair, tmp_path, mon
     redone = load_or_tune(draft, target, cfg, prof, **kw)
     assert redone.seconds >= 0 and redone.meta["version"] == TUNING_VERSION
     assert TuningResult.from_json(path.read_text()).meta["version"] == TUNING_VERSION
+
+
+def test_calibration_refuses_a_tree_size_the_profile_does_not_cover(pair):
+    """The one interpolation policy: no price above the largest measured size, so a calibration on a
+    profile that stops at 4 tokens fails by name instead of extrapolating."""
+    draft, target = pair
+    cfg = DecodeConfig(method="dyspec_greedy", temperature=0.0, budget=16, depth=3, precision="float32")
+    with pytest.raises(ValueError, match="no target time for"):
+        tune(draft, target, cfg, knee_profile(16, ns=(1, 2, 4)), prompts(1), new_tokens=6, budgets=(16,), depths=(3,))
+
+
+def size_for_threshold(t: float) -> int:
+    """A toy draft: the number of tree nodes whose value >= t falls like 1/t (capped)."""
+    return max(1, min(4096, int(3.0 / t)))
+
+
+@pytest.mark.parametrize("target", [32, 64, 768])
+def test_threshold_controller_tracks_target_size(target):
+    ctl = ThresholdController(target, threshold=0.3)
+    sizes = []
+    for _ in range(60):
+        size = size_for_threshold(ctl.threshold)
+        sizes.append(size)
+        ctl.update(size)
+    tail = sizes[-20:]
+    assert abs(sum(tail) / len(tail) - target) / target < 0.05
+
+
+def test_threshold_controller_backs_off_a_binding_cap():
+    cap = 64
+    ctl = ThresholdController(cap, threshold=1e-4, cap=cap)
+    for _ in range(40):
+        ctl.update(min(cap, size_for_threshold(ctl.threshold)))
+    # converged to the largest threshold that still fills the cap (3/64 ~ 0.047), not far below
+    assert 0.03 < ctl.threshold < 0.06
+
+
+def test_threshold_controller_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        ThresholdController(1, 0.1)
+    with pytest.raises(ValueError):
+        ThresholdController(64, 1.5)
+
+
+def test_adaptive_dyspec_threshold_tracks_the_budget_on_a_toy_draft():
+    """The drafter's own controller: a too-high fixed threshold under-uses the budget; the
+    adaptive one grows the tree to it (DySpec's stated open problem)."""
+    import torch
+
+    from dyntree_core.config import DecodeConfig
+    from dyntree_core.drafting import make_drafter
+    from dyntree_core.drafting.base import PathFunctionSource
+
+    vocab = 12
+
+    def dist(path):
+        g = torch.Generator().manual_seed(hash(path) % (2**31))
+        return torch.softmax(torch.randn(vocab, generator=g) * 2.0, -1)
+
+    sizes = {}
+    for adaptive in (False, True):
+        cfg = DecodeConfig(method="dyspec_threshold", temperature=1.0, budget=40, depth=6, threshold=0.2,
+                           adaptive_threshold=adaptive)
+        drafter = make_drafter(cfg)
+        drafter.reset()
+        got = []
+        for step in range(30):
+            tree = drafter.draft(PathFunctionSource(dist, vocab), step % vocab, torch.Generator().manual_seed(step))
+            drafter.observe(tree, 0)
+            got.append(tree.size)
+        sizes[adaptive] = sum(got[-10:]) / 10
+    assert sizes[False] < 20
+    assert sizes[True] > 0.8 * 40

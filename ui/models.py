@@ -42,14 +42,15 @@ class LoadedPair:
     measured: dict = field(default_factory=dict)  # per-pair measurements the cost model reuses
 
     def one_token_forward_s(self, config: Any, prefix_len: int) -> float:
-        """The prepared target's one-token forward time (median of 3 after a warm-up), measured once
-        per precision / attention settings on this pair and then reused."""
+        """The prepared target's one-token forward time (the one timer, ``planning.machine_profile``:
+        fastest of 3 after a warm-up), measured once per precision / attention settings on this pair
+        and then reused."""
         key = ("ar", config.precision, config.attention, config.offload_target)
         if key not in self.measured:
-            from dyntree_core.planning.hardware import time_forward
+            from dyntree_core.planning.machine_profile import time_forward
 
             prepared = self.prepared(config)
-            self.measured[key] = time_forward(prepared.target, min(prefix_len, 256), 1, repeats=3, warmup=1)
+            self.measured[key] = time_forward(prepared.target, min(prefix_len, 256), 1, samples=3).seconds
         return self.measured[key]
 
     def params(self) -> tuple[int, int]:

@@ -390,15 +390,17 @@ def _tuning_plan(args, pair, dtype: str, methods: Sequence[str], make_cfg, tunin
     plan the comparison: AR, every fixed budget, the tuned configuration (same prompts)."""
     import dataclasses
 
-    from ..planning.hardware import load_or_profile, profile_key
+    from ..planning.machine_profile import load_or_measure_profile
+    from ..planning.tuning import CALIBRATION_NS, load_or_tune
     from ..prompts import load_prompts
-    from ..planning.tuning import load_or_tune
 
     ds = args.datasets[0]
-    key = profile_key(f"{args.pair}", args.device, dtype)
-    print(f"profiling target/draft forward costs on this machine ({key}; cached)", file=sys.stderr)
-    profile = load_or_profile(pair.draft, pair.target, key, refresh=args.retune,
-                              progress=lambda m: print("  " + m, file=sys.stderr))
+    d, _, t = args.pair.partition(",")
+    name = f"{d or 'embedded'},{t or d or 'embedded'}"
+    print(f"the machine profile of {name} at {dtype} (measured once per machine, then cached)", file=sys.stderr)
+    profile = load_or_measure_profile(lambda role, _p: pair.draft if role == "draft" else pair.target, name,
+                                      args.device, [dtype], refresh=args.retune, target_ns=CALIBRATION_NS,
+                                      progress=lambda m: print("  " + m, file=sys.stderr))
     calib = [_encode(pair.tokenizer, p.text, args.prompt_tokens)
              for p in load_prompts(ds, args.tune_calib_prompts, split="calib")]
     plan: list[PlanItem] = []

@@ -1,9 +1,12 @@
-"""``auto``: choose the precision of each model, the method, the tree size and depth for this
-machine by minimising predicted milliseconds per token, and say why.
+"""``auto``, the one planner: choose the precision of each model, the method, the tree size and depth
+for this machine by minimising predicted milliseconds per token, and say why. For a method it cannot
+price in closed form (DySpec, OPT-Tree, DynaTree, SpecInfer with ``--budget auto``) its calibration,
+``tuning``, searches the shape by short decodes priced from the same machine profile.
 
 Predicted seconds per token of a configuration = (target forward of the n-node tree at the
 target's precision + host-side probability rows for n nodes + the draft forwards) / expected
-tokens per step. Forward times come from the measured ``MachineProfile``; expected tokens from
+tokens per step (``pricing.seconds_per_token``). Forward times come from the one measured
+``MachineProfile`` (sizes it did not measure have no price: ``pricing.interpolate``); expected tokens from
 Sequoia's positional acceptance model with the acceptance vector *measured on this pair*
 (``measure_acceptance``):
 
@@ -42,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -53,6 +55,7 @@ import torch
 
 from ..config import DecodeConfig
 from .machine_profile import MachineProfile
+from .pricing import seconds_per_token
 
 AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
 AUTO = "auto"  # the request value meaning "let the cost model choose"
@@ -115,10 +118,11 @@ class Candidate:
     threshold: Optional[float] = None  # suffix: the path-probability cut-off
     spec_factor: Optional[float] = None  # suffix: drafted tokens <= ceil(spec_factor x match length)
     model_share: Optional[float] = None  # hybrid: share of steps drafted by the model
+    tree_size: Optional[int] = None  # sequoia: nodes of the DP-optimal tree (<= budget)
 
     @property
     def seconds_per_token(self) -> float:
-        return (self.target_seconds + self.verify_seconds + self.draft_seconds) / self.expected_tokens
+        return seconds_per_token(self.target_seconds, self.draft_seconds, self.verify_seconds, self.expected_tokens)
 
     def label(self) -> str:
         if self.method == "autoregressive":
@@ -150,14 +154,20 @@ class AutoPlan:
     reason: str
     top: tuple[Candidate, ...] = ()
     fastest_draft_precision: str = ""
+    per_method: tuple[Candidate, ...] = ()  # the cheapest candidate of each priced method
 
     @property
     def method(self) -> str:
         return self.best.method
 
-    def method_fields(self) -> dict:
-        """The chosen method and its shape as ``DecodeConfig`` fields (no precisions)."""
-        b = self.best
+    def best_of(self, method: str) -> Optional[Candidate]:
+        """The cheapest priced candidate of ``method`` (None when ``auto`` did not price it)."""
+        return next((c for c in self.per_method if c.method == method), None)
+
+    def method_fields(self, candidate: Optional[Candidate] = None) -> dict:
+        """The method and shape of ``candidate`` (default: the chosen one) as ``DecodeConfig``
+        fields (no precisions)."""
+        b = candidate or self.best
         kw: dict = dict(method=b.method, verifier="auto")
         if b.method == "chain":
             kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
@@ -192,8 +202,9 @@ class AutoPlan:
         elif method == "autoregressive":
             choice = self.best_autoregressive
         else:
-            choice = next((c for c in self.top if c.method == method),
-                          next((c for c in self.top if c.method in MODEL_TREE_METHODS), self.best))
+            choice = self.best_of(method) or min(
+                (c for c in self.per_method if c.method in MODEL_TREE_METHODS),
+                key=lambda c: c.seconds_per_token, default=self.best)
         if precision == AUTO:
             kw["precision"] = choice.target_precision
         if draft_precision == AUTO:
@@ -306,7 +317,17 @@ def simulate_suffix(texts: Sequence[tuple[Sequence[int], Sequence[int]]], budget
     return simulate_suffix_shapes(texts, [shape])[shape]
 
 
-def _sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths: Sequence[int]):
+def sequoia_draft_levels(shape) -> list[int]:
+    """Nodes fed to each batched draft forward of a Sequoia tree: the internal nodes of each level,
+    root level first (one draft forward per level that has children)."""
+    depth = shape.depths()
+    counts = Counter(depth[p] for p in set(shape.parents) if p >= 0)
+    return [counts[k] for k in sorted(counts)]
+
+
+def sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths: Sequence[int]) -> dict:
+    """``{(budget, depth): (tree size, G, draft level widths)}`` of Sequoia's DP-optimal trees under the
+    positional ``acceptance`` vector (``depth`` levels below the root)."""
     from ..drafting.sequoia import best_size, sequoia_dp, sequoia_tree
 
     table = sequoia_dp(tuple(acceptance), max(budgets), max(depths) + 1)
@@ -314,12 +335,7 @@ def _sequoia_shapes(acceptance: Sequence[float], budgets: Sequence[int], depths:
     for n in budgets:
         for d in depths:
             shape = sequoia_tree(table, best_size(table, n, d + 1), d + 1)
-            depth = shape.depths()
-            internal = {p for p in shape.parents if p >= 0}
-            counts: dict[int, int] = {}
-            for v in internal:
-                counts[depth[v]] = counts.get(depth[v], 0) + 1
-            out[(n, d)] = (shape.size, table.G(shape.size, d + 1), [counts[k] for k in sorted(counts)])
+            out[(n, d)] = (shape.size, table.G(shape.size, d + 1), sequoia_draft_levels(shape))
     return out
 
 
@@ -343,7 +359,7 @@ def price_candidates(
     acceptance = acceptance.vector if isinstance(acceptance, Acceptance) else tuple(acceptance)
     p1 = float(acceptance[0]) if len(acceptance) else 0.0
     budgets = [b for b in budgets if b <= profile.max_tokens]
-    shapes = _sequoia_shapes(acceptance, budgets, depths) if ("sequoia" in methods and budgets) else {}
+    shapes = sequoia_shapes(acceptance, budgets, depths) if ("sequoia" in methods and budgets) else {}
     chain_stats = {(k, stop): simulate_chain(sequences, k, stop)
                    for k in range(1, CHAIN_MAX + 1) if k + 1 <= profile.max_tokens
                    for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)
@@ -354,7 +370,7 @@ def price_candidates(
                      for d in SUFFIX_DEPTHS for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS
                      ] if ("suffix" in methods and texts) else []
     hybrid_budgets = [n for n in HYBRID_BUDGETS if n <= profile.max_tokens]
-    model_trees = _sequoia_shapes(acceptance, hybrid_budgets, HYBRID_DEPTHS) if (
+    model_trees = sequoia_shapes(acceptance, hybrid_budgets, HYBRID_DEPTHS) if (
         "hybrid" in methods and texts and hybrid_budgets and len(acceptance)) else {}
     hybrid_shapes = [SuffixShape(n, d, q, f, hybrid=True) for (n, d) in model_trees
                      for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS]
@@ -400,7 +416,8 @@ def price_candidates(
                                            k * profile.draft_time(dp, 1)))
             for (n, d), (size, g, levels) in shapes.items():
                 cands.append(Candidate("sequoia", tp, dp, n, d, g, profile.target_time(tp, size),
-                                       profile.verify_time(size), sum(profile.draft_time(dp, w) for w in levels)))
+                                       profile.verify_time(size), sum(profile.draft_time(dp, w) for w in levels),
+                                       tree_size=size))
     return [c for c in cands if math.isfinite(c.seconds_per_token)]
 
 
@@ -449,8 +466,9 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
                   f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
     fast_d = min(draft_precisions, key=lambda p: profile.draft_time(p, 1))
+    per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
-                    profile.machine, reason, tuple(ranked[:8]), fast_d)
+                    profile.machine, reason, tuple(ranked[:8]), fast_d, per_method)
 
 
 def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
@@ -519,8 +537,9 @@ def _dense_dtype(pair) -> str:
 
 
 def acceptance_cache_path(key: str) -> Path:
-    root = Path(os.environ.get("DYNTREE_CACHE", Path.home() / ".cache" / "dyntree"))
-    return root / "profiles" / f"acceptance-{key}.json"
+    from ..paths import cache_root
+
+    return cache_root() / "profiles" / f"acceptance-{key}.json"
 
 
 def load_or_measure_acceptance(pair, pair_name: str, prompts: Sequence[Sequence[int]], temperature: float,
@@ -637,19 +656,37 @@ def calibration_prompts(tokenizer, n_per_dataset: int = 2, max_tokens: int = 96)
             for ds in ("wiki", "code") for p in load_prompts(ds, n_per_dataset, split="calib")]
 
 
-def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
-              draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
-              refresh: bool = False, progress: Optional[Progress] = None) -> AutoPlan:
-    """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``."""
+def pair_name(cache: PairCache) -> str:
+    """The name a pair's profile and acceptance are cached under."""
+    return f"{cache.draft_spec},{cache.target_spec}"
+
+
+def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precisions: Sequence[str],
+                target_ns: Sequence[int] = (), refresh: bool = False,
+                progress: Optional[Progress] = None) -> MachineProfile:
+    """The one machine profile of ``cache``'s pair (``machine_profile.load_or_measure_profile``): the
+    default sizes for both models, ``target_ns`` too for the target; only what the cache lacks is
+    measured."""
     from .machine_profile import load_or_measure_profile
 
+    return load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
+                                   refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
+                                   target_ns=tuple(target_ns))
+
+
+def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
+              draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
+              refresh: bool = False, progress: Optional[Progress] = None,
+              target_ns: Sequence[int] = ()) -> AutoPlan:
+    """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``.
+    ``target_ns``: target sizes the profile must also cover (a calibration that follows prices
+    bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``)."""
     say = progress or (lambda _m: None)
     tps = tuple(target_precisions or default_precisions(cache.device))
     dps = tuple(draft_precisions or tps)
-    name = f"{cache.draft_spec},{cache.target_spec}"
+    name = pair_name(cache)
     say("machine profile (measured once per machine, pair and torch version, then cached):")
-    prof = load_or_measure_profile(cache.timing_model, name, cache.device, tps, refresh=refresh, progress=say,
-                                   draft_precisions=dps)
+    prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say)
     fast_t = min(tps, key=lambda p: prof.target_time(p, 1))
     fast_d = min(dps, key=lambda p: prof.draft_time(p, 1))
     if methods == ("autoregressive",):

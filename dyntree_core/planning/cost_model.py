@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .pricing import seconds_per_token
 from .projection import LLAMA2_70B_BF16_BYTES, OffloadCost
 from ..trace import StepTrace
 
@@ -50,7 +51,7 @@ class StepCost:
     @property
     def predicted_s_per_token(self) -> float:
         """Median step cost / mean tokens per step (what the step model predicts)."""
-        return self.total_s / self.tokens_per_step
+        return seconds_per_token(self.target_s, self.draft_s, self.overhead_s, self.tokens_per_step)
 
 
 def step_cost(traces: Sequence[StepTrace]) -> Optional[StepCost]:
@@ -171,7 +172,7 @@ def project_hardware(cost: StepCost, draft_params: float, target_params: float,
     t_tree = _gpu_forward_s(target_params, n, a)
     t_ar = _gpu_forward_s(target_params, 1, a)
     out.append(HardwareProjection(
-        "H100, both models in HBM (bf16)", (draft_step + t_tree + a["overhead per step"]) / tps, t_ar,
+        "H100, both models in HBM (bf16)", seconds_per_token(t_tree, draft_step, a["overhead per step"], tps), t_ar,
         {"draft forwards/step": f"{depth:.0f} × {width:.0f} tokens", "target forward": f"{t_tree * 1e3:.1f} ms for {n:.0f} tokens",
          "AR step": f"{t_ar * 1e3:.1f} ms", **{x.name: f"{_fmt(x)} ({x.why})" for x in H100_ASSUMPTIONS}}))
     offload = {x.name: x.value for x in OFFLOAD_ASSUMPTIONS}
@@ -184,7 +185,8 @@ def project_hardware(cost: StepCost, draft_params: float, target_params: float,
                 pass
         t_tree70, t_ar70 = c.at(int(n)), c.at(1)
         out.append(HardwareProjection(
-            f"70B target offloaded over {link.split(' host')[0]}", (draft_step + t_tree70 + a["overhead per step"]) / tps,
+            f"70B target offloaded over {link.split(' host')[0]}",
+            seconds_per_token(t_tree70, draft_step, a["overhead per step"], tps),
             t_ar70,
             {"target forward": f"{t_tree70:.2f} s ({c.source})", "draft on the GPU": f"{draft_step * 1e3:.1f} ms/step",
              "tokens/step": f"{tps:.2f} measured with this run's pair (a 70B target accepts differently)"}))

@@ -10,9 +10,10 @@ the UI and the bench can show them next to the number.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+
+from .pricing import interpolate
 
 LLAMA2_70B_BF16_BYTES = 137.95e9  # decoder + embeddings + lm_head, bf16 (notes/kernels.md §3.1)
 
@@ -28,14 +29,10 @@ class OffloadCost:
     seconds: tuple[float, ...]
     source: str
 
-    def at(self, n: int) -> float:
+    def at(self, n: float) -> float:
+        """``pricing.interpolate`` over the measured sizes (no price above the largest)."""
         pts = sorted(zip(self.tokens, self.seconds))
-        if n <= pts[0][0]:
-            return pts[0][1]
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-            if n <= x1:
-                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-        return pts[-1][1]
+        return interpolate([p[0] for p in pts], [p[1] for p in pts], n)
 
     @classmethod
     def floor(cls, bandwidth_gb_s: float, model_bytes: float = LLAMA2_70B_BF16_BYTES) -> "OffloadCost":
@@ -43,7 +40,7 @@ class OffloadCost:
         if bandwidth_gb_s <= 0:
             raise ValueError("bandwidth must be positive")
         s = model_bytes / (bandwidth_gb_s * 1e9)
-        return cls((1, 1024), (s, s), f"floor: {model_bytes / 1e9:.2f} GB / {bandwidth_gb_s:g} GB/s")
+        return cls((1, 16384), (s, s), f"floor: {model_bytes / 1e9:.2f} GB / {bandwidth_gb_s:g} GB/s")
 
     @classmethod
     def from_bench_json(cls, path: Path, engine: str = "ours") -> "OffloadCost":
@@ -59,53 +56,3 @@ class OffloadCost:
         ns = tuple(sorted(best))
         device = data.get("environment", {}).get("backend", "?")
         return cls(ns, tuple(best[n] for n in ns), f"measured: {Path(path).name} ({device})")
-
-
-@dataclass(frozen=True)
-class Projection:
-    method: str
-    tree_size: int
-    tokens_per_step: float
-    target_seconds: float
-    draft_seconds: float
-    cost_source: str
-
-    @property
-    def seconds_per_token(self) -> float:
-        from .hardware import seconds_per_token
-
-        return seconds_per_token(self.target_seconds, self.draft_seconds, self.tokens_per_step)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return 1.0 / self.seconds_per_token
-
-    def as_dict(self) -> dict:
-        return asdict(self) | {"seconds_per_token": self.seconds_per_token,
-                               "tokens_per_second": self.tokens_per_second, "kind": "projection"}
-
-
-def project(method: str, tree_size: int, tokens_per_step: float, cost: OffloadCost,
-            draft_seconds: float = 0.0) -> Projection:
-    """Projected decoding speed of ``method`` with an offloaded target.
-
-    Args:
-        tokens_per_step: measured mean tokens per step (accepted + bonus) at ``tree_size``.
-        cost: offloaded target forward cost.
-        draft_seconds: draft cost per step (the draft runs on the GPU).
-    """
-    if tokens_per_step <= 0:
-        raise ValueError("tokens_per_step must be positive")
-    return Projection(method, tree_size, tokens_per_step, cost.at(tree_size), draft_seconds, cost.source)
-
-
-def speedup_table(measured: dict[str, tuple[int, float]], cost: OffloadCost,
-                  draft_seconds: Optional[dict[str, float]] = None) -> list[dict]:
-    """Projections for several methods plus the autoregressive baseline (1 token per step)."""
-    draft_seconds = draft_seconds or {}
-    base = project("autoregressive", 1, 1.0, cost)
-    rows = [base.as_dict() | {"speedup": 1.0}]
-    for m, (n, tps) in measured.items():
-        p = project(m, n, tps, cost, draft_seconds.get(m, 0.0))
-        rows.append(p.as_dict() | {"speedup": base.seconds_per_token / p.seconds_per_token})
-    return rows

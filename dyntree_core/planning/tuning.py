@@ -1,28 +1,28 @@
-"""Hardware-aware choice of a tree configuration: the decoder picks its own tree size, depth
-and (DySpec-threshold) threshold for this machine instead of the user guessing.
+"""``auto``'s calibration: the tree shape of a method ``auto`` cannot price in closed form (DySpec,
+OPT-Tree, DynaTree, SpecInfer, ... chosen with ``--budget auto``), found by short decodes on this
+machine.
 
-Latency per token of a tree method is ``(t(n) + overhead) / tokens_per_step``: ``t(n)`` the
-target forward of an n-node tree on this machine (``hardware.HardwareProfile``), ``overhead``
-everything else a step costs (draft forwards, tree construction, verification, KV work), and
-``tokens_per_step`` the acceptance the method reaches with this pair.
+Latency per token is the one step-cost formula (``pricing.seconds_per_token``): ``t(n)`` the
+target forward of an n-node tree at the run's target precision from the one machine profile
+(``machine_profile``), everything else a step costs (draft forwards, tree construction,
+verification, KV work) measured by the calibration decodes, divided by the tokens per step the
+method reaches with this pair.
 
-* ``sequoia``: Sequoia's optimizer. The DP gives G(n, d) for the measured acceptance vector and
-  the level widths of each optimal tree; the profile prices the target forward and one batched
-  draft forward per level; no decoding is needed.
-* every other tree method: acceptance and overhead are not known in closed form, so candidate
-  (budget, depth) points are *calibrated*: short decodes on prompts disjoint from any
-  evaluation (the ``calib`` slice), recording tokens/step, tree sizes and the measured
-  overhead; the target part comes from the profile at each step's tree size. A coordinate
-  search over a (budget × depth) grid starts at a middle point and moves to the best
-  neighbour until none improves (typically 5-9 calibrated points instead of the whole grid).
-  ``chain`` searches its length only, ``specinfer`` its width × depth. Calibration is noisy
-  (a few prompts, sampled drafts at T > 0), so the final pick follows the one-standard-error
-  rule: the smallest tree whose predicted latency is within one paired standard error (over the
-  calibration prompts) of the best point's (``select_within_noise``).
+* ``sequoia``: no decoding is needed: ``auto``'s closed-form price (``auto.price_candidates``:
+  Sequoia's DP under the acceptance vector, one batched draft forward per level) over the grid.
+* every other tree method: candidate (budget, depth) points are *calibrated*: short decodes on
+  prompts disjoint from any evaluation (the ``calib`` slice), recording tokens/step, tree sizes and
+  the measured overhead; the target part comes from the profile at each step's tree size (the
+  profile must cover ``CALIBRATION_NS``). A coordinate search over a (budget x depth) grid starts at a
+  middle point and moves to the best neighbour until none improves (typically 5-9 calibrated points
+  instead of the whole grid). ``chain`` searches its length only, ``specinfer`` its width x depth.
+  Calibration is noisy (a few prompts, sampled drafts at T > 0), so the final pick follows the
+  one-standard-error rule: the smallest tree whose predicted latency is within one paired standard
+  error (over the calibration prompts) of the best point's (``select_within_noise``).
 * ``dyspec_threshold``: the chosen budget is enforced by the online ``ThresholdController``
   (``adaptive_threshold=True``), so the threshold is picked too, and keeps adapting per prompt.
 
-Results are cached as JSON per (pair, device, dtype, method, temperature) next to the profiles.
+Results are cached as JSON per (profile, method, precisions, temperature) next to the profiles.
 """
 
 from __future__ import annotations
@@ -40,13 +40,17 @@ from typing import Callable, Optional, Sequence
 
 from ..config import DecodeConfig, default_threshold
 from ..methods import method_spec
-from .hardware import HardwareProfile, seconds_per_token, sequoia_choose
+from .machine_profile import MachineProfile
+from .pricing import seconds_per_token
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
 DEPTH_GRID: tuple[int, ...] = (2, 3, 4, 6, 8)
 WIDTH_GRID: tuple[int, ...] = (1, 2, 4, 8)
 CHAIN_GRID: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
-TUNING_VERSION = 2  # cached tunings of another version are recomputed (2: one-standard-error pick)
+TUNING_VERSION = 3  # cached tunings of another version are recomputed (2: one-standard-error pick,
+# 3: priced from the one machine profile at the run's precisions)
+#: target sizes the profile must cover before a calibration (every tree size up to the largest budget)
+CALIBRATION_NS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class TuningPoint:
 
     @property
     def predicted_seconds_per_token(self) -> float:
-        return seconds_per_token(self.target_seconds, self.overhead_seconds, self.tokens_per_step)
+        return seconds_per_token(self.target_seconds, 0.0, self.overhead_seconds, self.tokens_per_step)
 
 
 @dataclass(frozen=True)
@@ -208,12 +212,13 @@ def calibrate_point(
     draft,
     target,
     cfg: DecodeConfig,
-    profile: HardwareProfile,
+    profile: MachineProfile,
     prompts: Sequence[Sequence[int]],
     new_tokens: int,
     eos_token_id=None,
 ) -> TuningPoint:
-    """Decode ``new_tokens`` after each prompt with ``cfg`` and summarise the steps."""
+    """Decode ``new_tokens`` after each prompt with ``cfg`` and summarise the steps (the target
+    forward of each step priced from ``profile`` at ``cfg.precision``)."""
     from ..decode.engine import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(draft, target, cfg, eos_token_id=eos_token_id)
@@ -226,7 +231,10 @@ def calibrate_point(
         for tr in decoder.generate(list(ids), new_tokens, seed=cfg.seed + i):
             steps += 1
             sizes.append(tr.tree_size)
-            t = profile.target_time(tr.tree_size)
+            t = profile.target_time(_precision(cfg), tr.tree_size)
+            if not math.isfinite(t):
+                raise ValueError(f"the machine profile has no target time for {tr.tree_size} tokens at "
+                                 f"{_precision(cfg)}: measure it first (profile sizes CALIBRATION_NS)")
             o = max(0.0, tr.step_seconds - tr.timings.target_forward)
             target_s, overhead_s, wall = target_s + t, overhead_s + o, wall + tr.step_seconds
             p_tokens, p_seconds = p_tokens + len(tr.committed), p_seconds + t + o
@@ -248,7 +256,7 @@ def tune(
     draft,
     target,
     cfg: DecodeConfig,
-    profile: HardwareProfile,
+    profile: MachineProfile,
     prompts: Sequence[Sequence[int]] = (),
     new_tokens: int = 32,
     budgets: Sequence[int] = BUDGET_GRID,
@@ -261,7 +269,7 @@ def tune(
 
     Args:
         cfg: the base configuration (method, temperature, verifier, dtype, device, seed...).
-        profile: this machine's measured forward costs for the pair (``hardware.load_or_profile``).
+        profile: this machine's profile of the pair (``auto.profile_for``), covering the tree sizes.
         prompts: calibration prompts (token ids), disjoint from any evaluation; unused by Sequoia.
         new_tokens: tokens decoded per calibration prompt.
     """
@@ -273,7 +281,7 @@ def tune(
         raise ValueError(f"{cfg.method!r} has nothing to tune")
     if spec.tuning == "sequoia_dp":
         best, points = _tune_sequoia(cfg, profile, budgets, depths)
-        strategy = "sequoia optimizer: argmin (t(n) + sum_levels draft(width)) / G(n, d) over the DP"
+        strategy = "auto's closed-form Sequoia price: argmin (t(n) + sum_levels draft(width) + verify(n)) / G(n, d)"
         n_prompts, meta = 0, {}
     else:
         if not prompts:
@@ -339,55 +347,45 @@ def _middle(grid: Sequence[int], preferred: int) -> int:
     return min(grid, key=lambda g: (abs(g - preferred), g))
 
 
-def _tune_sequoia(cfg: DecodeConfig, profile: HardwareProfile, budgets: Sequence[int], depths: Sequence[int]):
-    from ..drafting.sequoia import default_acceptance_vector, sequoia_dp, sequoia_tree
+def _precision(cfg: DecodeConfig) -> str:
+    return cfg.precision or cfg.dtype
+
+
+def _tune_sequoia(cfg: DecodeConfig, profile: MachineProfile, budgets: Sequence[int], depths: Sequence[int]):
+    from ..drafting.sequoia import default_acceptance_vector
+    from .auto import price_candidates
 
     acc = cfg.sequoia_acceptance or default_acceptance_vector()
-    table = sequoia_dp(acc, max(budgets), max(depths) + 1)
-
-    def shape(n: int, d: int):
-        from ..drafting.sequoia import best_size
-
-        return sequoia_tree(table, best_size(table, n, d + 1), d + 1)
-
-    def level_sizes(n: int, d: int) -> list[int]:
-        """Nodes fed to each batched draft forward: the internal nodes of each level."""
-        s = shape(n, d)
-        depth = s.depths()
-        internal = {p for p in s.parents if p >= 0}
-        counts: dict[int, int] = {}
-        for v in internal:
-            counts[depth[v]] = counts.get(depth[v], 0) + 1
-        return [counts[k] for k in sorted(counts)]
-
-    best, cands = sequoia_choose(lambda n, d: table.G(shape(n, d).size, d + 1), level_sizes, profile, budgets, depths)
+    cands = price_candidates(profile, acc, [_precision(cfg)], [cfg.draft_precision or _precision(cfg)],
+                             methods=("sequoia",), budgets=budgets, depths=depths)
+    if not cands:
+        raise ValueError("no Sequoia tree of these budgets could be priced: the profile does not cover them")
     points = [
         TuningPoint(budget=c.budget, depth=c.depth, width=cfg.width, tokens_per_step=c.expected_tokens,
-                    mean_tree_size=float(shape(c.budget, c.depth).size), target_seconds=c.verify_seconds,
-                    overhead_seconds=c.draft_seconds)
+                    mean_tree_size=float(c.tree_size or c.budget), target_seconds=c.target_seconds,
+                    overhead_seconds=c.draft_seconds + c.verify_seconds)
         for c in cands
     ]
-    best_point = min(points, key=lambda p: p.predicted_seconds_per_token)
-    assert (best_point.budget, best_point.depth) == (best.budget, best.depth)
-    return best_point, points
+    return min(points, key=lambda p: p.predicted_seconds_per_token), points
 
 
 # ------------------------------------------------------------------------------------- cache
 
 
-def tuning_cache_path(profile_key: str, method: str, temperature: float) -> Path:
+def tuning_cache_path(profile_key: str, cfg: DecodeConfig) -> Path:
     from ..paths import cache_file
 
-    return cache_file("tuning", f"{profile_key}|{method}|T{temperature:g}")
+    return cache_file("tuning", f"{profile_key}|{cfg.method}|{_precision(cfg)}|{cfg.draft_precision}|"
+                                f"T{cfg.temperature:g}")
 
 
-def load_or_tune(draft, target, cfg: DecodeConfig, profile: HardwareProfile, refresh: bool = False,
+def load_or_tune(draft, target, cfg: DecodeConfig, profile: MachineProfile, refresh: bool = False,
                  same_calibration: bool = True, **kwargs) -> TuningResult:
-    """The cached tuning for (profile, method, temperature), computed and cached when missing,
+    """The cached tuning for (profile, method, precisions, temperature), computed and cached when missing,
     made by another version of the tuner or, with ``same_calibration``, from other calibration
     prompts / grids (``kwargs`` are ``tune``'s). ``same_calibration=False`` accepts any current
     tuning of this machine (the interactive ``--budget auto`` path)."""
-    path = tuning_cache_path(profile.key, cfg.method, cfg.temperature)
+    path = tuning_cache_path(profile.key, cfg)
     if path.exists() and not refresh:
         cached = TuningResult.from_json(path.read_text())
         call = inspect.signature(tune).bind(draft, target, cfg, profile, **kwargs)
