@@ -1,5 +1,5 @@
 """The pricing rules every planner uses (one step-cost formula, one interpolation policy) and the
-offload projection: labelled, driven by its inputs, and reading the bench JSON."""
+GPU measurements committed under bench/results/gpu-h200/, read back and priced."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dyntree_core.planning.pricing import interpolate, seconds_per_token
-from dyntree_core.planning.projection import LLAMA2_70B_BF16_BYTES, OffloadCost
+from dyntree_core.planning.projection import GPU_RESULTS, GpuResults, MeasuredStep, OffloadCost, gpu_rows, step_time_at
 
 
 def test_the_step_cost_formula():
@@ -25,13 +25,6 @@ def test_the_interpolation_policy_never_prices_an_unmeasured_larger_size():
         interpolate([], [], 1)
 
 
-def test_floor_cost_is_bytes_over_bandwidth():
-    cost = OffloadCost.floor(25.0)
-    assert cost.at(1) == pytest.approx(LLAMA2_70B_BF16_BYTES / 25e9)
-    assert cost.at(768) == cost.at(1)
-    assert "floor" in cost.source and "25" in cost.source
-
-
 def test_cost_from_offload_bench_json(tmp_path):
     path = tmp_path / "offload.json"
     path.write_text(json.dumps({
@@ -44,5 +37,43 @@ def test_cost_from_offload_bench_json(tmp_path):
     }))
     cost = OffloadCost.from_bench_json(path)
     assert cost.tokens == (1, 64) and cost.seconds == (5.5, 5.7)
-    assert "H100" in cost.source
+    assert "H100" in cost.source and cost.gbps is None
     assert cost.at(64) == 5.7 and cost.at(65) == math.inf
+
+
+def test_the_committed_h200_offload_row():
+    """The measured offload forward of bench/results/gpu-h200/offload.json: a 70B-shaped bf16 target
+    streamed from pinned host memory at the PCIe floor, flat in the tree size."""
+    raw = json.loads((GPU_RESULTS / "offload.json").read_text())
+    assert raw["environment"]["device_name"] == "NVIDIA H200"
+    gpu = GpuResults.load()
+    assert gpu is not None and "H200" in gpu.machine and gpu.date.startswith("2026-11-26")
+    off = gpu.offload
+    assert off.tokens == (1, 64, 256, 768)
+    assert off.at(1) == pytest.approx(2.475, abs=5e-4) and off.gbps == pytest.approx(55.3, abs=0.05)
+    assert off.at(768) == pytest.approx(2.475, abs=5e-3)
+    steps = {s.budget: s for s in gpu.offload_steps}
+    assert sorted(steps) == [64, 128, 256, 512, 768] and steps[64].step_s == pytest.approx(2.537, abs=1e-3)
+    assert set(gpu.resident) == {"1.5B", "7B"}
+    ar7, _ = step_time_at(gpu.resident["7B"], "autoregressive", 1)
+    assert ar7 == pytest.approx(0.0599, abs=1e-4)
+    assert gpu.peers["transformers generate (7B shape)"] == pytest.approx(19.95, abs=0.01)
+
+
+def test_gpu_rows_price_this_runs_tree_with_the_measured_steps():
+    gpu = GpuResults.load()
+    rows = gpu_rows(gpu, tree_size=100, tokens_per_step=3.0, target_params=1.5e9)
+    off, resident = rows
+    # offload: measured steps at 64 (2.537 s) and 128 (2.568 s) nodes, linear between: 100 nodes
+    step = 2.537 + (2.568 - 2.537) * (100 - 64) / 64
+    assert off.tree_s_per_token == pytest.approx(step / 3.0, abs=1e-3)
+    assert off.ar_s_per_token == pytest.approx(2.475, abs=5e-4) and "55.3 GB/s" in off.inputs["plain decoding"]
+    assert "1.5B" in resident.setting and "H200" in resident.inputs["machine"]
+    assert "7B" in gpu_rows(gpu, 100, 3.0, 7e9)[1].setting  # the measured shape nearest the run's target
+    assert len(gpu_rows(gpu, tree_size=1024, tokens_per_step=3.0, target_params=1.5e9)) == 0  # larger than measured
+
+
+def test_missing_results_give_no_gpu_rows(tmp_path):
+    assert GpuResults.load(tmp_path) is None
+    steps = (MeasuredStep("dyspec_greedy", 16, 16, "triton", "dfs", 0.1, 0.05, 0.03),)
+    assert step_time_at(steps, "chain", 16) == (math.inf, None)

@@ -234,16 +234,18 @@ class Controller:
 
     def measure_costs(self, rec: RunRecord) -> None:
         """What the cost-model panel needs besides the run's own timings: the pair's parameter
-        counts and, for a tree method, the target's one-token forward time (measured once per
-        pair and precision, under the model lock)."""
+        counts and, for a tree method, the plain-decoding reference timed now, next to the run, on
+        its mean context (the prompt and half the new tokens), under the model lock."""
         try:
             pair = self.provider.load(rec.settings.pair_spec())
             with self.model_lock:
                 rec.model_params = pair.params()
                 if rec.config.method != "autoregressive":
-                    rec.one_token_forward_s = pair.one_token_forward_s(rec.config, len(rec.prompt_ids))
+                    context = len(rec.prompt_ids) + max(0, int(rec.settings.max_new_tokens)) // 2
+                    rec.ar_timing = pair.time_one_token_forward(rec.config, context)
+                    rec.one_token_forward_s = rec.ar_timing.mean_seconds
         except Exception:  # noqa: BLE001 - the panel then asks for the AR baseline instead
-            rec.one_token_forward_s = None
+            rec.one_token_forward_s, rec.ar_timing = None, None
 
     # ------------------------------------------------------------------ Live tab events
     # The Live tab has one writer: ``on_tick``. The other events change the session's state and

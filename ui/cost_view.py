@@ -1,13 +1,16 @@
-"""The cost-model panel: why the current run beats autoregressive decoding on this machine or not,
-and the same tree priced on other hardware (labelled projections with their inputs)."""
+"""The cost-model panel: why the current run beats plain decoding on this machine or not (its mean
+step, model and suffix steps priced separately, against a plain-decoding reference timed next to the
+run, with its time and the machine's load), and the same tree priced with what this engine measured
+on a GPU (the committed H200 results, labelled with their machine)."""
 
 from __future__ import annotations
 
+import functools
 import html
-from pathlib import Path
 from typing import Optional
 
-from dyntree_core.planning.cost_model import ar_reference, project_hardware, step_cost, Verdict
+from dyntree_core.planning.cost_model import StepCost, Verdict, ar_reference, step_cost
+from dyntree_core.planning.projection import GpuResults, gpu_rows
 
 from .session import RunRecord
 
@@ -17,69 +20,94 @@ STYLE = ("<style>#cost-model table{border-collapse:collapse;font-size:0.85em;mar
          "#cost-model .dt-win{color:#1a7f37;font-weight:bold}#cost-model .dt-lose{color:#b42318;font-weight:bold}"
          "#cost-model details{font-size:0.8em;color:#555}</style>")
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+KIND_NAMES = {"model": "model-drafted steps", "suffix": "suffix-tree steps (no draft forward)", "": "tree steps"}
 
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def _offload_bench() -> Optional[Path]:
-    """A committed GPU offload measurement, if any (``bench gpu`` / ``bench offload`` JSON)."""
-    found = sorted(RESULTS.glob("offload*cuda*.json")) + sorted(RESULTS.glob("gpu*.json"))
-    return found[-1] if found else None
+@functools.lru_cache(maxsize=1)
+def gpu_results() -> Optional[GpuResults]:
+    """The committed GPU measurements (read once)."""
+    return GpuResults.load()
+
+
+def _step_table(cost: StepCost) -> str:
+    kinds = cost.kinds
+    head = "".join(f"<th>{html.escape(KIND_NAMES.get(k.source, k.source))}</th>" for k in kinds)
+    mean_col = len(kinds) > 1
+    rows = [
+        ("share of steps", [f"{cost.share(k):.0%} ({k.steps})" for k in kinds], f"{cost.steps}"),
+        ("tree nodes (mean)", [f"{k.tree_size:.1f}" for k in kinds], f"{cost.tree_size:.1f}"),
+        ("drafting", [_ms(k.draft_s) for k in kinds], _ms(cost.draft_s)),
+        ("target forward", [_ms(k.target_s) for k in kinds], _ms(cost.target_s)),
+        ("tree build, mask, verify, KV", [_ms(k.phases_s) for k in kinds], ""),
+        ("rest of the step", [_ms(k.rest_s) for k in kinds], ""),
+        ("step", [_ms(k.step_s) for k in kinds], _ms(cost.step_s)),
+        ("tokens per step", [f"{k.tokens_per_step:.2f}" for k in kinds], f"{cost.tokens_per_step:.2f}"),
+    ]
+    return ("<table><tr><th>mean per step</th>" + head + ("<th>all steps, weighted</th>" if mean_col else "") + "</tr>"
+            + "".join(f"<tr><td>{name}</td>" + "".join(f"<td>{v}</td>" for v in vals)
+                      + (f"<td>{allv}</td>" if mean_col else "") + "</tr>" for name, vals, allv in rows)
+            + "</table>")
+
+
+def _gpu_section(cost: StepCost, target_params: float) -> str:
+    gpu = gpu_results()
+    if gpu is None:
+        return ""
+    rows = gpu_rows(gpu, cost.tree_size, cost.tokens_per_step, target_params)
+    if not rows:
+        return ""
+    return ("<p style='margin-top:8px'><b>The same tree on a GPU</b>, priced with step times this engine "
+            f"measured on {html.escape(gpu.machine)} ({html.escape(gpu.date[:10])}; "
+            "<code>bench/results/gpu-h200/</code>): measured seconds per step at this run's tree size "
+            f"({cost.tree_size:.0f} nodes) ÷ this run's {cost.tokens_per_step:.2f} tokens/step</p>"
+            "<table><tr><th>setting</th><th>plain decoding per token</th><th>tree per token</th><th>speed-up</th></tr>"
+            + "".join(f"<tr><td>{html.escape(r.setting)}</td><td>{_ms(r.ar_s_per_token)}</td>"
+                      f"<td>{_ms(r.tree_s_per_token)}</td><td>{r.speedup:.2f}×</td></tr>" for r in rows)
+            + "</table><details><summary>what was measured</summary>"
+            + "".join(f"<p><b>{html.escape(r.setting)}</b>: " + "; ".join(
+                f"{html.escape(k)}: {html.escape(v)}" for k, v in r.inputs.items()) + "</p>" for r in rows)
+            + "</details>")
 
 
 def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> str:
     if record is None or not record.traces:
-        return STYLE + "<p><i>After a Run this panel says why the tree beats autoregressive decoding here, or not.</i></p>"
+        return STYLE + "<p><i>After a Run this panel says why the tree beats plain decoding here, or not.</i></p>"
     cost = step_cost(record.traces)
     if cost is None:
         return STYLE + ("<p>This is the autoregressive baseline itself: "
                         f"{_ms(record.traces[-1].elapsed / max(record.traces[-1].total_new_tokens, 1))} per token "
                         "(prefill included). Run a tree method to compare against it.</p>")
-    ar = ar_reference(baseline.traces if baseline is not None else None, record.one_token_forward_s)
-    rows = [
-        ("draft forwards", cost.draft_s, f"≈ {cost.depth:.0f} forwards (tree depth)"),
-        ("target forward", cost.target_s, f"{cost.tree_size:.0f} tokens in one forward"),
-        ("everything else", cost.overhead_s, "tree build, mask, verify, KV compaction"),
-        ("step", cost.total_s, f"{cost.tokens_per_step:.2f} tokens per step"),
-    ]
-    table = "<table><tr><th>median per step</th><th>time</th><th></th></tr>" + "".join(
-        f"<tr><td>{name}</td><td>{_ms(t)}</td><td>{html.escape(note)}</td></tr>" for name, t, note in rows) + "</table>"
+    ar = ar_reference(baseline.traces if baseline is not None else None, record.ar_timing,
+                      record.one_token_forward_s)
     if ar is None:
-        head = ("<p>No autoregressive reference yet: tick <b>Then run the autoregressive baseline</b> to measure it "
+        head = ("<p>No plain-decoding reference: tick <b>Then run the autoregressive baseline</b> to measure it "
                 "on this machine.</p>")
-        per_token = ""
     else:
         v = Verdict(cost, ar)
         cls = "dt-win" if v.wins else "dt-lose"
-        head = (f"<p>On this machine one step of this tree costs <b>{_ms(cost.total_s)}</b>; autoregressive decoding "
-                f"costs <b>{_ms(ar.seconds_per_token)}</b> per token ({html.escape(ar.source)}). "
-                f"So the tree must deliver <b>≥ {v.break_even_tokens_per_step:.2f} tokens/step</b> to beat AR here; "
-                f"it delivers <span class='{cls}'>{cost.tokens_per_step:.2f}</span> → predicted "
+        when = ""
+        if ar.timing is not None:
+            t = ar.timing
+            when = (f" Reference timed at <b>{html.escape(t.measured_at)}</b> ({html.escape(t.load_text())}), "
+                    f"next to this run, on its mean context ({t.prefix_len} tokens).")
+        head = (f"<p>On this machine a mean step of this run costs <b>{_ms(cost.step_s)}</b>; plain decoding costs "
+                f"<b>{_ms(ar.seconds_per_token)}</b> per token ({html.escape(ar.source)}).{when} "
+                f"So the tree must deliver <b>≥ {v.break_even_tokens_per_step:.2f} tokens/step</b> to beat plain "
+                f"decoding here; it delivers <span class='{cls}'>{cost.tokens_per_step:.2f}</span> → predicted "
                 f"<span class='{cls}'>{v.predicted_speedup:.2f}×</span> "
-                f"{'faster' if v.wins else '(slower than AR)'}.</p>")
-        base_measured = ""
-        if baseline is not None and baseline.traces:
-            b = baseline.traces[-1]
-            base_measured = _ms(b.elapsed / max(b.total_new_tokens, 1))
-        per_token = ("<table><tr><th>ms per token</th><th>predicted</th><th>measured (prefill included)</th></tr>"
-                     f"<tr><td>autoregressive</td><td>{_ms(ar.seconds_per_token)}</td><td>{base_measured or '–'}</td></tr>"
-                     f"<tr><td>{html.escape(record.label)}</td><td>{_ms(cost.predicted_s_per_token)}</td>"
-                     f"<td>{_ms(cost.measured_s_per_token)}</td></tr></table>")
-    proj = ""
-    draft_p, target_p = record.model_params
-    if draft_p and target_p:
-        rows_p = project_hardware(cost, draft_p, target_p, _offload_bench())
-        proj = ("<p style='margin-top:8px'><b>The same tree elsewhere</b> (projections, not measurements: this run's "
-                f"tree size {cost.tree_size:.0f}, depth {cost.depth:.0f} and {cost.tokens_per_step:.2f} tokens/step; "
-                f"draft {draft_p / 1e9:.2f} B, target {target_p / 1e9:.2f} B parameters)</p>"
-                "<table><tr><th>hardware</th><th>AR per token</th><th>tree per token</th><th>speedup</th></tr>"
-                + "".join(f"<tr><td>{html.escape(p.hardware)}</td><td>{_ms(p.ar_s_per_token)}</td>"
-                          f"<td>{_ms(p.tree_s_per_token)}</td><td>{p.speedup:.2f}×</td></tr>" for p in rows_p)
-                + "</table><details><summary>inputs and assumptions</summary>"
-                + "".join(f"<p><b>{html.escape(p.hardware)}</b>: " + "; ".join(
-                    f"{html.escape(k)}: {html.escape(v)}" for k, v in p.inputs.items()) + "</p>" for p in rows_p)
-                + "</details>")
-    return STYLE + head + per_token + table + proj
+                f"{'faster' if v.wins else '(slower than plain decoding)'}.</p>")
+    base_measured = "–"
+    if baseline is not None and baseline.traces:
+        b = baseline.traces[-1]
+        base_measured = _ms(b.elapsed / max(b.total_new_tokens, 1))
+    per_token = ("<table><tr><th>ms per token</th><th>predicted (mean step ÷ mean tokens/step)</th>"
+                 "<th>measured, decoding (wall clock)</th><th>measured, prefill included</th></tr>"
+                 f"<tr><td>plain decoding</td><td>{_ms(ar.seconds_per_token) if ar else '–'}</td><td>–</td>"
+                 f"<td>{base_measured}</td></tr>"
+                 f"<tr><td>{html.escape(record.label)}</td><td>{_ms(cost.predicted_s_per_token)}</td>"
+                 f"<td>{_ms(cost.decode_s_per_token)}</td><td>{_ms(cost.with_prefill_s_per_token)}</td></tr></table>")
+    return STYLE + head + per_token + _step_table(cost) + _gpu_section(cost, float(record.model_params[1]))

@@ -41,17 +41,14 @@ class LoadedPair:
     eos_token_ids: tuple[int, ...] = ()  # ids that end generation (empty: the engine's defaults)
     measured: dict = field(default_factory=dict)  # per-pair measurements the cost model reuses
 
-    def one_token_forward_s(self, config: Any, prefix_len: int) -> float:
-        """The prepared target's one-token forward time (the one timer, ``planning.machine_profile``:
-        fastest of 3 after a warm-up), measured once per precision / attention settings on this pair
-        and then reused."""
-        key = ("ar", config.precision, config.attention, config.offload_target)
-        if key not in self.measured:
-            from dyntree_core.planning.machine_profile import time_forward
+    def time_one_token_forward(self, config: Any, context_len: int) -> Any:
+        """``ForwardTiming`` of the prepared target's one-token forward after ``context_len`` cached
+        tokens, timed now (``dyntree_core.planning.machine_profile.time_forward``: one warm-up, then 3
+        timed, with the time and the machine's load); never reused, so a value taken while
+        the machine was busy does not stand for later runs."""
+        from dyntree_core.planning.machine_profile import time_forward
 
-            prepared = self.prepared(config)
-            self.measured[key] = time_forward(prepared.target, min(prefix_len, 256), 1, samples=3).seconds
-        return self.measured[key]
+        return time_forward(self.prepared(config).target, context_len, 1, samples=3)
 
     def params(self) -> tuple[int, int]:
         if "params" not in self.measured:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal, Optional
 
 from dyntree_core.config import DecodeConfig
+from dyntree_core.planning.machine_profile import ForwardTiming
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
 from .settings import RunSettings
@@ -41,6 +42,7 @@ class RunRecord:
     message: str = ""
     note: str = ""  # why auto chose this configuration (empty when nothing was auto)
     one_token_forward_s: Optional[float] = None  # the target's measured 1-token forward (cost model)
+    ar_timing: Optional[ForwardTiming] = None  # that forward's timing: when, on what context, under what load
     model_params: tuple[int, int] = (0, 0)  # logical parameter counts (draft, target)
     prefill: tuple[int, int] = (0, 0)  # prompt tokens prefilled so far / in all (target + draft)
     prefill_seconds: Optional[float] = None  # wall time of the prefill once it ended

@@ -1,57 +1,134 @@
-"""Why speculation wins or loses on a machine: a run's measured step cost against autoregressive
-decoding, the break-even tokens per step, and the same tree priced on other hardware.
+"""Why speculation wins or loses on a machine: a run's measured step cost against plain decoding,
+the break-even tokens per step, and the same tree priced with what a GPU measured.
 
-Everything here is a pure function of numbers: the measured per-step phase times of a run
-(``StepTrace.timings``), an autoregressive reference (measured), and for other hardware the
-stated assumptions below (``Assumption``), returned with every projection so a page can show its
-inputs. Projections are labelled as such; nothing here is a measurement of that hardware.
+Everything here is a pure function of numbers: the measured per-step times of a run
+(``StepTrace.step_seconds`` and its phases), a plain-decoding reference measured next to the run
+(``ArReference``: the autoregressive baseline run, or the target's one-token forward timed on the
+run's context by ``machine_profile.time_forward``), and the committed GPU measurements
+(``projection.GpuResults``). Prices follow ``pricing``: mean step over mean tokens per step, steps
+of each kind (a hybrid's model and suffix steps) averaged separately and weighted by how often they
+happened, never a median step.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .pricing import seconds_per_token
-from .projection import LLAMA2_70B_BF16_BYTES, OffloadCost
 from ..trace import StepTrace
+from .machine_profile import ForwardTiming
+from .pricing import seconds_per_token
 
-OVERHEAD_PHASES = ("tree_build", "mask", "verify", "kv_compaction", "offload_transfer")
+#: named phases besides the draft and the target forward (``offload_transfer`` is part of the
+#: target forward's time, the wait for weights inside it, so it is not added again)
+OTHER_PHASES = ("tree_build", "mask", "verify", "kv_compaction")
 
 
 @dataclass(frozen=True)
-class StepCost:
-    """Median per-step seconds of a run's tree steps, and its mean tokens per step.
+class KindCost:
+    """Mean per-step seconds of the tree steps drafted one way.
 
     Attributes:
-        steps: tree steps measured.
-        tree_size: median nodes per tree (the target forward's tokens).
-        depth: median tree depth (≈ the number of draft forwards per step).
-        draft_s, target_s, overhead_s: median seconds of the draft forwards, the target's tree
-            forward, and everything else (tree build, mask, verify, KV compaction, transfers).
+        source: ``model`` (the draft model drafted), ``suffix`` (the suffix tree, no draft forward)
+            or ``""`` (methods that do not record it).
+        steps: how many steps of this kind.
+        tree_size / depth: mean nodes per tree (the target forward's tokens) / mean tree depth.
+        draft_s, target_s: mean seconds of the drafting and of the target's tree forward.
+        phases_s: mean seconds of the other named phases (tree build, mask, verify, KV compaction).
+        rest_s: mean seconds of the step outside every named phase (drafter update, commit, trace).
         tokens_per_step: mean tokens committed per step (accepted + bonus).
-        measured_s_per_token: the run's own wall time per token (prefill included).
     """
 
+    source: str
     steps: int
     tree_size: float
     depth: float
     draft_s: float
     target_s: float
-    overhead_s: float
+    phases_s: float
+    rest_s: float
     tokens_per_step: float
-    measured_s_per_token: float
 
     @property
-    def total_s(self) -> float:
-        return self.draft_s + self.target_s + self.overhead_s
+    def other_s(self) -> float:
+        return self.phases_s + self.rest_s
+
+    @property
+    def step_s(self) -> float:
+        return self.draft_s + self.target_s + self.other_s
+
+
+def _kind(source: str, steps: Sequence[StepTrace]) -> KindCost:
+    mean = statistics.fmean
+    phases = [sum(getattr(t.timings, p) for p in OTHER_PHASES) for t in steps]
+    return KindCost(
+        source=source, steps=len(steps),
+        tree_size=mean(t.tree_size for t in steps),
+        depth=mean(int(t.tree.depth.max()) for t in steps),
+        draft_s=mean(t.timings.draft for t in steps),
+        target_s=mean(t.timings.target_forward for t in steps),
+        phases_s=mean(phases),
+        rest_s=mean(max(0.0, t.step_seconds - t.timings.draft - t.timings.target_forward - p)
+                    for t, p in zip(steps, phases)),
+        tokens_per_step=mean(t.num_committed for t in steps),
+    )
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A run's tree steps, per kind, and what the run measured.
+
+    Attributes:
+        kinds: ``KindCost`` of each kind of step that happened (model steps first).
+        decode_s_per_token: measured wall clock from the first step's start to the last step's end,
+            per token (the prefill excluded; pauses and waits between steps included).
+        with_prefill_s_per_token: the run's whole wall time per token (prefill included).
+    """
+
+    kinds: tuple[KindCost, ...]
+    decode_s_per_token: float
+    with_prefill_s_per_token: float
+
+    @property
+    def steps(self) -> int:
+        return sum(k.steps for k in self.kinds)
+
+    def share(self, kind: KindCost) -> float:
+        return kind.steps / self.steps
+
+    def _mean(self, attr: str) -> float:
+        return sum(self.share(k) * getattr(k, attr) for k in self.kinds)
+
+    @property
+    def draft_s(self) -> float:
+        return self._mean("draft_s")
+
+    @property
+    def target_s(self) -> float:
+        return self._mean("target_s")
+
+    @property
+    def other_s(self) -> float:
+        return self._mean("other_s")
+
+    @property
+    def step_s(self) -> float:
+        """The mean step, all kinds weighted by how often they happened."""
+        return self._mean("step_s")
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self._mean("tokens_per_step")
+
+    @property
+    def tree_size(self) -> float:
+        return self._mean("tree_size")
 
     @property
     def predicted_s_per_token(self) -> float:
-        """Median step cost / mean tokens per step (what the step model predicts)."""
-        return seconds_per_token(self.target_s, self.draft_s, self.overhead_s, self.tokens_per_step)
+        """The step model's seconds per token (``pricing.seconds_per_token`` of the mean step)."""
+        return seconds_per_token(self.target_s, self.draft_s, self.other_s, self.tokens_per_step)
 
 
 def step_cost(traces: Sequence[StepTrace]) -> Optional[StepCost]:
@@ -59,52 +136,63 @@ def step_cost(traces: Sequence[StepTrace]) -> Optional[StepCost]:
     tree_steps = [t for t in traces if t.tree is not None]
     if not tree_steps:
         return None
-    med = statistics.median
-    last = traces[-1]
-    return StepCost(
-        steps=len(tree_steps),
-        tree_size=med(t.tree_size for t in tree_steps),
-        depth=med(int(t.tree.depth.max()) for t in tree_steps),
-        draft_s=med(t.timings.draft for t in tree_steps),
-        target_s=med(t.timings.target_forward for t in tree_steps),
-        overhead_s=med(sum(getattr(t.timings, p) for p in OVERHEAD_PHASES) for t in tree_steps),
-        tokens_per_step=statistics.fmean(t.num_committed for t in tree_steps),
-        measured_s_per_token=last.elapsed / max(last.total_new_tokens, 1),
-    )
+    by_source: dict[str, list[StepTrace]] = {}
+    for t in tree_steps:
+        by_source.setdefault(t.draft_source, []).append(t)
+    order = sorted(by_source, key=lambda s: (s != "model", s))
+    first, last = traces[0], traces[-1]
+    tokens = max(last.total_new_tokens, 1)
+    decode_s = last.elapsed - (first.elapsed - first.step_seconds)
+    return StepCost(tuple(_kind(s, by_source[s]) for s in order), decode_s / tokens, last.elapsed / tokens)
 
 
 @dataclass(frozen=True)
 class ArReference:
-    """Seconds per token of autoregressive decoding with the same target, and where it came from."""
+    """Seconds per token of plain decoding with the same target, where and when it was measured.
+
+    Attributes:
+        seconds_per_token: the reference.
+        source: how it was measured.
+        timing: the one-token forward timing behind it (its time and the machine's load), if any.
+    """
 
     seconds_per_token: float
     source: str
+    timing: Optional[ForwardTiming] = None
 
 
-def ar_reference(baseline: Optional[Sequence[StepTrace]], one_token_forward_s: Optional[float]) -> Optional[ArReference]:
-    """A measured AR baseline run (same settings) if there is one, else the target's measured
-    one-token forward time (what an AR step costs apart from sampling), else None."""
+def ar_reference(baseline: Optional[Sequence[StepTrace]], timing: Optional[ForwardTiming],
+                 untimed_forward_s: Optional[float] = None) -> Optional[ArReference]:
+    """A measured autoregressive baseline run of the same settings if there is one (its mean step),
+    else the target's one-token forward timed next to the run on its context (``timing``), else a
+    one-token forward whose time and load were not recorded (``untimed_forward_s``: a run reloaded
+    from a file), else None."""
     if baseline:
         steps = [t.step_seconds for t in baseline if t.step_seconds > 0]
         if steps:
-            return ArReference(statistics.median(steps), f"measured: the autoregressive baseline run (median of "
-                                                         f"{len(steps)} steps)")
-    if one_token_forward_s is not None and one_token_forward_s > 0:
-        return ArReference(one_token_forward_s, "measured: the target's one-token forward (median of 3)")
+            return ArReference(statistics.fmean(steps), f"measured: the autoregressive baseline run of the same "
+                                                        f"settings (mean of {len(steps)} steps)", timing)
+    if timing is not None and timing.mean_seconds > 0:
+        # the mean, not the fastest: the run's steps are means under whatever load there was too
+        return ArReference(timing.mean_seconds, f"measured: the target's one-token forward after "
+                                                f"{timing.prefix_len} cached tokens (mean of {timing.samples})", timing)
+    if untimed_forward_s is not None and untimed_forward_s > 0:
+        return ArReference(untimed_forward_s, "measured: the target's one-token forward (when and under what load "
+                                              "was not recorded with this run)")
     return None
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The tree's step against autoregressive decoding on the machine that ran it."""
+    """The tree's step against plain decoding on the machine that ran it."""
 
     cost: StepCost
     ar: ArReference
 
     @property
     def break_even_tokens_per_step(self) -> float:
-        """Tokens per step the tree must deliver to match AR: one step's cost in AR tokens."""
-        return self.cost.total_s / self.ar.seconds_per_token
+        """Tokens per step the tree must deliver to match AR: one mean step's cost in AR tokens."""
+        return self.cost.step_s / self.ar.seconds_per_token
 
     @property
     def predicted_speedup(self) -> float:
@@ -113,84 +201,6 @@ class Verdict:
     @property
     def wins(self) -> bool:
         return self.cost.tokens_per_step >= self.break_even_tokens_per_step
-
-
-@dataclass(frozen=True)
-class Assumption:
-    name: str
-    value: float
-    unit: str
-    why: str
-
-
-#: H100 SXM (bf16, both models in HBM): bandwidth-bound forwards plus a fixed per-forward cost.
-H100_ASSUMPTIONS = (
-    Assumption("HBM bandwidth reached", 2.4e12, "B/s", "~70% of the H100 SXM's 3.35 TB/s for weight streaming"),
-    Assumption("bf16 tensor throughput reached", 4.0e14, "FLOP/s", "~40% of 989 dense TFLOP/s at 16-1024 tokens"),
-    Assumption("fixed cost per forward", 4e-3, "s", "eager PyTorch launches of a ~24-28 layer model, no CUDA graphs"),
-    Assumption("overhead per step", 2e-3, "s", "tree build, verify and KV compaction on the GPU"),
-)
-#: a Llama-2-70B-class target streamed from host memory each forward; the draft stays on the GPU
-OFFLOAD_ASSUMPTIONS = (
-    Assumption("target weights streamed per forward", LLAMA2_70B_BF16_BYTES, "B", "Llama-2-70B bf16 (notes/kernels.md)"),
-    Assumption("PCIe 4.0 x16 host-to-device", 25e9, "B/s", "~80% of 32 GB/s, pinned memory"),
-    Assumption("PCIe 5.0 x16 host-to-device", 50e9, "B/s", "~80% of 64 GB/s, pinned memory"),
-)
-
-
-@dataclass(frozen=True)
-class HardwareProjection:
-    """The run's tree (its size, depth and measured tokens/step) priced on other hardware."""
-
-    hardware: str
-    tree_s_per_token: float
-    ar_s_per_token: float
-    inputs: dict[str, str] = field(default_factory=dict)
-    source: str = "projection"
-
-    @property
-    def speedup(self) -> float:
-        return self.ar_s_per_token / self.tree_s_per_token
-
-
-def _gpu_forward_s(params: float, tokens: float, assume: dict[str, float]) -> float:
-    bytes_ = 2.0 * params  # bf16
-    return (max(bytes_ / assume["HBM bandwidth reached"], 2.0 * params * tokens / assume["bf16 tensor throughput reached"])
-            + assume["fixed cost per forward"])
-
-
-def project_hardware(cost: StepCost, draft_params: float, target_params: float,
-                     offload_bench: Optional[Path] = None) -> list[HardwareProjection]:
-    """The run's tree on an H100 with both models in memory and with a 70B-class target offloaded
-    over PCIe 4/5 (measured offload seconds from ``offload_bench`` when given, else the
-    bytes/bandwidth floor). ``draft_params``/``target_params``: parameter counts of this run's pair."""
-    a = {x.name: x.value for x in H100_ASSUMPTIONS}
-    n, depth, tps = cost.tree_size, max(cost.depth, 1.0), cost.tokens_per_step
-    width = n / depth  # tokens per draft forward, on average
-    draft_step = depth * _gpu_forward_s(draft_params, width, a)
-    out = []
-    t_tree = _gpu_forward_s(target_params, n, a)
-    t_ar = _gpu_forward_s(target_params, 1, a)
-    out.append(HardwareProjection(
-        "H100, both models in HBM (bf16)", seconds_per_token(t_tree, draft_step, a["overhead per step"], tps), t_ar,
-        {"draft forwards/step": f"{depth:.0f} × {width:.0f} tokens", "target forward": f"{t_tree * 1e3:.1f} ms for {n:.0f} tokens",
-         "AR step": f"{t_ar * 1e3:.1f} ms", **{x.name: f"{_fmt(x)} ({x.why})" for x in H100_ASSUMPTIONS}}))
-    offload = {x.name: x.value for x in OFFLOAD_ASSUMPTIONS}
-    for link in ("PCIe 4.0 x16 host-to-device", "PCIe 5.0 x16 host-to-device"):
-        c = OffloadCost.floor(offload[link] / 1e9)
-        if offload_bench is not None and link.startswith("PCIe 4"):
-            try:
-                c = OffloadCost.from_bench_json(offload_bench)
-            except (OSError, ValueError, KeyError):
-                pass
-        t_tree70, t_ar70 = c.at(int(n)), c.at(1)
-        out.append(HardwareProjection(
-            f"70B target offloaded over {link.split(' host')[0]}",
-            seconds_per_token(t_tree70, draft_step, a["overhead per step"], tps),
-            t_ar70,
-            {"target forward": f"{t_tree70:.2f} s ({c.source})", "draft on the GPU": f"{draft_step * 1e3:.1f} ms/step",
-             "tokens/step": f"{tps:.2f} measured with this run's pair (a 70B target accepts differently)"}))
-    return out
 
 
 def logical_params(model) -> int:
@@ -208,13 +218,3 @@ def logical_params(model) -> int:
             seen.add(id(p))
             total += p.numel()
     return total
-
-
-def _fmt(a: Assumption) -> str:
-    if a.unit == "B/s":
-        return f"{a.value / 1e12:.2f} TB/s" if a.value >= 1e12 else f"{a.value / 1e9:.0f} GB/s"
-    if a.unit == "FLOP/s":
-        return f"{a.value / 1e12:.0f} TFLOP/s"
-    if a.unit == "s":
-        return f"{a.value * 1e3:.1f} ms"
-    return f"{a.value / 1e9:.1f} GB" if a.unit == "B" else f"{a.value:g} {a.unit}"

@@ -140,7 +140,9 @@ class ForwardTiming:
     """One timed forward size, with when and under what load it was measured.
 
     Attributes:
-        seconds: the fastest of ``samples`` forwards of ``tokens`` new tokens.
+        seconds: the fastest of ``samples`` forwards of ``tokens`` new tokens (what the machine can
+            do: interference only adds time).
+        mean_seconds: their mean (what a run under the same load pays per forward, on average).
         tokens: tokens per forward.
         prefix_len: cached (zero) context the forwards ran on top of.
         samples: timed forwards (after one warm-up).
@@ -150,6 +152,7 @@ class ForwardTiming:
     """
 
     seconds: float
+    mean_seconds: float
     tokens: int
     prefix_len: int
     samples: int
@@ -220,13 +223,14 @@ def machine_load() -> tuple[Optional[float], int]:
 
 def time_forward(model, prefix_len: int, n: int = 1, samples: int = 3) -> ForwardTiming:
     """``ForwardTiming`` of ``model``'s forward of ``n`` tokens after ``prefix_len`` cached tokens
-    (one warm-up, then the fastest of ``samples``), stamped with the time and the machine's load."""
+    (one warm-up, then ``samples`` timed), stamped with the time and the machine's load."""
     with torch.inference_mode():
         timer = ForwardTimer(model, prefix_len, n)
         timer.once(n)
-        seconds = timer.best(n, samples)
+        xs = [timer.once(n) for _ in range(max(1, samples))]
     load, cpus = machine_load()
-    return ForwardTiming(seconds, n, timer.prefix_len, samples, time.strftime("%Y-%m-%d %H:%M:%S"), load, cpus)
+    return ForwardTiming(min(xs), sum(xs) / len(xs), n, timer.prefix_len, len(xs),
+                         time.strftime("%Y-%m-%d %H:%M:%S"), load, cpus)
 
 
 def _verify_seconds(vocab: int, n: int) -> float:
