@@ -46,14 +46,14 @@ def test_step_cost_is_the_mean_step_with_each_kind_priced_apart():
     assert (model.source, model.steps, suffix.source, suffix.steps) == ("model", 1, "suffix", 3)
     assert model.step_s == pytest.approx(0.52) and model.rest_s == pytest.approx(0.01)
     assert suffix.step_s == pytest.approx(0.11) and suffix.tokens_per_step == pytest.approx(10 / 3)
-    assert c.share(model) == 0.25 and c.steps == 4
-    assert c.step_s == pytest.approx((0.52 + 3 * 0.11) / 4)  # offload_transfer is inside the forward: not added
-    assert c.tokens_per_step == pytest.approx(3.0) and c.tree_size == pytest.approx(3.5)
+    assert c.share(model) == 0.25 and c.mean.steps == 4 and c.mean.source == "all"
+    assert c.mean.step_s == pytest.approx((0.52 + 3 * 0.11) / 4)  # offload_transfer is inside the forward: not added
+    assert c.mean.tokens_per_step == pytest.approx(3.0) and c.mean.tree_size == pytest.approx(3.5)
     assert c.predicted_s_per_token == pytest.approx((0.52 + 0.33) / 12)
     assert c.decode_s_per_token == pytest.approx((1.33 - (1.0 - 0.52)) / 12)  # prefill excluded
     assert c.with_prefill_s_per_token == pytest.approx(1.33 / 12)
     v = Verdict(c, ArReference(0.1, "test"))
-    assert v.break_even_tokens_per_step == pytest.approx(c.step_s / 0.1)
+    assert v.break_even_tokens_per_step == pytest.approx(c.mean.step_s / 0.1)
     assert v.wins and v.predicted_speedup == pytest.approx(0.1 / c.predicted_s_per_token)
     assert not Verdict(c, ArReference(0.05, "test")).wins
 

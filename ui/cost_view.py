@@ -34,18 +34,18 @@ def gpu_results() -> Optional[GpuResults]:
 
 
 def _step_table(cost: StepCost) -> str:
-    kinds = cost.kinds
+    kinds, m = cost.kinds, cost.mean
     head = "".join(f"<th>{html.escape(KIND_NAMES.get(k.source, k.source))}</th>" for k in kinds)
     mean_col = len(kinds) > 1
     rows = [
-        ("share of steps", [f"{cost.share(k):.0%} ({k.steps})" for k in kinds], f"{cost.steps}"),
-        ("tree nodes (mean)", [f"{k.tree_size:.1f}" for k in kinds], f"{cost.tree_size:.1f}"),
-        ("drafting", [_ms(k.draft_s) for k in kinds], _ms(cost.draft_s)),
-        ("target forward", [_ms(k.target_s) for k in kinds], _ms(cost.target_s)),
-        ("tree build, mask, verify, KV", [_ms(k.phases_s) for k in kinds], ""),
-        ("rest of the step", [_ms(k.rest_s) for k in kinds], ""),
-        ("step", [_ms(k.step_s) for k in kinds], _ms(cost.step_s)),
-        ("tokens per step", [f"{k.tokens_per_step:.2f}" for k in kinds], f"{cost.tokens_per_step:.2f}"),
+        ("share of steps", [f"{cost.share(k):.0%} ({k.steps})" for k in kinds], f"{m.steps}"),
+        ("tree nodes (mean)", [f"{k.tree_size:.1f}" for k in kinds], f"{m.tree_size:.1f}"),
+        ("drafting", [_ms(k.draft_s) for k in kinds], _ms(m.draft_s)),
+        ("target forward", [_ms(k.target_s) for k in kinds], _ms(m.target_s)),
+        ("tree build, mask, verify, KV", [_ms(k.phases_s) for k in kinds], _ms(m.phases_s)),
+        ("rest of the step", [_ms(k.rest_s) for k in kinds], _ms(m.rest_s)),
+        ("step", [_ms(k.step_s) for k in kinds], _ms(m.step_s)),
+        ("tokens per step", [f"{k.tokens_per_step:.2f}" for k in kinds], f"{m.tokens_per_step:.2f}"),
     ]
     return ("<table><tr><th>mean per step</th>" + head + ("<th>all steps, weighted</th>" if mean_col else "") + "</tr>"
             + "".join(f"<tr><td>{name}</td>" + "".join(f"<td>{v}</td>" for v in vals)
@@ -57,13 +57,14 @@ def _gpu_section(cost: StepCost, target_params: float) -> str:
     gpu = gpu_results()
     if gpu is None:
         return ""
-    rows = gpu_rows(gpu, cost.tree_size, cost.tokens_per_step, target_params)
+    m = cost.mean
+    rows = gpu_rows(gpu, m.tree_size, m.tokens_per_step, target_params)
     if not rows:
         return ""
     return ("<p style='margin-top:8px'><b>The same tree on a GPU</b>, priced with step times this engine "
             f"measured on {html.escape(gpu.machine)} ({html.escape(gpu.date[:10])}; "
             "<code>bench/results/gpu-h200/</code>): measured seconds per step at this run's tree size "
-            f"({cost.tree_size:.0f} nodes) ÷ this run's {cost.tokens_per_step:.2f} tokens/step</p>"
+            f"({m.tree_size:.0f} nodes) ÷ this run's {m.tokens_per_step:.2f} tokens/step</p>"
             "<table><tr><th>setting</th><th>plain decoding per token</th><th>tree per token</th><th>speed-up</th></tr>"
             + "".join(f"<tr><td>{html.escape(r.setting)}</td><td>{_ms(r.ar_s_per_token)}</td>"
                       f"<td>{_ms(r.tree_s_per_token)}</td><td>{r.speedup:.2f}×</td></tr>" for r in rows)
@@ -94,10 +95,10 @@ def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) 
             t = ar.timing
             when = (f" Reference timed at <b>{html.escape(t.measured_at)}</b> ({html.escape(t.load_text())}), "
                     f"next to this run, on its mean context ({t.prefix_len} tokens).")
-        head = (f"<p>On this machine a mean step of this run costs <b>{_ms(cost.step_s)}</b>; plain decoding costs "
+        head = (f"<p>On this machine a mean step of this run costs <b>{_ms(cost.mean.step_s)}</b>; plain decoding costs "
                 f"<b>{_ms(ar.seconds_per_token)}</b> per token ({html.escape(ar.source)}).{when} "
                 f"So the tree must deliver <b>≥ {v.break_even_tokens_per_step:.2f} tokens/step</b> to beat plain "
-                f"decoding here; it delivers <span class='{cls}'>{cost.tokens_per_step:.2f}</span> → predicted "
+                f"decoding here; it delivers <span class='{cls}'>{cost.mean.tokens_per_step:.2f}</span> → predicted "
                 f"<span class='{cls}'>{v.predicted_speedup:.2f}×</span> "
                 f"{'faster' if v.wins else '(slower than plain decoding)'}.</p>")
     base_measured = "–"

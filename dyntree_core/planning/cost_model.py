@@ -75,60 +75,42 @@ def _kind(source: str, steps: Sequence[StepTrace]) -> KindCost:
     )
 
 
+def _weighted(kinds: Sequence[KindCost]) -> KindCost:
+    """The mean step over all steps: every kind weighted by how many steps it had."""
+    n = sum(k.steps for k in kinds)
+
+    def mean(attr: str) -> float:
+        return sum(k.steps * getattr(k, attr) for k in kinds) / n
+
+    return KindCost("all", n, *(mean(a) for a in ("tree_size", "depth", "draft_s", "target_s", "phases_s", "rest_s",
+                                                   "tokens_per_step")))
+
+
 @dataclass(frozen=True)
 class StepCost:
     """A run's tree steps, per kind, and what the run measured.
 
     Attributes:
         kinds: ``KindCost`` of each kind of step that happened (model steps first).
+        mean: all steps together (``_weighted``: each kind weighted by its number of steps).
         decode_s_per_token: measured wall clock from the first step's start to the last step's end,
             per token (the prefill excluded; pauses and waits between steps included).
         with_prefill_s_per_token: the run's whole wall time per token (prefill included).
     """
 
     kinds: tuple[KindCost, ...]
+    mean: KindCost
     decode_s_per_token: float
     with_prefill_s_per_token: float
 
-    @property
-    def steps(self) -> int:
-        return sum(k.steps for k in self.kinds)
-
     def share(self, kind: KindCost) -> float:
-        return kind.steps / self.steps
-
-    def _mean(self, attr: str) -> float:
-        return sum(self.share(k) * getattr(k, attr) for k in self.kinds)
-
-    @property
-    def draft_s(self) -> float:
-        return self._mean("draft_s")
-
-    @property
-    def target_s(self) -> float:
-        return self._mean("target_s")
-
-    @property
-    def other_s(self) -> float:
-        return self._mean("other_s")
-
-    @property
-    def step_s(self) -> float:
-        """The mean step, all kinds weighted by how often they happened."""
-        return self._mean("step_s")
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self._mean("tokens_per_step")
-
-    @property
-    def tree_size(self) -> float:
-        return self._mean("tree_size")
+        return kind.steps / self.mean.steps
 
     @property
     def predicted_s_per_token(self) -> float:
         """The step model's seconds per token (``pricing.seconds_per_token`` of the mean step)."""
-        return seconds_per_token(self.target_s, self.draft_s, self.other_s, self.tokens_per_step)
+        m = self.mean
+        return seconds_per_token(m.target_s, m.draft_s, m.other_s, m.tokens_per_step)
 
 
 def step_cost(traces: Sequence[StepTrace]) -> Optional[StepCost]:
@@ -143,7 +125,8 @@ def step_cost(traces: Sequence[StepTrace]) -> Optional[StepCost]:
     first, last = traces[0], traces[-1]
     tokens = max(last.total_new_tokens, 1)
     decode_s = last.elapsed - (first.elapsed - first.step_seconds)
-    return StepCost(tuple(_kind(s, by_source[s]) for s in order), decode_s / tokens, last.elapsed / tokens)
+    kinds = tuple(_kind(s, by_source[s]) for s in order)
+    return StepCost(kinds, _weighted(kinds), decode_s / tokens, last.elapsed / tokens)
 
 
 @dataclass(frozen=True)
@@ -192,7 +175,7 @@ class Verdict:
     @property
     def break_even_tokens_per_step(self) -> float:
         """Tokens per step the tree must deliver to match AR: one mean step's cost in AR tokens."""
-        return self.cost.step_s / self.ar.seconds_per_token
+        return self.cost.mean.step_s / self.ar.seconds_per_token
 
     @property
     def predicted_speedup(self) -> float:
@@ -200,7 +183,7 @@ class Verdict:
 
     @property
     def wins(self) -> bool:
-        return self.cost.tokens_per_step >= self.break_even_tokens_per_step
+        return self.cost.mean.tokens_per_step >= self.break_even_tokens_per_step
 
 
 def logical_params(model) -> int:
