@@ -285,3 +285,23 @@ def test_confidence_stop_is_lossless_and_shortens_chains():
         sizes.append(tr.tree_size)
         out.extend(c.token_id for c in tr.committed)
     assert out == ar and min(sizes) < 7
+
+
+def test_the_profile_key_is_the_machines_identity(monkeypatch):
+    """Keyed by the CPU model and flags (or the GPU on a CUDA device), not by what was asked for: two
+    machines never share a profile, two requests on one machine always do."""
+    from dyntree_core.planning import machine_profile
+    from dyntree_core.planning.machine import MachineInfo
+
+    def info(cpu="EPYC", flags=("avx2",), gpu=None):
+        return lambda: MachineInfo(cpu, flags, "avx2", 2, 2, "t", "p", "linux", gpu)
+
+    monkeypatch.setattr(machine_profile, "machine_info", info())
+    base = machine_profile.profile_key("pair", "cpu")
+    monkeypatch.setattr(machine_profile, "machine_info", info(flags=("avx2", "amx_bf16")))
+    assert machine_profile.profile_key("pair", "cpu") != base
+    monkeypatch.setattr(machine_profile, "machine_info", info(gpu="NVIDIA H200"))
+    h200 = machine_profile.profile_key("pair", "cuda")  # the GPU's name (read from a field that exists)
+    monkeypatch.setattr(machine_profile, "machine_info", info(gpu="NVIDIA H100 80GB HBM3"))
+    assert machine_profile.profile_key("pair", "cuda") != h200
+    assert machine_profile.profile_key("pair", "cpu") == base  # the CPU profile ignores the GPU
