@@ -305,3 +305,43 @@ def test_the_profile_key_is_the_machines_identity(monkeypatch):
     monkeypatch.setattr(machine_profile, "machine_info", info(gpu="NVIDIA H100 80GB HBM3"))
     assert machine_profile.profile_key("pair", "cuda") != h200
     assert machine_profile.profile_key("pair", "cpu") == base  # the CPU profile ignores the GPU
+
+
+def test_cli_budget_auto_for_a_method_auto_cannot_price_calibrates_on_the_same_profile(tmp_path, monkeypatch, capsys):
+    """``--method dyspec_greedy --budget auto``: no plan is needed with both precisions fixed; the one
+    profile is measured once with the calibration's sizes and handed to ``tuning``; its shape is used."""
+    import dyntree_core.planning.auto as auto_mod
+    import dyntree_core.planning.tuning as tuning_mod
+    from dyntree_core.__main__ import main
+    from dyntree_core.planning import machine_profile
+    from dyntree_core.planning.tuning import CALIBRATION_NS, TuningPoint, TuningResult
+    from dyntree_core.testing import TinyPairCache
+    from ui.tiny import TinyTokenizer
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    timed = []
+    real_timer = machine_profile.ForwardTimer
+
+    class CountingTimer(real_timer):
+        def __init__(self, model, prefix_len, max_tokens=32):
+            timed.append(max_tokens)
+            super().__init__(model, prefix_len, max_tokens)
+
+    monkeypatch.setattr(machine_profile, "ForwardTimer", CountingTimer)
+    monkeypatch.setattr(auto_mod, "PairCache", lambda d, t, device="cpu": TinyPairCache(TinyTokenizer(64), vocab=64))
+    seen = {}
+
+    def fake_tune(draft, target, cfg, profile, **kw):
+        seen["profile"], seen["cfg"] = profile, cfg
+        best = TuningPoint(12, 3, cfg.width, 2.0, 12.0, 0.01, 0.01)
+        return TuningResult(cfg.method, cfg.temperature, profile.key, "test", best, (best,))
+
+    monkeypatch.setattr(tuning_mod, "load_or_tune", fake_tune)
+    assert main(["generate", "--prompt", "t1 t2 t3", "--draft", "tiny", "--target", "tiny", "--method", "dyspec_greedy",
+                 "--budget", "auto", "--precision", "float32", "--draft-precision", "float32",
+                 "--max-new-tokens", "4"]) == 0
+    assert sorted(timed) == [max(machine_profile.DEFAULT_NS), max(CALIBRATION_NS)]  # draft, target: once each
+    prof = seen["profile"]
+    assert all(math.isfinite(prof.target_time("float32", n)) for n in CALIBRATION_NS)
+    assert seen["cfg"].precision == "float32" and seen["cfg"].method == "dyspec_greedy"
+    assert "tuned: budget 12, depth 3" in capsys.readouterr().err
