@@ -66,9 +66,19 @@ def take_screenshots(args, url: str) -> list[Path]:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1200}, device_scale_factor=1)
+            page = browser.new_page(viewport={"width": 1280, "height": 800}, device_scale_factor=1)
             page.goto(url, timeout=120_000)
             page.wait_for_selector("#run-btn", timeout=120_000)
+            # what a new user sees: Run with the app's defaults on a 1280x800 screen
+            page.click("#run-btn")
+            page.wait_for_function(
+                "() => /finished|stopped/.test(document.querySelector('#status').innerText)",
+                timeout=args.load_timeout * 1000)
+            time.sleep(2)
+            first = args.shots / "first_screen.png"
+            page.screenshot(path=str(first))
+            out.append(first)
+            page.set_viewport_size({"width": 1600, "height": 1200})
             choose(page, "method", args.method)
             if args.precision:
                 page.click("#model-pair")

@@ -116,3 +116,17 @@ def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
     assert "Cannot open the run" in error and "not a DynTree run export" in error  # the inline error box
     assert out[by_id["colored-text"]] == run_view(run, None).text_html  # the open run stays
     assert list(on_tick(tab, 16).values()) == [gr.skip()]  # nothing changed: nothing redrawn
+
+
+def test_the_cost_panels_reference_and_waits_survive_the_export(runs, tmp_path):
+    """A reloaded run's cost panel says when and under what load its reference was timed, as the
+    live one did."""
+    from dataclasses import replace
+
+    from dyntree_core.planning.machine_profile import ForwardTiming
+
+    run = replace(runs[0], ar_timing=ForwardTiming(0.05, 0.06, 1, 140, 3, "2026-11-26 05:00:00", 1.5, 2),
+                  one_token_forward_s=0.06, wait_seconds=2.5)
+    back = read_json(write_json(run, tmp_path / "run.json"))
+    assert back.ar_timing == run.ar_timing and back.wait_seconds == 2.5
+    assert run_view(back, None).cost == run_view(run, None).cost and "2026-11-26 05:00:00" in run_view(back, None).cost

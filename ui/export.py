@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 from dyntree_core.figure_export import BROWSER_ENV, FORMATS, ExportError, find_browser, write_images
@@ -36,7 +37,8 @@ def traces_json(record: RunRecord) -> dict:
         "summary": {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.summary().items()},
         "steps": [t.to_dict() for t in record.traces],
         "costs": {"prefill_seconds": record.prefill_seconds, "one_token_forward_s": record.one_token_forward_s,
-                  "model_params": list(record.model_params)},
+                  "ar_timing": None if record.ar_timing is None else asdict(record.ar_timing),
+                  "model_params": list(record.model_params), "wait_seconds": record.wait_seconds},
     }
 
 
@@ -71,6 +73,7 @@ def _record_from(d: dict) -> RunRecord:
     from dataclasses import MISSING, fields
 
     from dyntree_core.config import DecodeConfig
+    from dyntree_core.planning.machine_profile import ForwardTiming
     from dyntree_core.trace import StepTrace
 
     from .settings import RunSettings
@@ -97,6 +100,8 @@ def _record_from(d: dict) -> RunRecord:
         status=d.get("status", "finished"),
         prefill_seconds=costs.get("prefill_seconds"),
         one_token_forward_s=costs.get("one_token_forward_s"),
+        ar_timing=build(ForwardTiming, costs["ar_timing"]) if costs.get("ar_timing") else None,
+        wait_seconds=float(costs.get("wait_seconds") or 0.0),
         model_params=tuple(int(x) for x in costs.get("model_params", (0, 0))),  # type: ignore[arg-type]
     )
 
