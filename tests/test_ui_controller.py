@@ -12,6 +12,7 @@ import pytest
 from ui.controller import Controller
 from ui.layout import N_COMPARE, AppDefaults
 from ui.session import SessionState
+from ui.settings import settings_from_form
 from ui.tiny import TinyModelProvider
 
 DEFAULTS = AppDefaults()
@@ -29,12 +30,14 @@ def _form(**kw) -> list:
 
 
 @pytest.fixture()
-def controller(tmp_path, monkeypatch) -> Controller:
+def controller(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))  # a fresh profile cache: auto measures
     comps = types.SimpleNamespace(
         cmp_speed="cmp_speed", cmp_steps="cmp_steps", cmp_status="cmp_status", export_files="export_files",
         cmp_texts=tuple(f"text{i}" for i in range(N_COMPARE)), cmp_stats=tuple(f"stats{i}" for i in range(N_COMPARE)))
-    return Controller(TinyModelProvider(), comps, [], stream_interval_s=0.5)
+    ctl = Controller(TinyModelProvider(), comps, [], stream_interval_s=0.5)
+    yield ctl
+    assert ctl.planner.close(60)  # the background measurement thread is gone
 
 
 def test_the_real_defaults_are_auto():
@@ -215,3 +218,51 @@ def test_every_event_of_a_tab_sees_one_session_state(controller):
     assert seen[2][0] is not seen[0][0]
     controller.on_unload(types.SimpleNamespace(session_hash="tab-2"))
     assert controller.sessions.get("tab-2") is not seen[0][0]  # a reloaded tab starts afresh
+
+
+def test_the_first_auto_run_starts_at_once_and_measures_in_idle_turns(controller):
+    """On a fresh profile cache the first Run does not wait for auto's measurements: it decodes
+    plainly at the smallest weights while they run in the background, in idle turns on the shared
+    models only (held by a session, they make no progress); the next Run uses the measured plan."""
+    state = SessionState()
+    t0 = time.monotonic()
+    controller.begin(state, settings_from_form(*_form()))
+    assert time.monotonic() - t0 < 30
+    rec = state.record
+    assert rec.config.method == "autoregressive" and "until this machine is measured" in rec.note
+    with controller.model_lock.turn("test: a session decoding"):
+        assert controller.planner.busy, controller.planner.failed
+        progress = controller.planner.progress
+        time.sleep(2.5)  # well past the idle time: nothing measured while the models are held
+        assert controller.planner.busy and controller.planner.progress == progress
+        assert "measuring this machine for auto" in controller.planner.status()
+    _wait_for(lambda: not controller.planner.busy, 300)
+    assert not controller.planner.failed
+    second = SessionState()
+    controller.begin(second, settings_from_form(*_form()))
+    assert "until this machine is measured" not in second.record.note and second.record.note.startswith("auto:")
+    assert not controller.planner.busy  # nothing left to measure
+
+
+def test_the_background_measurement_stops_when_the_app_closes(controller):
+    state = SessionState()
+    controller.begin(state, settings_from_form(*_form()))
+    with controller.model_lock.turn("test: a session decoding"):
+        assert controller.planner.busy
+        assert controller.planner.close(30)  # stops while waiting for an idle turn
+    assert not controller.planner.busy
+
+
+def test_pause_during_a_long_prefill_holds_between_chunks_and_resume_goes_on(controller):
+    state = SessionState()
+    controller.on_run(state, False, *_form(prompt=LONG, long_prompt="keep the end", **FIXED))
+    rec = state.record
+    _wait_for(lambda: rec.prefill[0] > 0)
+    with controller.model_lock.turn("test: another session's step"):
+        controller.on_pause(state)
+        done = rec.prefill[0]
+    assert state.worker.join(60)
+    assert rec.status == "paused" and rec.prefill[0] == done < rec.prefill[1] and not rec.traces
+    controller.on_pause(state)  # Resume: the same prefill goes on, then the steps
+    assert state.worker.join(120)
+    assert rec.status == "finished" and rec.prefill[0] == rec.prefill[1] and len(rec.token_ids) == 8

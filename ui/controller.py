@@ -27,6 +27,7 @@ from .session import ExternalRun, Generation, ModelLock, RunRecord, SessionRegis
 from .settings import METHOD_PARAMS, RunSettings, settings_from_form
 from .views import compare_views, export_figures, run_view, step_view
 from .memory import memory_line, process_rss
+from .planner import BackgroundPlanner
 from .worker import DecodeWorker, advance_in_turn
 
 Updates = dict[Any, Any]
@@ -43,6 +44,13 @@ class Controller:
         self.stream_interval_s = stream_interval_s
         self.model_lock = ModelLock()  # one prefill chunk or decoding step at a time on the shared models
         self.sessions = SessionRegistry()  # each tab's SessionState
+        self.planner = BackgroundPlanner(self.model_lock)  # auto's measurements, in idle turns
+
+    def close(self) -> None:
+        """Stop every session's run and the background measurement (the app is shutting down)."""
+        self.planner.close()
+        for key in self.sessions.keys():
+            self.sessions.close(key)
 
     def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn(state, *inputs)`` as a Gradio handler: the tab's ``SessionState`` is found by the
@@ -146,13 +154,15 @@ class Controller:
         }
 
     def memory_update(self, state: SessionState) -> Any:
-        """The footer's memory line, re-sent only when the app's memory moved by 0.1 GB or more
-        since the page last showed it (no repaint for the noise between two ticks)."""
+        """The footer: the app's memory and auto's background measurement, re-sent only when the
+        measurement's line changed or the memory moved by 0.1 GB or more since the page last
+        showed it (no repaint for the noise between two ticks)."""
         rss = process_rss()
-        if rss is None or abs(rss - state.rendered_memory) < 1e8:
+        status = self.planner.status()
+        if (rss is None or abs(rss - state.rendered_memory) < 1e8) and status == state.rendered_background:
             return gr.skip()
-        state.rendered_memory = rss
-        return memory_line(rss)
+        state.rendered_memory, state.rendered_background = rss or 0, status
+        return " · ".join(x for x in (memory_line(rss), status) if x)
 
     def fail(self, state: SessionState, exc: BaseException) -> None:
         """Show ``exc`` as a pop-up now and in the inline error line from the next refresh on."""
@@ -194,7 +204,9 @@ class Controller:
                 state.baseline_running = True
                 state.bump()
                 try:
-                    base = start_generation(self.provider, baseline_of.with_method("autoregressive"))
+                    with self.model_lock.turn(f"{state.name}: loading the models"):
+                        base = start_generation(self.provider, baseline_of.with_method("autoregressive"),
+                                                planner=self.planner)
                     base.record.status = "running"
                     while not gen.stop_event.is_set():
                         if advance_in_turn(base, self.model_lock, f"{state.name}: AR baseline",
@@ -223,7 +235,8 @@ class Controller:
                             "(the first load can take a while)")
         state.bump()
         try:
-            state.generation = start_generation(self.provider, settings)
+            with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
+                state.generation = start_generation(self.provider, settings, planner=self.planner)
         finally:
             state.notice = ""
         self.measure_costs(state.generation.record)
@@ -413,7 +426,8 @@ class Controller:
                 s = settings.with_method(m)
                 if not self.provider.is_loaded(s.pair_spec()):
                     yield self.compare_progress("Loading models …")
-                gen = start_generation(self.provider, s, stop)
+                with self.model_lock.turn(f"{state.name}: loading the models"):
+                    gen = start_generation(self.provider, s, stop, planner=self.planner)
                 records.append(gen.record)
                 gen.record.status = "running"
                 yield self.compare_updates(records, f"running {gen.record.label} …")
@@ -453,7 +467,7 @@ class Controller:
             try:
                 with self.model_lock.turn(who):
                     box["run"] = run_hf_assisted(self.provider, settings, stop,
-                                                 progress=lambda n: tokens.__setitem__(0, n))
+                                                 progress=lambda n: tokens.__setitem__(0, n), planner=self.planner)
             except Exception as e:  # noqa: BLE001
                 box["error"] = e
 

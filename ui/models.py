@@ -75,8 +75,9 @@ class ModelProvider(Protocol):
 
     def is_loaded(self, spec: PairSpec) -> bool: ...
 
-    def auto_plan(self, settings: Any, progress: Any = None) -> Any:
-        """``dyntree_core.planning.auto.AutoPlan`` for the settings' pair, temperature and the choices left to auto."""
+    def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
+        """``AutoPlan`` (or ``ProvisionalPlan``) for the settings' pair, temperature and the choices left
+        to auto; ``planner``: a ``ui.planner.BackgroundPlanner`` to measure in the background."""
         ...
 
     def text_info(self, draft: str, target: str) -> Optional["TextInfo"]:
@@ -129,9 +130,12 @@ class HubModelProvider:
             self._cache, self._cache_key = PairCache(draft, target, device=device), key
         return self._cache
 
-    def auto_plan(self, settings: Any, progress: Any = None) -> Any:
-        """Resolve ``auto`` (method and/or precisions) with the measured cost model (cached)."""
-        from dyntree_core.planning.auto import plan_auto, search_space
+    def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
+        """Resolve ``auto`` (method and/or precisions) with the measured cost model: from the caches,
+        or with a ``ui.planner.BackgroundPlanner`` the provisional plan while it measures."""
+        from dyntree_core.planning.auto import PairCache, plan_auto, search_space
+
+        from .planner import plan_auto_for_app
 
         def say(msg: str) -> None:
             self.progress = msg.strip()
@@ -139,12 +143,20 @@ class HubModelProvider:
                 progress(msg)
 
         device = "cpu" if settings.offload else settings.device
+        draft, target = settings.draft.strip(), settings.target.strip()
         tps, dps, methods = search_space(settings.method, settings.precision, settings.draft_precision, device)
+        temperature = float(settings.temperature)
+        kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
         with self._lock:
             try:
-                cache = self._pair_cache(settings.draft.strip(), settings.target.strip(), device)
-                return plan_auto(cache, float(settings.temperature), target_precisions=tps, draft_precisions=dps,
-                                 methods=methods, progress=say)
+                cache = self._pair_cache(draft, target, device)
+                return plan_auto_for_app(
+                    planner, (draft, target, device, temperature, tps, dps, methods), tps, dps,
+                    cached=lambda: plan_auto(cache, temperature, measure=False, **kw),
+                    # the background measurement loads its own models: the run's cache stays this thread's
+                    measure=lambda turn, note: plan_auto(PairCache(draft, target, device=device), temperature,
+                                                         turn=turn, progress=note, **kw),
+                    foreground=lambda: plan_auto(cache, temperature, progress=say, **kw))
             except (OSError, ValueError, KeyError) as e:
                 raise ModelLoadError(f"could not plan 'auto' for draft {settings.draft!r} / target "
                                      f"{settings.target!r}: {e}") from e

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from collections.abc import Mapping
 
@@ -44,21 +44,22 @@ def prompt_ids(info: TextInfo, settings: RunSettings, budget: int) -> tuple[list
     return fit_prompt(ids, check_prompt(ids, info.context, settings.max_new_tokens, budget), settings.long_prompt)
 
 
-def resolve_auto(provider: ModelProvider, settings: RunSettings) -> tuple[RunSettings, str]:
-    """``settings`` with every ``auto`` replaced by the provider's plan, and the plan's reason."""
+def resolve_auto(provider: ModelProvider, settings: RunSettings, planner: Any = None) -> tuple[RunSettings, str]:
+    """``settings`` with every ``auto`` replaced by the provider's plan, and the plan's reason
+    (``planner``: a ``ui.planner.BackgroundPlanner``: measure in the background, plan provisionally)."""
     if not settings.needs_auto:
         return settings, ""
     if not settings.prompt or not settings.prompt.strip():
         raise ConfigError("the prompt is empty: type some text first")
     from dataclasses import replace
 
-    plan = provider.auto_plan(settings)
+    plan = provider.auto_plan(settings, planner=planner)
     kw = plan.resolve(settings.method, settings.precision, settings.draft_precision)
     return replace(settings, **kw), plan.reason
 
 
 def start_generation(provider: ModelProvider, settings: RunSettings,
-                     stop_event: Optional[threading.Event] = None) -> Generation:
+                     stop_event: Optional[threading.Event] = None, planner: Any = None) -> Generation:
     """Validate ``settings``, load the pair (lazily, cached by the provider) and return a
     ``Generation`` that has not run any step yet.
 
@@ -69,7 +70,7 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     info = provider.text_info(settings.draft, settings.target)
     if info is not None:  # a prompt over the limit is refused before any planning or loading
         prompt_ids(info, settings, settings.budget)
-    settings, note = resolve_auto(provider, settings)
+    settings, note = resolve_auto(provider, settings, planner)
     cfg = settings.decode_config()
     pair = provider.load(settings.pair_spec())
     context = int(getattr(pair.target.config, "max_position_embeddings", 0) or 1 << 30)
@@ -96,7 +97,7 @@ HF_ASSISTED_LABEL = "transformers assisted"
 
 
 def run_hf_assisted(provider: ModelProvider, settings: RunSettings, stop_event: Optional[threading.Event] = None,
-                    progress=None) -> ExternalRun:
+                    progress=None, planner: Any = None) -> ExternalRun:
     """transformers' own ``generate(..., assistant_model=draft)`` on the pair ``settings`` name (at
     the precisions they resolve to; ``auto`` is resolved as for a chain), same prompt, token budget,
     seed, temperature and top-p as our runs (``bench.hf_baselines.hf_generate``: the checkpoint's
@@ -104,7 +105,7 @@ def run_hf_assisted(provider: ModelProvider, settings: RunSettings, stop_event: 
     ``progress(tokens)`` is called after each round; ``stop_event`` ends it after the current round."""
     from dyntree_core.bench.hf_baselines import hf_assisted_defaults, hf_generate
 
-    settings, _ = resolve_auto(provider, settings.with_method("chain"))
+    settings, _ = resolve_auto(provider, settings.with_method("chain"), planner)
     settings.decode_config()
     pair = provider.load(settings.pair_spec())
     ids = encode_prompt(pair.tokenizer, settings.prompt, chat=settings.chat and pair.supports_chat)

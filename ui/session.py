@@ -211,6 +211,10 @@ class Generation:
         self.record.status = status
 
 
+class TurnCancelled(RuntimeError):
+    """Background work waiting for an idle turn was told to stop."""
+
+
 class ModelLock:
     """One lock for the models all sessions share, handed out first come, first served.
 
@@ -222,6 +226,7 @@ class ModelLock:
         self._cond = threading.Condition()
         self._queue: deque[object] = deque()
         self._held = False
+        self._free_since = time.monotonic()
         self.holder = ""  # what the current turn is for (shown to sessions that wait)
 
     @property
@@ -251,7 +256,32 @@ class ModelLock:
                 raise RuntimeError("release of an unheld ModelLock")
             self._held = False
             self.holder = ""
+            self._free_since = time.monotonic()
             self._cond.notify_all()
+
+    @contextmanager
+    def idle_turn(self, who: str, idle_s: float = 1.0, stop: Optional[threading.Event] = None) -> Iterator[None]:
+        """A turn for background work: taken only once the models have been free, with nobody
+        waiting, for ``idle_s`` seconds (a decoding session comes back for its next step within
+        milliseconds, so background work never slips in between its steps). ``stop`` set while
+        waiting raises ``TurnCancelled``."""
+        with self._cond:
+            while True:
+                if stop is not None and stop.is_set():
+                    raise TurnCancelled(who)
+                if not self._held and not self._queue:
+                    left = idle_s - (time.monotonic() - self._free_since)
+                    if left <= 0:
+                        break
+                    self._cond.wait(min(left, 0.5))
+                else:
+                    self._cond.wait(0.5)
+            self._held = True
+            self.holder = who
+        try:
+            yield
+        finally:
+            self.release()
 
     @contextmanager
     def turn(self, who: str = "", on_wait: Optional[Callable[[str], None]] = None) -> Iterator[float]:
@@ -294,6 +324,7 @@ class SessionState:
         self.rendered_version = 0  # the page starts with the layout's own initial values
         self.rendered_prefill: Optional[tuple[int, int]] = None  # prefill progress the page shows
         self.rendered_memory = 0  # the app's memory (bytes) the page's footer shows
+        self.rendered_background = ""  # the footer's line about auto's background measurement
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None
@@ -362,4 +393,8 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._sessions)
 

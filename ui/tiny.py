@@ -61,19 +61,28 @@ class TinyModelProvider:
         pair = self._pair
         return pair is not None and pair.spec == spec
 
-    def auto_plan(self, settings, progress=None):
+    def auto_plan(self, settings, progress=None, planner=None):
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
         from dyntree_core.planning.auto import plan_auto, search_space
-        from dyntree_core.testing import TinyPairCache
 
-        cache = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed,
-                              max_positions=self.max_positions)
+        from .planner import plan_auto_for_app
+
         _, _, methods = search_space(settings.method, settings.precision, settings.draft_precision, "cpu")
         tps = ("float32",) if settings.precision == "auto" else (settings.precision,)
         dps = ("float32", "int8") if settings.draft_precision == "auto" else (settings.draft_precision,)
-        return plan_auto(cache, float(settings.temperature), target_precisions=tps, draft_precisions=dps,
-                         methods=methods, progress=progress)
+        temperature = float(settings.temperature)
+        kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
+        return plan_auto_for_app(
+            planner, (temperature, tps, dps, methods), tps, dps,
+            cached=lambda: plan_auto(self._cache(), temperature, measure=False, **kw),
+            measure=lambda turn, note: plan_auto(self._cache(), temperature, turn=turn, progress=note, **kw),
+            foreground=lambda: plan_auto(self._cache(), temperature, progress=progress, **kw))
+
+    def _cache(self):
+        from dyntree_core.testing import TinyPairCache
+
+        return TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed, max_positions=self.max_positions)
 
     def text_info(self, draft: str, target: str) -> Optional[TextInfo]:
         if draft != TINY_NAME or target != TINY_NAME:
@@ -88,10 +97,7 @@ class TinyModelProvider:
             )
         with self._lock:
             if self._pair is None or self._pair.spec != spec:
-                from dyntree_core.testing import TinyPairCache
-
-                pair = TinyPairCache(TinyTokenizer(self.vocab), vocab=self.vocab, seed=self.seed,
-                                    max_positions=self.max_positions).pair(
+                pair = self._cache().pair(
                     _concrete(spec.precision), _concrete(spec.draft_precision))
                 self._pair = LoadedPair(pair.draft, pair.target, pair.tokenizer, spec,
                                         description=f"tiny random Llama pair (test only; {pair.description})")

@@ -52,9 +52,9 @@ class DecodeWorker:
         gen = self.generation
         try:
             while not self._pause.is_set():
-                item = advance_in_turn(gen, self._lock, self._who, self._on_change)
+                item = advance_in_turn(gen, self._lock, self._who, self._on_change, unless=self._pause.is_set)
                 self._on_change()
-                if item is None or gen.done:
+                if item is None or item is NOT_RUN or gen.done:
                     break
             if not gen.done:
                 gen.record.status = "paused"
@@ -67,9 +67,15 @@ class DecodeWorker:
             self._on_change()
 
 
-def advance_in_turn(gen: Generation, lock: ModelLock, who: str, on_change: Callable[[], None] = lambda: None):
+#: ``advance_in_turn``'s answer when ``unless`` said no once the turn came
+NOT_RUN = object()
+
+
+def advance_in_turn(gen: Generation, lock: ModelLock, who: str, on_change: Callable[[], None] = lambda: None,
+                    unless: Callable[[], bool] = lambda: False):
     """``gen.advance()`` in one turn of ``lock``; while another session holds it the record's
-    ``waiting`` names that session, and the time waited adds to ``wait_seconds``."""
+    ``waiting`` names that session, and the time waited adds to ``wait_seconds``. ``unless()`` is
+    asked again once the turn has come (a Pause clicked while waiting): True returns ``NOT_RUN``."""
     rec = gen.record
 
     def waiting(holder: str) -> None:
@@ -79,4 +85,4 @@ def advance_in_turn(gen: Generation, lock: ModelLock, who: str, on_change: Calla
     with lock.turn(who, waiting) as waited:
         rec.waiting = ""
         rec.wait_seconds += waited
-        return gen.advance()
+        return NOT_RUN if unless() else gen.advance()

@@ -47,6 +47,7 @@ import json
 import math
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -54,7 +55,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..config import DecodeConfig
-from .machine_profile import MachineProfile
+from .machine_profile import MachineProfile, NotMeasuredYet, Turn
 from .pricing import seconds_per_token
 
 AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
@@ -482,12 +483,14 @@ def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
 
 # ------------------------------------------------------------------------------- acceptance
 def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: float, new_tokens: int = 48,
-                       width: int = 8, seed: int = 0, progress: Optional[Progress] = None) -> Acceptance:
+                       width: int = 8, seed: int = 0, progress: Optional[Progress] = None,
+                       turn: Turn = nullcontext) -> Acceptance:
     """Acceptance on the pair's *own* continuations: the target continues each prompt
     (autoregressive, at ``temperature``), then draft and target are teacher-forced over prompt +
     continuation; on the continuation positions Sequoia's estimator (notes/sequoia.md §1.5) gives
     the positional vector and each position's chain acceptance / confidence-stop statistics
-    (``Acceptance``). Text the models write agrees more than human text does."""
+    (``Acceptance``). Text the models write agrees more than human text does. Each decoding step
+    and each prompt's teacher-forced forwards run in a ``turn()`` (the app's shared models)."""
     from ..drafting.sequoia import estimate_acceptance_vector
     from ..decode.engine import SpeculativeDecoder
     from ..sampling import probs_from_logits
@@ -504,12 +507,19 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
                              eos_token_id=list(pair.eos_token_ids) or None)
     for i, ids in enumerate(prompts):
         ids = list(ids)
-        cont = dec.generate_ids(ids, new_tokens, seed=seed + i)
+        cont: list[int] = []
+        steps = dec.generate(ids, new_tokens, seed=seed + i)
+        while True:
+            with turn():
+                trace = next(steps, None)
+            if trace is None:
+                break
+            cont.extend(c.token_id for c in trace.committed)
         full = ids + cont
         if len(cont) < 2:
             continue
         texts.append((tuple(ids), tuple(int(t) for t in cont)))
-        with torch.inference_mode():
+        with turn(), torch.inference_mode():
             x = torch.tensor([full])
             tl = pair.target(x).logits[0, len(ids) - 1:-1]
             dl = pair.draft(x).logits[0, len(ids) - 1:-1]
@@ -542,22 +552,38 @@ def acceptance_cache_path(key: str) -> Path:
     return cache_root() / "profiles" / f"acceptance-{key}.json"
 
 
+def _acceptance_path(pair_name: str, draft_precision: str, target_precision: str, temperature: float,
+                     new_tokens: int, prompts: Sequence[Sequence[int]]) -> Path:
+    raw = json.dumps([pair_name, draft_precision, target_precision, float(temperature), new_tokens,
+                      [list(p) for p in prompts], ACCEPTANCE_VERSION])
+    return acceptance_cache_path(hashlib.sha256(raw.encode()).hexdigest()[:16])
+
+
+def cached_acceptance(pair_name: str, draft_precision: str, target_precision: str, temperature: float,
+                      prompts: Sequence[Sequence[int]], new_tokens: int = 48) -> Optional[Acceptance]:
+    """The acceptance ``load_or_measure_acceptance`` cached for these arguments (None if none)."""
+    path = _acceptance_path(pair_name, draft_precision, target_precision, temperature, new_tokens, prompts)
+    if not path.is_file():
+        return None
+    try:
+        d = json.loads(path.read_text())
+        return Acceptance(tuple(d["acceptance"]), tuple(tuple(tuple(r) for r in seq) for seq in d["sequences"]),
+                          tuple((tuple(p), tuple(c)) for p, c in d["texts"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_or_measure_acceptance(pair, pair_name: str, prompts: Sequence[Sequence[int]], temperature: float,
                                new_tokens: int = 48, refresh: bool = False,
-                               progress: Optional[Progress] = None) -> Acceptance:
-    raw = json.dumps([pair_name, pair.draft_precision, pair.target_precision, float(temperature), new_tokens,
-                      [list(p) for p in prompts], ACCEPTANCE_VERSION])
-    key = hashlib.sha256(raw.encode()).hexdigest()[:16]
-    path = acceptance_cache_path(key)
-    if path.is_file() and not refresh:
-        try:
-            d = json.loads(path.read_text())
-            return Acceptance(tuple(d["acceptance"]), tuple(tuple(tuple(r) for r in seq) for seq in d["sequences"]),
-                              tuple((tuple(p), tuple(c)) for p, c in d["texts"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+                               progress: Optional[Progress] = None, turn: Turn = nullcontext) -> Acceptance:
+    path = _acceptance_path(pair_name, pair.draft_precision, pair.target_precision, temperature, new_tokens, prompts)
+    if not refresh:
+        acc = cached_acceptance(pair_name, pair.draft_precision, pair.target_precision, temperature, prompts,
+                                new_tokens)
+        if acc is not None:
+            return acc
     t0 = time.perf_counter()
-    acc = measure_acceptance(pair, prompts, temperature, new_tokens, progress=progress)
+    acc = measure_acceptance(pair, prompts, temperature, new_tokens, progress=progress, turn=turn)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"acceptance": acc.vector, "sequences": acc.sequences, "texts": acc.texts,
                                 "stop_grid": STOP_GRID,
@@ -597,6 +623,18 @@ class PairCache:
         self._models[key] = m
         return m
 
+    def text_tokenizer(self):
+        """The pair's tokenizer without loading weights (the loaded pair's, else the target's files
+        on this machine); ``NotMeasuredYet`` where that would need a download."""
+        if self._base is not None:
+            return self._base.tokenizer
+        from ..models.load import local_text_info
+
+        found = local_text_info(self.target_spec, "target")
+        if found is None:
+            raise NotMeasuredYet(f"the tokenizer of {self.target_spec!r} is not on this machine yet")
+        return found[0]
+
     def timing_model(self, role: str, precision: str):
         """A model that costs what ``model(role, precision)`` costs per forward: its zero-weight shape
         twin where one can be built (a GGUF preset on the CPU: seconds instead of a full load), else
@@ -625,6 +663,40 @@ class PairCache:
         d = self.model("draft", draft_precision)
         return dataclasses.replace(self._base, draft=d, target=t, draft_precision=draft_precision,
                                    target_precision=target_precision)
+
+
+@dataclass(frozen=True)
+class ProvisionalPlan:
+    """What ``auto`` runs before it has measured this machine: plain decoding at the precision whose
+    weights are the fewest bytes (decoding one token streams every weight once, so the smallest
+    weights are the metadata's best guess; on a GPU the candidates are floats only)."""
+
+    precision: str
+    draft_precision: str
+    reason: str
+
+    def resolve(self, method: str, precision: str, draft_precision: str) -> dict:
+        """As ``AutoPlan.resolve``: ``auto`` fields become plain decoding at the smallest weights."""
+        kw: dict = {}
+        if method == AUTO:
+            kw.update(method="autoregressive", verifier="auto")
+        if precision == AUTO:
+            kw["precision"] = self.precision
+        if draft_precision == AUTO:
+            kw["draft_precision"] = self.draft_precision
+        return kw
+
+
+#: bytes per weight of each precision (what one decoded token streams)
+WEIGHT_BYTES = {"int4": 0.5, "int8": 1.0, "float16": 2.0, "bfloat16": 2.0, "float32": 4.0}
+
+
+def provisional_plan(target_precisions: Sequence[str], draft_precisions: Sequence[str], why: str) -> ProvisionalPlan:
+    """``ProvisionalPlan`` among the candidate precisions; ``why`` ends its reason."""
+    tp = min(target_precisions, key=WEIGHT_BYTES.__getitem__)
+    dp = min(draft_precisions, key=WEIGHT_BYTES.__getitem__)
+    return ProvisionalPlan(tp, dp, f"auto: plain decoding at {tp} (the fewest weight bytes) until this machine "
+                                   f"is measured: {why}")
 
 
 def default_precisions(device: str) -> tuple[str, ...]:
@@ -663,7 +735,7 @@ def pair_name(cache: PairCache) -> str:
 
 def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precisions: Sequence[str],
                 target_ns: Sequence[int] = (), refresh: bool = False,
-                progress: Optional[Progress] = None) -> MachineProfile:
+                progress: Optional[Progress] = None, measure: bool = True, turn: Turn = nullcontext) -> MachineProfile:
     """The one machine profile of ``cache``'s pair (``machine_profile.load_or_measure_profile``): the
     default sizes for both models, ``target_ns`` too for the target; only what the cache lacks is
     measured."""
@@ -671,31 +743,39 @@ def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precis
 
     return load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
                                    refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
-                                   target_ns=tuple(target_ns))
+                                   target_ns=tuple(target_ns), measure=measure, turn=turn)
 
 
 def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
               draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
               refresh: bool = False, progress: Optional[Progress] = None,
-              target_ns: Sequence[int] = ()) -> AutoPlan:
+              target_ns: Sequence[int] = (), measure: bool = True, turn: Turn = nullcontext) -> AutoPlan:
     """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``.
     ``target_ns``: target sizes the profile must also cover (a calibration that follows prices
-    bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``)."""
+    bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``). ``measure=False``: only from the
+    caches, raising ``NotMeasuredYet`` when something is missing (nothing is loaded then); ``turn``:
+    the context each timed measurement runs in (``machine_profile.measure_into``)."""
     say = progress or (lambda _m: None)
     tps = tuple(target_precisions or default_precisions(cache.device))
     dps = tuple(draft_precisions or tps)
     name = pair_name(cache)
     say("machine profile (measured once per machine, pair and torch version, then cached):")
-    prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say)
+    prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say, measure=measure, turn=turn)
     fast_t = min(tps, key=lambda p: prof.target_time(p, 1))
     fast_d = min(dps, key=lambda p: prof.draft_time(p, 1))
     if methods == ("autoregressive",):
         acc = Acceptance((0.0,))
     else:
         say(f"acceptance of this pair at T={temperature:g} (target {fast_t}, draft {fast_d}; cached):")
-        pair = cache.pair(fast_t, fast_d)
-        acc = load_or_measure_acceptance(pair, name, calibration_prompts(pair.tokenizer), temperature,
-                                         refresh=refresh, progress=say)
+        if not measure:
+            acc = cached_acceptance(name, fast_d, fast_t, temperature, calibration_prompts(cache.text_tokenizer()))
+            if acc is None:
+                raise NotMeasuredYet(f"the acceptance of {name} at T={temperature:g} is not measured yet")
+        else:
+            with turn():
+                pair = cache.pair(fast_t, fast_d)
+            acc = load_or_measure_acceptance(pair, name, calibration_prompts(pair.tokenizer), temperature,
+                                             refresh=refresh, progress=say, turn=turn)
     plan = choose(prof, acc, temperature, tps, dps, methods)
     say(plan.reason)
     return plan

@@ -29,7 +29,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 
@@ -44,6 +45,12 @@ PREFIX_LEN = 128
 Progress = Callable[[str], None]
 #: loads one model ("draft" | "target") at a precision
 ModelLoader = Callable[[str, str], object]
+#: a context each timed measurement runs in (the app: a turn on its shared models)
+Turn = Callable[[], ContextManager]
+
+
+class NotMeasuredYet(LookupError):
+    """A profile or acceptance was asked for from the cache only, and the cache lacks it."""
 ROLES = ("target", "draft")
 
 
@@ -269,10 +276,11 @@ def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
 
 
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
-                 prune_factor: float = 2.0, progress: Optional[Progress] = None) -> int:
+                 prune_factor: float = 2.0, progress: Optional[Progress] = None, turn: Turn = nullcontext) -> int:
     """Measure what ``prof`` lacks of ``wanted`` (``{(role, precision): sizes}``), loading each model
     once, and write it into ``prof``. Returns the number of (role, precision) rows timed (0 when
-    everything asked for was there)."""
+    everything asked for was there). Each size is timed inside ``turn()`` (the app passes a turn on
+    its shared models, so nothing is timed while a session decodes)."""
     say = progress or (lambda _m: None)
     todo = [(role, prec, prof.missing(role, prec, ns)) for (role, prec), ns in wanted.items()]
     todo = [t for t in todo if t[2]]
@@ -285,17 +293,19 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     vocab = 0
     for done, (role, prec, sizes) in enumerate(todo, 1):
         say(f"[{done}/{len(todo)}] loading the {role} at {prec} ...")
-        model = load(role, prec)
-        with torch.inference_mode():
+        with turn(), torch.inference_mode():  # (loading is model work too: not beside a session's step)
+            model = load(role, prec)
             timer = ForwardTimer(model, prof.prefix_len, max(sizes))
             vocab = timer.vocab
             timer.once(1)  # warm-up (allocations, first-call paths)
+        with torch.inference_mode():
             table = getattr(prof, role)
             row = table.setdefault(prec, [None] * len(prof.ns))
             for n in sizes:
                 i = prof.ns.index(n)
                 others = [r[i] for p, r in table.items() if p != prec and r[i] is not None]
-                t = timer.best(n, 3 if n <= 4 else 2)
+                with turn():
+                    t = timer.best(n, 3 if n <= 4 else 2)
                 if others and t > prune_factor * min(others):
                     say(f"    {role} {prec} n={n}: {t * 1e3:.0f} ms, > {prune_factor:g}x the best precision: "
                         "dropped from here on")
@@ -305,12 +315,13 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
         del model, timer
     if verify_todo:
-        if not vocab:
-            from ..quant.apply import output_dim
+        with turn():
+            if not vocab:
+                from ..quant.apply import output_dim
 
-            vocab = output_dim(load("target", next(iter(prof.target), "float32")))
-        for n in verify_todo:
-            prof.verify[prof.ns.index(n)] = _verify_seconds(vocab, n)
+                vocab = output_dim(load("target", next(iter(prof.target), "float32")))
+            for n in verify_todo:
+                prof.verify[prof.ns.index(n)] = _verify_seconds(vocab, n)
     prof.seconds += time.perf_counter() - t_start
     prof.machine = machine_info().to_dict()
     return len(todo)
@@ -332,10 +343,12 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                             ns: Sequence[int] = DEFAULT_NS, refresh: bool = False,
                             progress: Optional[Progress] = None,
                             draft_precisions: Optional[Sequence[str]] = None,
-                            target_ns: Optional[Sequence[int]] = None) -> MachineProfile:
+                            target_ns: Optional[Sequence[int]] = None, measure: bool = True,
+                            turn: Turn = nullcontext) -> MachineProfile:
     """This machine's profile of the pair with at least ``ns`` for both models at their precisions
     (and ``target_ns`` too for the target): read from the cache, and what it lacks measured once and
-    written back. ``refresh`` measures everything asked for anew."""
+    written back. ``refresh`` measures everything asked for anew; ``measure=False`` raises
+    ``NotMeasuredYet`` instead of measuring; ``turn`` as in ``measure_into``."""
     key = profile_key(pair_name, device)
     path = profile_path(key)
     prof: Optional[MachineProfile] = None
@@ -350,6 +363,9 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     t_ns = sorted(set(ns) | set(target_ns or ()))
     wanted = {("target", p): t_ns for p in precisions}
     wanted.update({("draft", p): list(ns) for p in (draft_precisions or precisions)})
-    if measure_into(prof, load, wanted, progress=progress) or not path.is_file() or refresh:
+    if not measure and (refresh or any(prof.missing(role, p, ns) for (role, p), ns in wanted.items())
+                        or any(n not in prof.ns or prof.verify[prof.ns.index(n)] is None for n in t_ns)):
+        raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
+    if measure_into(prof, load, wanted, progress=progress, turn=turn) or not path.is_file() or refresh:
         prof.save(path)
     return prof

@@ -1,0 +1,103 @@
+"""``auto``'s measurements in the background: the first Run on a machine never waits for them.
+
+Before ``auto`` can choose, it needs this machine's profile (forward times per model, precision and
+size) and the pair's acceptance; both are cached, and measuring them took minutes on a 2-core CPU.
+``BackgroundPlanner`` measures them on a thread, timing each forward in an *idle* turn on the models
+all sessions share (``ModelLock.idle_turn``: never while a session decodes, so nothing it times is
+slowed by a run), while runs go on with ``auto``'s provisional plan (plain decoding at the smallest
+weights). The next Run after it finishes uses the measured plan.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Hashable, Optional
+
+from .session import ModelLock, TurnCancelled
+
+#: ``measure(turn, progress)``: runs ``plan_auto`` with measuring allowed
+Measure = Callable[[Callable[[], Any], Callable[[str], None]], Any]
+
+
+class BackgroundPlanner:
+    """One measuring thread at a time per key; ``close()`` stops and joins it."""
+
+    def __init__(self, lock: ModelLock, idle_s: float = 1.0) -> None:
+        self._lock = lock
+        self._idle_s = idle_s
+        self._stop = threading.Event()
+        self._guard = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._key: Optional[Hashable] = None
+        self.progress = ""  # the latest line of the running measurement
+        self.failed: dict[Hashable, str] = {}  # key -> why its last measurement failed
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def status(self) -> str:
+        """One line for the page: what is being measured, or why it failed."""
+        if self.busy:
+            return f"measuring this machine for auto in idle moments: {self.progress or 'starting'}"
+        return ""
+
+    def start(self, key: Hashable, measure: Measure) -> bool:
+        """Start measuring ``key`` unless something is being measured already; True if started."""
+        with self._guard:
+            if self.busy or self._stop.is_set():
+                return False
+            self._key, self.progress = key, ""
+            self.failed.pop(key, None)
+            self._thread = threading.Thread(target=self._run, args=(key, measure), name="dyntree-auto-measure",
+                                            daemon=True)
+            self._thread.start()
+            return True
+
+    def _run(self, key: Hashable, measure: Measure) -> None:
+        def turn():
+            return self._lock.idle_turn("measuring the machine for auto", self._idle_s, self._stop)
+
+        def say(line: str) -> None:
+            self.progress = line.strip()
+
+        try:
+            measure(turn, say)
+        except TurnCancelled:
+            pass
+        except Exception as e:  # noqa: BLE001 - shown on the page; auto keeps its provisional plan
+            self.failed[key] = f"{type(e).__name__}: {e}"
+
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Stop the measurement at its next turn and wait for the thread; True once it is gone."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
+
+def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, target_precisions, draft_precisions,
+                      cached: Callable[[], Any], measure: Measure, foreground: Callable[[], Any]) -> Any:
+    """``auto``'s plan for a Run: ``cached()`` when everything it needs is measured; else, with a
+    ``planner``, the provisional plan while ``measure`` runs in the background (without one,
+    ``foreground()`` measures first, as the CLI does)."""
+    from dyntree_core.planning.auto import provisional_plan
+    from dyntree_core.planning.machine_profile import NotMeasuredYet
+
+    if planner is None:
+        return foreground()
+    try:
+        return cached()
+    except NotMeasuredYet:
+        pass
+    failed = planner.failed.get(key)
+    started = planner.start(key, measure)
+    if started or planner.busy:
+        why = "it is being measured in idle moments (progress in the footer); a Run after that uses the measured plan"
+    else:
+        why = "another measurement is running; press Run again once it is done"
+    if failed:
+        why = f"the last measurement failed ({failed}); {why}"
+    return provisional_plan(target_precisions, draft_precisions, why)
