@@ -232,12 +232,21 @@ def _random_case(n: int, vocab: int, sampled: str, seed: int) -> tuple[TokenTree
 @pytest.mark.parametrize("sampled", ["swor", "iid"])
 @pytest.mark.parametrize("name", ["token_level", "traversal", "point_mass"])
 def test_result_invariants_on_random_trees(name: str, sampled: str) -> None:
+    """On random trees against sparse targets (a third of each row is 0): the path runs from the root
+    along parent links through tokens the target can produce, the bonus is one it can produce after
+    the path's end, and a path node's test never passed with probability 0."""
     for seed in range(10):
         tree, target = _random_case(40, 12, sampled, seed)
+        target = target * (torch.rand(target.shape, generator=torch.Generator().manual_seed(seed)) > 1 / 3)
+        target[:, 0] += (target.sum(-1) == 0).to(target.dtype)  # (never an all-zero row)
+        target = target / target.sum(-1, keepdim=True)
         res = make_verifier(name).verify(tree, target, np.random.default_rng(seed))
-        parents = tree.parents.tolist()
+        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
         assert res.path[0] == 0 and all(parents[b] == a for a, b in zip(res.path, res.path[1:]))
-        assert 0 <= res.bonus_token < 12
+        assert all(target[parents[v], tokens[v]] > 0 for v in res.path[1:])
+        assert 0 <= res.bonus_token < 12 and target[res.path[-1], res.bonus_token] > 0
+        on_path = [v for v in res.path[1:] if res.tested[v]]
+        assert all(res.accept_prob[v] > 0 for v in on_path)
         probs = res.accept_prob[res.tested]
         assert np.all((probs >= 0) & (probs <= 1)) and np.isnan(res.accept_prob[~res.tested]).all()
         if name != "traversal":  # traversal accepts a path's inner nodes through a descendant's test
