@@ -345,3 +345,41 @@ def test_cli_budget_auto_for_a_method_auto_cannot_price_calibrates_on_the_same_p
     assert all(math.isfinite(prof.target_time("float32", n)) for n in CALIBRATION_NS)
     assert seen["cfg"].precision == "float32" and seen["cfg"].method == "dyspec_greedy"
     assert "tuned: budget 12, depth 3" in capsys.readouterr().err
+
+
+def test_the_pair_cache_keeps_at_most_keep_models_and_drops_the_least_recently_used(monkeypatch):
+    """The app loads pairs through one PairCache: after pairs at three precisions, the first
+    precision's models are gone from memory (only ``keep`` models and the tokenizer stay)."""
+    import dataclasses
+    import gc
+    import weakref
+
+    import dyntree_core.models.load as load
+
+    class Model:
+        def __init__(self, role, precision):
+            self.role, self.precision = role, precision
+
+    @dataclasses.dataclass
+    class Pair:
+        draft: object
+        target: object
+        tokenizer: object = "tok"
+        draft_precision: str = ""
+        target_precision: str = ""
+
+    monkeypatch.setattr(load, "load_pair", lambda d, t, device, precision, draft_precision: Pair(
+        Model("draft", draft_precision), Model("target", precision), "tok", draft_precision, precision))
+    monkeypatch.setattr(load, "resolve_spec", lambda spec, role: role)
+    monkeypatch.setattr(load, "load_model", lambda src, dtype, device, precision: Model(src, precision))
+    from dyntree_core.planning.auto import PairCache
+
+    cache = PairCache("d", "t", keep=2)
+    first = cache.pair("int4", "int4")
+    refs = [weakref.ref(first.draft), weakref.ref(first.target)]
+    del first
+    cache.pair("int8", "int8")
+    last = cache.pair("float32", "float32")
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert len(cache._models) == 2 and last.tokenizer == "tok" and last.target.precision == "float32"

@@ -652,13 +652,16 @@ class PairCache:
         from ..models.load import load_pair
 
         if self._base is None:
-            self._base = load_pair(self.draft_spec, self.target_spec, device=self.device,
-                                   precision=target_precision, draft_precision=draft_precision)
-            self._models[("draft", draft_precision)] = self._base.draft
-            self._models[("target", target_precision)] = self._base.target
+            pair = load_pair(self.draft_spec, self.target_spec, device=self.device,
+                             precision=target_precision, draft_precision=draft_precision)
+            # the template of later pairs keeps the tokenizer and checks, not these weights: holding
+            # them would keep the first precisions in memory beside the ``keep`` models
+            self._base = dataclasses.replace(pair, draft=None, target=None)
+            self._models[("draft", draft_precision)] = pair.draft
+            self._models[("target", target_precision)] = pair.target
             while len(self._models) > max(self.keep, 2):
                 self._models.pop(next(iter(self._models)))
-            return self._base
+            return pair
         t = self.model("target", target_precision)
         d = self.model("draft", draft_precision)
         return dataclasses.replace(self._base, draft=d, target=t, draft_precision=draft_precision,
