@@ -66,7 +66,9 @@ class TokenProvenance:
 
 @dataclass
 class PhaseTimings:
-    """Wall-clock seconds of each phase of one step (0 where a phase did not run)."""
+    """Wall-clock seconds of each phase of one step (0 where a phase did not run).
+    ``offload_transfer`` is the part of ``target_forward`` spent waiting for the offloaded target's
+    weights to arrive, not a phase of its own: ``total`` counts it once, inside the forward."""
 
     draft: float = 0.0
     tree_build: float = 0.0
@@ -78,7 +80,7 @@ class PhaseTimings:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, p) for p in PHASES)
+        return sum(getattr(self, p) for p in PHASES if p != "offload_transfer")
 
     def as_dict(self) -> dict[str, float]:
         return {p: float(getattr(self, p)) for p in PHASES}

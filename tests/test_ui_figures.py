@@ -514,3 +514,17 @@ def test_the_baseline_line_spans_the_runs_own_steps(tree_run, ar_run):
     line = next(t for t in fig.data if t.name == "autoregressive (1 / step)")
     assert list(line.x) == [tree_run.traces[0].step, tree_run.traces[-1].step]
     assert len(ar_run.traces) > len(tree_run.traces)  # the baseline has more steps: they must not stretch the axis
+
+
+def test_an_offloaded_steps_phases_count_the_weight_wait_once():
+    """The offloaded target's wait for its weights is part of its forward: the phase bars and the
+    step total count it once."""
+    from dyntree_core.trace import PhaseTimings
+
+    trace = _hand_trace()
+    trace.timings = PhaseTimings(draft=0.010, target_forward=0.100, offload_transfer=0.060, verify=0.005)
+    trace.step_seconds = 0.120
+    assert trace.timings.total == pytest.approx(0.115)
+    fig = phase_figure([trace])
+    bars = {b.name: b.x[0] for b in fig.data}
+    assert bars["target"] == pytest.approx(40.0) and sum(bars.values()) == pytest.approx(120.0)

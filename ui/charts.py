@@ -70,9 +70,13 @@ def phase_figure(traces: Sequence[StepTrace], step: Optional[int] = None,
         return fig
     sel = traces[step if step is not None and 0 <= step < len(traces) else -1]
     rows = [f"step {sel.step}", "run mean"]
+    def ms(t: StepTrace, phase: str) -> float:  # the forward's bar leaves out its wait for offloaded weights
+        v = getattr(t.timings, phase)
+        return 1e3 * (v - t.timings.offload_transfer if phase == "target_forward" else v)
+
     for phase in PHASES:
-        this = getattr(sel.timings, phase) * 1e3
-        mean = statistics.fmean(getattr(t.timings, phase) for t in traces) * 1e3
+        this = ms(sel, phase)
+        mean = statistics.fmean(ms(t, phase) for t in traces)
         fig.add_trace(go.Bar(y=rows, x=[this, mean], orientation="h", name=PHASE_LABELS[phase],
                              marker_color=PHASE_COLORS[phase],
                              hovertemplate=f"{PHASE_LABELS[phase]}: %{{x:.2f}} ms<extra></extra>"))

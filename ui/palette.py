@@ -55,7 +55,7 @@ PHASE_LABELS: dict[str, str] = {
     "target_forward": "target",
     "verify": "verify",
     "kv_compaction": "kv",
-    "offload_transfer": "transfer",
+    "offload_transfer": "waiting for offloaded weights (in the forward)",
 }
 
 
