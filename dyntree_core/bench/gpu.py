@@ -221,7 +221,7 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
     from .. import DecodeConfig, SpeculativeDecoder
     from ..offload.backend import make_backend
     from ..offload.layout import LayerLayout
-    from ..offload.synthetic import StackShape, build_meta_model, cycled_host_layers, make_buffers
+    from ..offload.synthetic import StackShape, build_meta_model, close_buffers, cycled_host_layers, make_buffers
     from ..decode.prepared import PreparedPair
 
     dtype_name = "float32" if plan.dry_run else "bfloat16"
@@ -233,16 +233,17 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
     layout = LayerLayout.of(build_meta_model(StackShape(**{**shape.as_dict(), "layers": 1}), dtype, dev,
                                              share_from=target).model.layers[0])
     buffers = make_buffers(layout, min(6, shape.layers), backend.alloc_host, dev, _log)
-    dshape = (64, 2, 4, 2, 128) if plan.dry_run else (896, 24, 14, 2, 4864)  # Qwen2.5-0.5B-shaped
-    draft = _synthetic_qwen(*dshape, vocab, seed=3, dev=torch.device("cpu"), sharpen=1.0)
-    base = DecodeConfig(method="dyspec_greedy", budget=plan.decode_budgets[0], depth=8, device=str(dev),
-                        dtype=dtype_name, offload_target=True, attention="auto" if not plan.dry_run else "triton")
-    pair = PreparedPair.prepare(draft, target, base, allow_cpu_offload=plan.dry_run,
-                                offload_options=dict(host_layers=cycled_host_layers(layout, shape.layers, buffers),
-                                                     slots=2, resident_layers=0))
-    prompt = torch.randint(0, vocab, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    pair = None
     rows = []
     try:
+        dshape = (64, 2, 4, 2, 128) if plan.dry_run else (896, 24, 14, 2, 4864)  # Qwen2.5-0.5B-shaped
+        draft = _synthetic_qwen(*dshape, vocab, seed=3, dev=torch.device("cpu"), sharpen=1.0)
+        base = DecodeConfig(method="dyspec_greedy", budget=plan.decode_budgets[0], depth=8, device=str(dev),
+                            dtype=dtype_name, offload_target=True, attention="auto" if not plan.dry_run else "triton")
+        pair = PreparedPair.prepare(draft, target, base, allow_cpu_offload=plan.dry_run,
+                                    offload_options=dict(host_layers=cycled_host_layers(layout, shape.layers, buffers),
+                                                         slots=2, resident_layers=0))
+        prompt = torch.randint(0, vocab, (128,), generator=torch.Generator().manual_seed(0)).tolist()
         for budget in plan.decode_budgets:
             cfg = DecodeConfig(**{**base.__dict__, "budget": budget})
             dec = SpeculativeDecoder.on_pair(pair, cfg)
@@ -258,8 +259,10 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
                              kernel_blocks=traces[-1].kernel_blocks, order_blocks=traces[-1].order_blocks))
             _log(f"decode step budget {budget}: {step:.3f} s (target {med['target_forward']:.3f}, "
                  f"draft {med['draft']:.3f}, outside {outside:.3f})")
-    finally:
-        pair.offload.close()
+    finally:  # the offload's registrations, then the layer buffers' (ours: the pair only borrowed them)
+        if pair is not None:
+            pair.close()
+        close_buffers(buffers)
     return dict(ok=len(rows) == len(plan.decode_budgets), dtype=dtype_name, target_shape=shape.as_dict(),
                 draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), dshape), vocab=vocab),
                 layer_bytes=layout.nbytes, rows=rows, timings_meaningful=not plan.dry_run,

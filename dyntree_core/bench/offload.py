@@ -31,9 +31,10 @@ import torch
 
 from ..planning.machine import machine_info
 from ..offload import OffloadError, accelerate_offload_layers, offload_decoder_layers, sync_offload_layers
-from ..offload.backend import Backend, HostBuffer, make_backend
+from ..offload.backend import Backend, make_backend
+from ..offload.pinning import HostBuffer
 from ..offload.layout import LayerLayout
-from ..offload.synthetic import StackShape, build_meta_model, cycled_host_layers, make_buffers
+from ..offload.synthetic import StackShape, build_meta_model, close_buffers, cycled_host_layers, make_buffers
 
 ENGINES = ("ours", "naive", "accelerate")
 CPU_NOTE = ("CPU FUNCTIONAL SMOKE RUN: no GPU, no PCIe; 'bandwidth' is a host memcpy and every "
@@ -117,32 +118,32 @@ def measure_bandwidth(backend: Backend, nbytes: int, reps: int = 5) -> dict[str,
     """Median H2D GB/s from a pinned (and a pageable) host buffer into device memory."""
     out: dict[str, Any] = {"bytes": nbytes}
     src = backend.alloc_host(nbytes)
-    dst = backend.alloc_device(nbytes)
-    src.tensor.fill_(1)
-    pageable = torch.ones(nbytes, dtype=torch.uint8)
+    try:
+        dst = backend.alloc_device(nbytes)
+        src.tensor.fill_(1)
+        pageable = torch.ones(nbytes, dtype=torch.uint8)
 
-    def timed(s: torch.Tensor, non_blocking: bool) -> float:
-        if backend.overlaps:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            dst.copy_(s, non_blocking=non_blocking)
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b) / 1e3
-        t0 = time.perf_counter()
-        dst.copy_(s)
-        return time.perf_counter() - t0
+        def timed(s: torch.Tensor, non_blocking: bool) -> float:
+            if backend.overlaps:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                dst.copy_(s, non_blocking=non_blocking)
+                b.record()
+                b.synchronize()
+                return a.elapsed_time(b) / 1e3
+            t0 = time.perf_counter()
+            dst.copy_(s)
+            return time.perf_counter() - t0
 
-    for label, s, nb in (("pinned", src.tensor, True), ("pageable", pageable, False)):
-        timed(s, nb)  # warm-up
-        secs = [timed(s, nb) for _ in range(reps if label == "pinned" else max(2, reps // 2))]
-        out[f"{label}_gbps_samples"] = [nbytes / t / 1e9 for t in secs]
-        out[f"{label}_gbps"] = nbytes / statistics.median(secs) / 1e9
-    out["pinning"] = src.pinning
-    del dst, pageable
-    from ..offload.backend import free_host
-
-    free_host(src)
+        for label, s, nb in (("pinned", src.tensor, True), ("pageable", pageable, False)):
+            timed(s, nb)  # warm-up
+            secs = [timed(s, nb) for _ in range(reps if label == "pinned" else max(2, reps // 2))]
+            out[f"{label}_gbps_samples"] = [nbytes / t / 1e9 for t in secs]
+            out[f"{label}_gbps"] = nbytes / statistics.median(secs) / 1e9
+        out["pinning"] = src.pinning
+        backend.synchronize()
+    finally:
+        src.close()
     return out
 
 
@@ -382,66 +383,70 @@ def main(argv: Optional[list[str]] = None) -> int:
             pageable = [HostBuffer(torch.empty(b.nbytes, dtype=torch.uint8).copy_(b.tensor), "pageable")
                         for b in src] if pinned else src
     except Exception as e:  # noqa: BLE001
+        close_buffers(pinned)
         if not is_oom(e):
             raise
         print(f"error: could not allocate the host layer buffers ({k} x {layout.nbytes / 1e9:.2f} GB): {e}; "
               "lower --buffers", file=sys.stderr)
         return 3
-    save()
+    try:
+        save()
 
-    def meta(layers: int):
-        return build_meta_model(StackShape(**{**shape.as_dict(), "layers": layers}), dtype, dev, share_from=base)
+        def meta(layers: int):
+            return build_meta_model(StackShape(**{**shape.as_dict(), "layers": layers}), dtype, dev, share_from=base)
 
-    def ours_job(slots: int, res: str) -> Callable[[], None]:
-        def make():
-            m = meta(shape.layers)
-            h = offload_decoder_layers(m, device=dev, slots=slots, resident_layers="auto" if res == "auto" else int(res),
-                                       host_layers=cycled_host_layers(layout, shape.layers, pinned))
-            return m, h
+        def ours_job(slots: int, res: str) -> Callable[[], None]:
+            def make():
+                m = meta(shape.layers)
+                h = offload_decoder_layers(m, device=dev, slots=slots, resident_layers="auto" if res == "auto" else int(res),
+                                           host_layers=cycled_host_layers(layout, shape.layers, pinned))
+                return m, h
 
-        def job() -> None:
-            run_engine("ours", {"slots": slots, "resident": res, "layers_run": shape.layers}, make, args.tokens,
-                       args.reps, args, backend, shape, dtype, bw, 1.0, budget, results, save)
-            done = [r for r in results["runs"] if r.get("engine") == "ours" and r.get("slots") == slots
-                    and r.get("resident") == res and "stats_bytes_per_forward" in r]
-            if res == "auto" and done:
-                results["notes"].append(f"ours slots={slots} resident='auto' streamed "
-                                        f"{done[-1]['stats_bytes_per_forward'] / layout.nbytes:.0f} of {shape.layers} layers")
+            def job() -> None:
+                run_engine("ours", {"slots": slots, "resident": res, "layers_run": shape.layers}, make, args.tokens,
+                           args.reps, args, backend, shape, dtype, bw, 1.0, budget, results, save)
+                done = [r for r in results["runs"] if r.get("engine") == "ours" and r.get("slots") == slots
+                        and r.get("resident") == res and "stats_bytes_per_forward" in r]
+                if res == "auto" and done:
+                    results["notes"].append(f"ours slots={slots} resident='auto' streamed "
+                                            f"{done[-1]['stats_bytes_per_forward'] / layout.nbytes:.0f} of {shape.layers} layers")
 
-        return job
+            return job
 
-    def naive_job() -> None:
-        def make():
-            m = meta(shape.layers)
-            return m, sync_offload_layers(m, device=dev, host_layers=cycled_host_layers(layout, shape.layers, pageable))
+        def naive_job() -> None:
+            def make():
+                m = meta(shape.layers)
+                return m, sync_offload_layers(m, device=dev, host_layers=cycled_host_layers(layout, shape.layers, pageable))
 
-        results["notes"].append("naive = per-parameter blocking .to(device) from pageable host memory before each "
-                                "layer, device copy dropped after it (no prefetch, no overlap)")
-        run_engine("naive", {"slots": "-", "resident": 0, "layers_run": shape.layers}, make,
-                   args.naive_tokens or args.tokens, args.baseline_reps, args, backend, shape, dtype, bw, 1.0,
-                   budget, results, save)
+            results["notes"].append("naive = per-parameter blocking .to(device) from pageable host memory before each "
+                                    "layer, device copy dropped after it (no prefetch, no overlap)")
+            run_engine("naive", {"slots": "-", "resident": 0, "layers_run": shape.layers}, make,
+                       args.naive_tokens or args.tokens, args.baseline_reps, args, backend, shape, dtype, bw, 1.0,
+                       budget, results, save)
 
-    def accelerate_job() -> None:
-        al = min(args.accelerate_layers, shape.layers)
-        scale = shape.layers / al
+        def accelerate_job() -> None:
+            al = min(args.accelerate_layers, shape.layers)
+            scale = shape.layers / al
 
-        def make():
-            m = meta(al)
-            return m, accelerate_offload_layers(m, device=dev, host_layers=cycled_host_layers(layout, al, pageable))
+            def make():
+                m = meta(al)
+                return m, accelerate_offload_layers(m, device=dev, host_layers=cycled_host_layers(layout, al, pageable))
 
-        results["notes"].append(f"accelerate = accelerate.cpu_offload on each decoder layer (pageable CPU state dict), "
-                                f"run with {al} layers and seconds/bytes scaled x{scale:.2f} to {shape.layers} layers; "
-                                f"tokens {args.accelerate_tokens} only")
-        run_engine("accelerate", {"slots": "-", "resident": 0, "layers_run": al}, make, args.accelerate_tokens,
-                   args.baseline_reps, args, backend, shape, dtype, bw, scale, budget, results, save)
+            results["notes"].append(f"accelerate = accelerate.cpu_offload on each decoder layer (pageable CPU state dict), "
+                                    f"run with {al} layers and seconds/bytes scaled x{scale:.2f} to {shape.layers} layers; "
+                                    f"tokens {args.accelerate_tokens} only")
+            run_engine("accelerate", {"slots": "-", "resident": 0, "layers_run": al}, make, args.accelerate_tokens,
+                       args.baseline_reps, args, backend, shape, dtype, bw, scale, budget, results, save)
 
-    # order: the first configuration of ours, then the baselines, then the other configurations of ours
-    # (so a tight time budget still yields the comparison)
-    ours = [ours_job(sl, res) for res in args.resident for sl in args.slots] if "ours" in args.engines else []
-    jobs = ours[:1] + ([naive_job] if "naive" in args.engines else []) + \
-        ([accelerate_job] if "accelerate" in args.engines else []) + ours[1:]
-    for job in jobs:
-        job()
+        # order: the first configuration of ours, then the baselines, then the other configurations of ours
+        # (so a tight time budget still yields the comparison)
+        ours = [ours_job(sl, res) for res in args.resident for sl in args.slots] if "ours" in args.engines else []
+        jobs = ours[:1] + ([naive_job] if "naive" in args.engines else []) + \
+            ([accelerate_job] if "accelerate" in args.engines else []) + ours[1:]
+        for job in jobs:
+            job()
+    finally:  # the pinned layer buffers are ours: release them before anything else runs
+        results["host_buffers_released_bytes"] = close_buffers(pinned)
     results["wall_seconds"] = time.perf_counter() - budget.t0
     save()
     print_table(results)

@@ -126,6 +126,7 @@ class PreparedPair:
         self.offload = offload
         self.vocab_size = model_vocab_size(target)
         self.stale = False
+        self.closed = False
         self._undo = undo
 
     @classmethod
@@ -186,6 +187,8 @@ class PreparedPair:
 
     def check(self, config: DecodeConfig) -> None:
         """Raise ``ConfigError`` when a decoder with ``config`` cannot borrow this pair."""
+        if self.closed:
+            raise ConfigError("this prepared pair was closed (its offloaded target released); prepare the models again")
         if self.stale:
             raise ConfigError("these models were prepared again with other settings after this pair was made; "
                               "use PreparedPair.for_models(...) for the current preparation")
@@ -199,3 +202,28 @@ class PreparedPair:
         for h in self._undo:
             h.restore()
         self._undo = []
+
+    def close(self) -> None:
+        """Release what preparing acquired: the offloaded target's pinned host memory and device
+        slots (``OffloadedModel.close``) and the attention switch. Idempotent; decoders on a closed
+        pair refuse to run, and the models may be prepared again (or dropped)."""
+        if self.closed:
+            return
+        self.closed = self.stale = True
+        for m in (self.draft, self.target):
+            if m.__dict__.get(_ATTR) is self:
+                del m.__dict__[_ATTR]
+        try:
+            if self.offload is not None:
+                self.offload.close()
+        finally:
+            self.restore_attention()
+
+    @staticmethod
+    def close_attached(*models: Any) -> int:
+        """Close the prepared pairs these models belong to (the app calls it with a pair's draft and
+        target before dropping them); returns how many were closed."""
+        pairs = {id(p): p for p in (m.__dict__.get(_ATTR) for m in models if m is not None) if p is not None}
+        for p in pairs.values():
+            p.close()
+        return len(pairs)

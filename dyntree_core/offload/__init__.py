@@ -5,10 +5,12 @@ Public API:
     OffloadedModel.stats() -> TransferStats(bytes, copy_seconds, wait_seconds, forwards, layers)
     sync_offload_layers / accelerate_offload_layers: the baselines.
 ``device="cpu"`` runs the identical streaming code with a host stand-in backend (synchronous
-copies, no streams) for tests; it is not an offload engine and its timings mean nothing.
+copies, no streams, simulated page-locking) for tests; it is not an offload engine and its
+timings mean nothing. Pinned host memory is owned (``pinning``): ``OffloadedModel.close()``
+releases every registration the handle made; ``pinned_registrations()`` counts the live ones.
 """
 
-from .backend import OffloadError
+from .pinning import CudaCallError, HostBuffer, OffloadError, PinCount, pinned_registrations
 from .baselines import BaselineHandle, accelerate_offload_layers, sync_offload_layers
 from .layout import HostLayer, LayerLayout
 from .model import OffloadedModel, decoder_stack, offload_decoder_layers
@@ -16,6 +18,10 @@ from .stats import TransferStats
 
 __all__ = [
     "BaselineHandle",
+    "CudaCallError",
+    "HostBuffer",
+    "PinCount",
+    "pinned_registrations",
     "HostLayer",
     "LayerLayout",
     "OffloadError",

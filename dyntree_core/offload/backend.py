@@ -3,86 +3,19 @@
 ``CudaBackend`` is the real thing: page-locked host buffers, a dedicated copy stream, CUDA events
 (with timing) for the handshakes and the accounting. ``HostBackend`` exists only so the streaming
 engine can be tested bit for bit on machines without a GPU: "pinned" buffers are ordinary host
-buffers, copies are synchronous ``copy_`` calls, streams are ``None`` and events are wall-clock
-stamps. Nothing overlaps on the host backend, and it says so (``overlaps = False``).
+buffers registered with a simulated runtime (``pinning.SIMULATED``), copies are synchronous
+``copy_`` calls, streams are ``None`` and events are wall-clock stamps. Nothing overlaps on the
+host backend, and it says so (``overlaps = False``). Host memory and its ownership: ``pinning``.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 
-
-class OffloadError(RuntimeError):
-    """The offload engine cannot do what was asked (no CUDA, out of memory, bad model...)."""
-
-
-# ---------------------------------------------------------------------------------------- host memory
-@dataclass
-class HostBuffer:
-    """One flat host buffer ``[nbytes] uint8``.
-
-    Attributes:
-        tensor: the buffer.
-        pinning: ``"registered"`` (ordinary allocation, ``cudaHostRegister``-ed: exact size),
-            ``"pinned_alloc"`` (``pin_memory=True``: the caching host allocator may round the
-            block up to a power of two), or ``"pageable"`` (host backend / naive baselines).
-    """
-
-    tensor: torch.Tensor
-    pinning: str
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.tensor.numel())
-
-
-def _cuda_err(ret: Any) -> int:
-    """cudart calls return a ``cudaError`` enum, an int, or a tuple whose first item is one."""
-    if isinstance(ret, tuple):
-        ret = ret[0]
-    return int(getattr(ret, "value", ret))
-
-
-def alloc_pinned(nbytes: int, register: bool = True) -> HostBuffer:
-    """Allocate ``[nbytes] uint8`` page-locked host memory (CUDA builds only).
-
-    ``register=True`` allocates ordinary memory and page-locks exactly that range with
-    ``cudaHostRegister`` (avoids the caching host allocator's power-of-two rounding: a 1.71 GB
-    layer would otherwise pin 2 GiB). Falls back to ``pin_memory=True`` with a warning.
-    Raises ``OffloadError`` when host memory runs out.
-    """
-    if register:
-        try:
-            t = torch.empty(nbytes, dtype=torch.uint8)
-        except RuntimeError as e:  # host OOM
-            raise OffloadError(f"could not allocate {nbytes / 1e9:.2f} GB of host memory: {e}") from e
-        try:
-            err = _cuda_err(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
-        except Exception as e:  # cudart binding missing in this build
-            err, why = -1, repr(e)
-        else:
-            why = f"cudaError {err}"
-        if err == 0:
-            return HostBuffer(t, "registered")
-        del t
-        warnings.warn(f"cudaHostRegister failed ({why}); falling back to pin_memory=True "
-                      "(the caching host allocator rounds blocks up to a power of two)", stacklevel=2)
-    try:
-        return HostBuffer(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), "pinned_alloc")
-    except RuntimeError as e:
-        raise OffloadError(f"could not allocate {nbytes / 1e9:.2f} GB of pinned host memory: {e}") from e
-
-
-def free_host(buf: HostBuffer) -> None:
-    """Unregister a ``registered`` buffer (caller must guarantee no copy from it is in flight)."""
-    if buf.pinning == "registered":
-        torch.cuda.cudart().cudaHostUnregister(buf.tensor.data_ptr())
-        buf.pinning = "pageable"
+from .pinning import SIMULATED, CudartRegistrar, HostBuffer, OffloadError, Registrar, alloc_pinned
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -103,9 +36,17 @@ class Backend:
     device: torch.device
     overlaps: bool
     label: str
+    registrar: Registrar
 
     def alloc_host(self, nbytes: int) -> HostBuffer:
+        """``[nbytes] uint8`` host memory page-locked for this backend (the buffer owns the
+        registration: ``close()`` it)."""
         raise NotImplementedError
+
+    def pin(self, buf: HostBuffer) -> bool:
+        """Page-lock a caller's pageable buffer in place (True when this call registered it; whoever
+        asked for it then owns the registration and ``close()``-s the buffer)."""
+        return buf.pin(self.registrar)
 
     def alloc_device(self, nbytes: int) -> torch.Tensor:
         """``[nbytes] uint8`` on the compute device; ``OffloadError`` on OOM."""
@@ -160,12 +101,13 @@ class CudaBackend(Backend):
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.register_host = register_host
+        self.registrar = CudartRegistrar()
         self.label = f"cuda ({torch.cuda.get_device_name(self.device)})"
         with torch.cuda.device(self.device):
             self._copy_stream = torch.cuda.Stream(self.device)
 
     def alloc_host(self, nbytes: int) -> HostBuffer:
-        return alloc_pinned(nbytes, self.register_host)
+        return alloc_pinned(nbytes, self.registrar if self.register_host else None)
 
     def copy_stream(self) -> Any:
         return self._copy_stream
@@ -203,23 +145,26 @@ class HostBackend(Backend):
     """CPU stand-in used by tests: same bookkeeping, synchronous copies, wall-clock events.
 
     NOT an offload engine: there is no second memory and nothing overlaps; numbers measured with
-    it are host memcpy costs, not PCIe transfers.
+    it are host memcpy costs, not PCIe transfers. Host buffers are "page-locked" through
+    ``pinning.SIMULATED`` (cudart's registration bookkeeping, no GPU), so ownership of pinned
+    memory is exercised exactly as on CUDA.
     """
 
     overlaps = False
     label = "cpu (functional stand-in: synchronous host copies, no streams; timings not meaningful)"
 
-    def __init__(self) -> None:
+    def __init__(self, registrar: Registrar = SIMULATED) -> None:
         self.device = torch.device("cpu")
+        self.registrar = registrar
 
     def alloc_host(self, nbytes: int) -> HostBuffer:
-        try:
-            return HostBuffer(torch.empty(nbytes, dtype=torch.uint8), "pageable")
-        except RuntimeError as e:
-            raise OffloadError(f"could not allocate {nbytes / 1e9:.2f} GB of host memory: {e}") from e
+        return alloc_pinned(nbytes, self.registrar)
 
     def alloc_device(self, nbytes: int) -> torch.Tensor:
-        return self.alloc_host(nbytes).tensor
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        except RuntimeError as e:
+            raise OffloadError(f"could not allocate {nbytes / 1e9:.2f} GB of host memory: {e}") from e
 
     def copy_stream(self) -> Any:
         return None

@@ -14,7 +14,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from .backend import HostBuffer
+from .pinning import HostBuffer
 
 #: byte alignment of every parameter inside a packed layer (>= any GEMM kernel's requirement)
 ALIGN = 256

@@ -16,7 +16,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from .backend import Backend, HostBuffer, OffloadError, free_host, make_backend
+from .backend import Backend, make_backend
+from .pinning import HostBuffer, OffloadError
 from .layout import HostLayer, LayerLayout, pack_layer, point_params
 from .stats import StatsAccumulator, TransferStats
 from .streamer import LayerStreamer, check_inference
@@ -80,6 +81,10 @@ class OffloadedModel:
         streamed: indices of layers streamed from host memory, in execution order.
         layer_bytes: packed bytes of each streamed layer (``{index: bytes}``).
         host_pinning: how the host buffers are page-locked (``registered``/``pinned_alloc``/``pageable``).
+
+    Ownership: the handle owns the host buffers it allocated and the registrations it made on
+    caller-given pageable ``host_layers``; ``close()`` releases all of them. Caller-given buffers
+    that were already page-locked stay the caller's to close.
     """
 
     model: nn.Module
@@ -94,6 +99,7 @@ class OffloadedModel:
     _host: dict[int, HostLayer]
     _owned: list[HostBuffer]
     _hooks: list[Any] = field(default_factory=list)
+    closed: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -124,33 +130,45 @@ class OffloadedModel:
         }
 
     def close(self) -> None:
-        """Remove the hooks; streamed parameters packed by the engine become ordinary (pageable)
-        CPU tensors again (those from ``host_layers`` keep pointing at the caller's buffers)."""
+        """Remove the hooks, drop the device slots and release every host registration this handle
+        owns (idempotent). The model stays usable on the CPU: streamed parameters keep pointing at
+        their host buffers, which are ordinary pageable memory afterwards. Raises ``CudaCallError``
+        when the runtime refuses to unregister a buffer (after trying all of them)."""
+        if self.closed:
+            return
+        self.closed = True
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        if self._streamer is not None:
-            self._streamer.close()
-            self._streamer = None
-        self.backend.synchronize()
-        stack = decoder_stack(self.model)
-        owned = {id(b) for b in self._owned}
-        for i in self.streamed:  # layers packed by us get ordinary copies; caller-given host layers stay as given
-            h = self._host[i]
-            if id(h.buffer) in owned:
-                point_params(stack.layers[i], h.layout, [v.clone() for v in h.views])
-        self._host.clear()
-        for buf in self._owned:
-            free_host(buf)
-        self._owned.clear()
-        if getattr(self.model, "_dyntree_offload", None) is self:
-            del self.model._dyntree_offload
+        try:
+            if self._streamer is not None:
+                self._streamer.close()  # waits for the copies in flight
+                self._streamer = None
+            self.backend.synchronize()
+        finally:
+            self._host.clear()
+            owned, self._owned = self._owned, []
+            if getattr(self.model, "_dyntree_offload", None) is self:
+                del self.model._dyntree_offload
+            _close_all(owned)
 
     def __enter__(self) -> "OffloadedModel":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_all(buffers: list[HostBuffer]) -> None:
+    """Close every buffer, then raise the first failure (one refusal must not leak the rest)."""
+    errors = []
+    for buf in buffers:
+        try:
+            buf.close()
+        except OffloadError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
 
 
 def offload_decoder_layers(
@@ -177,6 +195,8 @@ def offload_decoder_layers(
             ``pin_memory=True``, which rounds each layer up to a power of two).
         host_layers: pre-packed host weights for some layers (e.g. benchmark layers sharing K
             buffers); those layers' current parameters are ignored and re-pointed at them.
+            Pageable buffers among them are page-locked in place and released by ``close()``;
+            already page-locked ones remain the caller's to close.
     Returns:
         the ``OffloadedModel`` handle (stats, close).
     """
@@ -209,25 +229,32 @@ def offload_decoder_layers(
         raise OffloadError(f"out of device memory placing the non-layer parts / {resident_layers} resident "
                            f"layers on {dev}: {e}; lower resident_layers or raise reserve_bytes") from e
     streamed = list(range(r, n))
-    owned: list[HostBuffer] = []
+    owned: list[HostBuffer] = []  # registrations this handle makes: released by close()
     host: dict[int, HostLayer] = {}
-    for i in streamed:
-        if i in host_layers:
-            h = host_layers[i]
-            point_params(layers[i], h.layout, h.views)
-        else:
-            buf = backend.alloc_host(layouts[i].nbytes)  # one allocation per layer (no rounding blow-up)
-            owned.append(buf)
-            h = pack_layer(layers[i], buf)
-        host[i] = h
-        for p in layers[i].parameters():
-            p.requires_grad_(False)
-        for m in layers[i].modules():
-            for name, b in m._buffers.items():
-                if b is not None and b.device != dev:
-                    m._buffers[name] = b.to(dev)
-    acc = StatsAccumulator(backend)
-    streamer = LayerStreamer(backend, {i: layers[i] for i in streamed}, host, streamed, slots, acc) if streamed else None
+    try:
+        for i in streamed:
+            if i in host_layers:
+                h = host_layers[i]
+                if backend.pin(h.buffer):  # a caller's pageable buffer (shared ones are pinned once)
+                    owned.append(h.buffer)
+                point_params(layers[i], h.layout, h.views)
+            else:
+                buf = backend.alloc_host(layouts[i].nbytes)  # one allocation per layer (no rounding blow-up)
+                owned.append(buf)
+                h = pack_layer(layers[i], buf)
+            host[i] = h
+            for p in layers[i].parameters():
+                p.requires_grad_(False)
+            for m in layers[i].modules():
+                for name, b in m._buffers.items():
+                    if b is not None and b.device != dev:
+                        m._buffers[name] = b.to(dev)
+        acc = StatsAccumulator(backend)
+        streamer = LayerStreamer(backend, {i: layers[i] for i in streamed}, host, streamed, slots, acc) if streamed \
+            else None
+    except BaseException:
+        _close_all(owned)  # layers packed so far keep pointing at their (now pageable) buffers
+        raise
     pinning = sorted({h.buffer.pinning for h in host.values()})
     handle = OffloadedModel(model, backend, slots, list(range(r)), streamed, {i: host[i].layout.nbytes for i in streamed},
                             ",".join(pinning) or "none", streamer, acc, host, owned)

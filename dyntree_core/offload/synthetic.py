@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .backend import HostBuffer
+from .pinning import HostBuffer
 from .layout import HostLayer, LayerLayout
 
 
@@ -111,11 +111,24 @@ def cycled_host_layers(layout: LayerLayout, n_layers: int, buffers: list[HostBuf
 
 def make_buffers(layout: LayerLayout, k: int, alloc: Callable[[int], HostBuffer], device: torch.device,
                  progress: Callable[[str], None] = lambda s: None) -> list[HostBuffer]:
-    """``k`` host buffers holding random layers (one allocation per layer)."""
-    out = []
-    for j in range(k):
-        buf = alloc(layout.nbytes)
-        fill_layer(HostLayer.wrap(buf, layout), device)
-        out.append(buf)
-        progress(f"host layer buffer {j + 1}/{k} ({buf.pinning}, {layout.nbytes / 1e9:.3f} GB)")
+    """``k`` host buffers holding random layers (one allocation per layer). The caller owns them
+    (``close()`` each; ``close_buffers``); on failure the ones made so far are closed here."""
+    out: list[HostBuffer] = []
+    try:
+        for j in range(k):
+            buf = alloc(layout.nbytes)
+            out.append(buf)
+            fill_layer(HostLayer.wrap(buf, layout), device)
+            progress(f"host layer buffer {j + 1}/{k} ({buf.pinning}, {layout.nbytes / 1e9:.3f} GB)")
+    except BaseException:
+        close_buffers(out)
+        raise
     return out
+
+
+def close_buffers(buffers: list[HostBuffer]) -> int:
+    """Release every buffer's registration; returns the bytes that were page-locked."""
+    freed = sum(b.nbytes for b in buffers if b.owns_registration)
+    for b in buffers:
+        b.close()
+    return freed
