@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import platform
@@ -270,6 +271,38 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ driver
+def _resources(dev: torch.device) -> dict[str, int]:
+    """What the process holds between sections: host registrations (``offload.pinned_registrations``,
+    real or simulated) and, on CUDA, allocated / reserved device bytes. Collects garbage first, so
+    only what something still references is counted."""
+    from ..offload import pinned_registrations
+
+    gc.collect()
+    _sync(dev)
+    out = {f"pinned_{k}": v for k, v in pinned_registrations().to_dict().items()}
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        out["cuda_allocated_bytes"] = int(torch.cuda.memory_allocated(dev))
+        out["cuda_reserved_bytes"] = int(torch.cuda.memory_reserved(dev))
+    return out
+
+
+def _released(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+    """One section's accounting: what it registered and released, and what it left behind."""
+    out: dict[str, Any] = dict(
+        before=before, after=after,
+        registrations_made=after["pinned_registered"] - before["pinned_registered"],
+        registrations_released=after["pinned_unregistered"] - before["pinned_unregistered"],
+        pinned_bytes_made=after["pinned_registered_bytes"] - before["pinned_registered_bytes"],
+        pinned_bytes_released=after["pinned_unregistered_bytes"] - before["pinned_unregistered_bytes"],
+        leaked_registrations=after["pinned_live"] - before["pinned_live"],
+        leaked_pinned_bytes=after["pinned_live_bytes"] - before["pinned_live_bytes"],
+    )
+    if "cuda_allocated_bytes" in after:
+        out["cuda_allocated_delta_bytes"] = after["cuda_allocated_bytes"] - before["cuda_allocated_bytes"]
+    return out
+
+
 def _environment(dev: torch.device, dry_run: bool) -> dict[str, Any]:
     info: dict[str, Any] = dict(
         date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -290,10 +323,13 @@ def _markdown(res: dict[str, Any]) -> str:
     env = res["environment"]
     lines = [f"# bench gpu — {env['device_name']}{' (DRY RUN: timings meaningless)' if env['dry_run'] else ''}",
              "", f"{env['date_utc']}, torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}",
-             "", "| section | status | seconds | summary |", "|---|---|---|---|"]
+             "", "| section | status | seconds | pinned registrations made / released | summary |",
+             "|---|---|---|---|---|"]
     for name in SECTIONS:
         s = res["sections"].get(name, {})
-        lines.append(f"| {name} | {s.get('status', '-')} | {s.get('seconds', 0):.1f} | {s.get('summary', '')} |")
+        r = s.get("resources")
+        pinned = f"{r['registrations_made']} / {r['registrations_released']}" if r else "-"
+        lines.append(f"| {name} | {s.get('status', '-')} | {s.get('seconds', 0):.1f} | {pinned} | {s.get('summary', '')} |")
     dec = res["sections"].get("decode_step", {}).get("result", {})
     if dec.get("rows"):
         lines += ["", "## Decode step (median seconds per phase)", "",
@@ -362,19 +398,22 @@ def main(argv: Optional[list[str]] = None) -> int:
             res["sections"][name] = dict(status="skipped", seconds=0.0, summary="not selected")
             continue
         _log(f"{name} ...")
+        before = _resources(dev)
         t0 = time.perf_counter()
         try:
             r = jobs[name]()
-            res["sections"][name] = dict(status="ok" if r.get("ok") else "failed", seconds=time.perf_counter() - t0,
-                                         summary=_summary(name, r), result=r)
+            sec = dict(status="ok" if r.get("ok") else "failed", seconds=time.perf_counter() - t0,
+                       summary=_summary(name, r), result=r)
         except Exception as e:  # noqa: BLE001 - recorded; the other sections still run
-            res["sections"][name] = dict(status="failed", seconds=time.perf_counter() - t0,
-                                         summary=f"{type(e).__name__}: {e}"[:200], traceback=traceback.format_exc())
-        _sync(dev)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        _log(f"{name}: {res['sections'][name]['status']} ({res['sections'][name]['seconds']:.1f} s) "
-             f"{res['sections'][name]['summary']}")
+            sec = dict(status="failed", seconds=time.perf_counter() - t0,
+                       summary=f"{type(e).__name__}: {e}"[:200], traceback=traceback.format_exc())
+        sec["resources"] = _released(before, _resources(dev))
+        if sec["resources"]["leaked_registrations"]:  # the next section would inherit them: a bug here
+            sec["status"] = "failed"
+            sec["summary"] += f"; leaked {sec['resources']['leaked_registrations']} pinned host registrations"
+        res["sections"][name] = sec
+        _log(f"{name}: {sec['status']} ({sec['seconds']:.1f} s) {sec['summary']} | pinned: "
+             f"{sec['resources']['registrations_made']} made, {sec['resources']['registrations_released']} released")
         (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))
     res["total_seconds"] = time.perf_counter() - t_all
     (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))

@@ -68,40 +68,45 @@ class PinCount:
     Attributes:
         live: registrations not yet released.
         live_bytes: bytes they page-lock.
-        registered: ``register`` calls that succeeded since the process started.
-        unregistered: ``unregister`` calls that succeeded since the process started.
+        registered: registrations made since the process started.
+        unregistered: registrations released since the process started.
+        registered_bytes, unregistered_bytes: their bytes.
     """
 
     live: int
     live_bytes: int
     registered: int
     unregistered: int
+    registered_bytes: int
+    unregistered_bytes: int
 
     def to_dict(self) -> dict[str, int]:
         return dict(live=self.live, live_bytes=self.live_bytes, registered=self.registered,
-                    unregistered=self.unregistered)
+                    unregistered=self.unregistered, registered_bytes=self.registered_bytes,
+                    unregistered_bytes=self.unregistered_bytes)
 
 
 class _Ledger:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.live: dict[tuple[str, int], int] = {}  # (registrar label, ptr) -> bytes
-        self.registered = 0
-        self.unregistered = 0
+        self.registered = self.unregistered = self.registered_bytes = self.unregistered_bytes = 0
 
     def add(self, label: str, ptr: int, nbytes: int) -> None:
         with self.lock:
             self.live[(label, ptr)] = nbytes
             self.registered += 1
+            self.registered_bytes += nbytes
 
     def remove(self, label: str, ptr: int) -> None:
         with self.lock:
-            self.live.pop((label, ptr), None)
+            self.unregistered_bytes += self.live.pop((label, ptr), 0)
             self.unregistered += 1
 
     def count(self) -> PinCount:
         with self.lock:
-            return PinCount(len(self.live), sum(self.live.values()), self.registered, self.unregistered)
+            return PinCount(len(self.live), sum(self.live.values()), self.registered, self.unregistered,
+                            self.registered_bytes, self.unregistered_bytes)
 
 
 _LEDGER = _Ledger()
