@@ -1,12 +1,18 @@
-"""Suite-wide set-up. Triton's interpreter must be chosen before anything imports Triton
-(transformers does on import), so this runs first: on machines without CUDA every Triton
-kernel in the suite runs on the CPU through the interpreter."""
+"""Suite-wide set-up, and the one place that chooses where kernels run.
+
+``DEVICE`` is CUDA when the machine has it, else the CPU; every kernel, attention, engine and
+offload test puts its tensors and models there (``from conftest import DEVICE``). Triton's
+interpreter is selected here and nowhere else, only without CUDA, and before anything imports
+Triton (transformers does on import): on a GPU machine ``pytest`` runs the compiled kernel on the
+GPU, without one every Triton kernel runs on the CPU through the interpreter."""
 
 import os
 
 import torch
 
-if not torch.cuda.is_available():
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+if DEVICE.type == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

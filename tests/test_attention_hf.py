@@ -1,11 +1,8 @@
-"""HF glue: the registered tree-attention implementation on a tiny random Llama (fp32, CPU)."""
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any Triton import (see tests/conftest.py)
+"""HF glue: the registered tree-attention implementation on a tiny random Llama (fp32, on ``DEVICE``)."""
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from dyntree_core.attention import hf_backend
 from dyntree_core.attention.hf_backend import IMPL_NAMES, use_tree_attention
@@ -27,7 +24,7 @@ def model():
         num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
     )
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return transformers.LlamaForCausalLM(cfg).eval().to(DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +43,8 @@ def step():
     mask[:, :PROMPT] = True
     mask[:, PROMPT : PROMPT + CAUSAL] = torch.ones(q, CAUSAL, dtype=torch.bool).tril()
     mask[CAUSAL:, PROMPT + CAUSAL :] = tree_mask(tree, order)
-    return dict(tree=tree, order=order, prompt=prompt, ids=ids, pos=pos, mask=mask[None, None],
-                causal=causal, tree_tok=tree_tok)
+    return dict(tree=tree, order=order, prompt=prompt.to(DEVICE), ids=ids.to(DEVICE), pos=pos.to(DEVICE),
+                mask=mask[None, None].to(DEVICE), causal=causal.to(DEVICE), tree_tok=tree_tok.to(DEVICE))
 
 
 def _forward(model, step, backend, **extra):
@@ -77,7 +74,7 @@ def test_tree_logits_match_independent_root_paths(model, step):
     slot = torch.empty_like(order)
     slot[order] = torch.arange(tree.size)
     for node in (0, int(order[-1]), int(order[tree.size // 2]), tree.size - 1):
-        path = [int(slot[n]) for n in tree.path_to(node)]
+        path = torch.tensor([int(slot[n]) for n in tree.path_to(node)], device=DEVICE)
         seq = torch.cat([step["prompt"][0], step["causal"], step["tree_tok"][path]])[None]
         with torch.no_grad():
             ref = model(input_ids=seq).logits[0, -1]
@@ -93,12 +90,15 @@ def test_metadata_kwarg_reaches_attention(model, step, kernel_calls):
     assert (got - ref).abs().max().item() <= 1e-4
 
 
-def test_auto_on_cpu_uses_sdpa(model, step, kernel_calls):
-    if torch.cuda.is_available():
-        pytest.skip("CPU-only behaviour")
+def test_auto_follows_the_rule(model, step, kernel_calls):
+    """The kernel on CUDA, SDPA (bit-identical to 'torch') elsewhere."""
     got = _forward(model, step, "auto")
-    assert kernel_calls == []
-    assert torch.equal(got, _forward(model, step, "torch"))
+    if DEVICE.type == "cuda":
+        assert len(kernel_calls) == model.config.num_hidden_layers
+        assert (got - _forward(model, step, "torch")).abs().max().item() <= 1e-4
+    else:
+        assert kernel_calls == []
+        assert torch.equal(got, _forward(model, step, "torch"))
 
 
 def test_prefill_without_4d_mask_falls_back(model, step, kernel_calls):

@@ -1,13 +1,11 @@
-"""The engine's tree forward in each node order, through the Triton tree-attention kernel (CPU: the
-Triton interpreter): greedy output equals plain autoregressive decoding, the kernel really runs
-with metadata built from the tree, and decoders sharing one prepared pair never change it."""
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any Triton import (see tests/conftest.py)
+"""The engine's tree forward in each node order, through the Triton tree-attention kernel on
+``DEVICE`` (CUDA: the compiled kernel; CPU: the Triton interpreter): greedy output equals plain
+autoregressive decoding, the kernel really runs with metadata built from the tree, and decoders
+sharing one prepared pair never change it."""
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from dyntree_core import ConfigError, DecodeConfig, SpeculativeDecoder
 from dyntree_core.attention import hf_backend
@@ -17,23 +15,22 @@ from dyntree_core.attention.triton_kernel import HAS_TRITON
 from dyntree_core.decode.prepared import PreparedPair
 from dyntree_core.testing import tiny_pair
 
-needs_kernel = pytest.mark.skipif(
-    not HAS_TRITON or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
-    reason="needs Triton with CUDA or the Triton interpreter (tests/conftest.py sets it on CPU)")
+needs_kernel = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 
 PROMPT = [5, 9, 2, 7, 1, 3]
+DEV = str(DEVICE)
 
 
 @needs_kernel
 @pytest.mark.parametrize("seed", range(10))
 def test_greedy_in_every_node_order_through_the_kernel_equals_autoregressive(seed, kernel_calls):
     draft, target = tiny_pair(seed=seed)
-    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch")).generate_ids(
-        PROMPT, 10)
+    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch", device=DEV)
+                            ).generate_ids(PROMPT, 10)
     assert not kernel_calls
     for order in ("dfs", "hpd", "bfs"):
         cfg = DecodeConfig(method="dyspec_greedy", attention="triton", node_order=order, budget=20, depth=4,
-                           seed=seed)
+                           seed=seed, device=DEV)
         before = len(kernel_calls)
         traces = list(SpeculativeDecoder(draft, target, cfg).generate(PROMPT, 10))
         assert [c.token_id for t in traces for c in t.committed] == ar, order
@@ -79,12 +76,14 @@ def test_metadata_from_the_tree_equals_metadata_from_its_mask(family, order):
 def test_torch_decoder_after_a_triton_decoder_runs_sdpa(kernel_calls):
     draft, target = tiny_pair(seed=4)
     impl = target.config._attn_implementation
-    tri = SpeculativeDecoder(draft, target, DecodeConfig(method="sequoia", attention="triton", budget=16, depth=3))
+    tri = SpeculativeDecoder(draft, target, DecodeConfig(method="sequoia", attention="triton", budget=16, depth=3,
+                                                         device=DEV))
     out_tri = tri.generate_ids(PROMPT, 6)
     assert kernel_calls
     impl_after = target.config._attn_implementation
     n = len(kernel_calls)
-    torch_dec = SpeculativeDecoder(draft, target, DecodeConfig(method="sequoia", attention="torch", budget=16, depth=3))
+    torch_dec = SpeculativeDecoder(draft, target, DecodeConfig(method="sequoia", attention="torch", budget=16, depth=3,
+                                                               device=DEV))
     assert torch_dec.pair is tri.pair  # one preparation, borrowed twice
     assert torch_dec.generate_ids(PROMPT, 6) == out_tri
     assert len(kernel_calls) == n, "a torch-attention decoder ran the Triton kernel"
@@ -96,14 +95,14 @@ def test_torch_decoder_after_a_triton_decoder_runs_sdpa(kernel_calls):
 
 def test_decoders_borrow_one_preparation_and_refuse_a_stale_one():
     draft, target = tiny_pair(seed=1)
-    cfg = DecodeConfig(method="chain", depth=3)
+    cfg = DecodeConfig(method="chain", depth=3, device=DEV)
     a = SpeculativeDecoder(draft, target, cfg)
-    b = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=8))
+    b = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=8, device=DEV))
     assert a.pair is b.pair
     params = {k: v.data_ptr() for k, v in target.named_parameters()}
     out = a.generate_ids(PROMPT, 5)
     assert {k: v.data_ptr() for k, v in target.named_parameters()} == params  # decoding moved nothing
-    c = SpeculativeDecoder(draft, target, DecodeConfig(method="chain", depth=3, dtype="bfloat16"))
+    c = SpeculativeDecoder(draft, target, DecodeConfig(method="chain", depth=3, dtype="bfloat16", device=DEV))
     assert c.pair is not a.pair and a.pair.stale and next(target.parameters()).dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="prepared again"):
         a.generate_ids(PROMPT, 5)
@@ -121,36 +120,25 @@ def test_node_order_is_validated():
         DecodeConfig(attention="flash")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="offloading the target needs CUDA (no GPU here)")
 def test_two_offloaded_decoders_share_one_prepared_pair():
+    """Two offload-configured decoders borrow one preparation (the second does not wrap the target
+    again, which raises) and decode like the plain target; on the CPU through the layer streamer's
+    host stand-in, which only a caller that asks for it gets."""
     draft, target = tiny_pair(seed=2)
-    cfg = DecodeConfig(method="chain", depth=3, device="cuda", offload_target=True)
-    first = SpeculativeDecoder(draft, target, cfg)
-    out1 = first.generate_ids(PROMPT, 8)
-    second = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=12, device="cuda",
-                                                           offload_target=True))
-    assert second.pair is first.pair and first.pair.offload is not None
-    assert len(second.generate_ids(PROMPT, 8)) == 8
-    assert SpeculativeDecoder(draft, target, cfg).generate_ids(PROMPT, 8) == out1
-    with pytest.raises(ConfigError, match="offload_target"):
-        SpeculativeDecoder(draft, target, DecodeConfig(method="chain", device="cuda"))
-
-
-def test_two_offload_configured_decoders_share_one_pair_on_the_cpu_stand_in():
-    """The same borrowing on the layer streamer's host stand-in (no GPU needed): the second
-    decoder does not wrap the target again (which raises), and both decode like the plain target."""
-    draft, target = tiny_pair(seed=2)
-    plain = SpeculativeDecoder(*tiny_pair(seed=2), DecodeConfig(method="autoregressive")).generate_ids(PROMPT, 8)
-    cfg = DecodeConfig(method="chain", depth=3, offload_target=True)
-    with pytest.raises(ConfigError, match="CUDA"):
-        PreparedPair.prepare(draft, target, cfg)
-    pair = PreparedPair.prepare(draft, target, cfg, allow_cpu_offload=True)
+    plain = SpeculativeDecoder(*tiny_pair(seed=2), DecodeConfig(method="autoregressive", device=DEV)
+                               ).generate_ids(PROMPT, 8)
+    cfg = DecodeConfig(method="chain", depth=3, offload_target=True, device=DEV)
+    if DEVICE.type == "cpu":
+        with pytest.raises(ConfigError, match="CUDA"):
+            PreparedPair.prepare(draft, target, cfg)
+    pair = PreparedPair.prepare(draft, target, cfg, allow_cpu_offload=DEVICE.type == "cpu")
     assert pair.offload is not None
     first = SpeculativeDecoder(draft, target, cfg)
-    second = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=12, offload_target=True))
+    second = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", budget=12, offload_target=True,
+                                                           device=DEV))
     assert first.pair is pair and second.pair is pair
     assert first.generate_ids(PROMPT, 8) == plain
     assert second.generate_ids(PROMPT, 8) == plain
     with pytest.raises(ConfigError, match="offload_target=True"):
-        SpeculativeDecoder(draft, target, DecodeConfig(method="chain"))
-    pair.offload.close()
+        SpeculativeDecoder(draft, target, DecodeConfig(method="chain", device=DEV))
+    pair.close()
