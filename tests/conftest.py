@@ -61,3 +61,14 @@ def kernel_calls(monkeypatch):
 
     monkeypatch.setattr(hf_backend, "triton_tree_attention", spy)
     return calls
+
+
+@pytest.fixture()
+def auto_table_store(tmp_path, monkeypatch):
+    """An empty store for ``attention="auto"`` tables (``attention.auto_table``), forgotten afterwards."""
+    from dyntree_core.attention import auto_table
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    auto_table.reload()
+    yield tmp_path
+    auto_table.reload()

@@ -49,3 +49,26 @@ def test_recorded_engine_trees_feed_the_block_count_table(tmp_path, capsys):
                            "--trees", str(rec), "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["block_counts"]
     assert {r["family"] for r in rows} >= {"recorded"}
+
+
+def test_cpu_auto_table_is_measured_and_says_sdpa(tmp_path, auto_table_store, capsys):
+    """On the CPU the kernel runs in Triton's interpreter: the measured table says SDPA in every
+    cell, and attention='auto' then picks SDPA (as the rule without a table does)."""
+    import torch
+
+    from dyntree_core.attention import auto_table
+
+    out = tmp_path / "table.json"
+    assert bench_main(["attention", "--device", "cpu", "--sizes", "16", "--seeds", "1", "--prefixes", "0",
+                       "--block-sizes", "16", "--families", "dyspec", "--auto-table", "yes", "--table-sizes", "16",
+                       "--table-prefixes", "0", "16", "--dtype", "float32", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    table = data["auto_table"]
+    assert table["device_key"] == auto_table.device_key("cpu") and table["machine"]["cpu_model"]
+    assert [(c["size"], c["prefix"]) for c in table["cells"]] == [(16, 0), (16, 16)]
+    for c in table["cells"]:  # measured numbers, and the interpreter loses everywhere
+        assert c["sdpa_ms"] > 0 and all(v > c["sdpa_ms"] for v in c["kernel_ms"].values())
+        assert c["choice"] == {"dfs": "torch", "bfs": "torch"}
+    cpu = torch.device("cpu")
+    assert auto_table.load_table(cpu) is not None and auto_table.choose(cpu, 16, 8, True) == "torch"
+    assert "pre-order torch" in capsys.readouterr().out

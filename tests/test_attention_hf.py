@@ -90,8 +90,8 @@ def test_metadata_kwarg_reaches_attention(model, step, kernel_calls):
     assert (got - ref).abs().max().item() <= 1e-4
 
 
-def test_auto_follows_the_rule(model, step, kernel_calls):
-    """The kernel on CUDA, SDPA (bit-identical to 'torch') elsewhere."""
+def test_auto_without_a_measured_table_follows_the_rule(model, step, kernel_calls, auto_table_store):
+    """No table for this device: the kernel on CUDA, SDPA (bit-identical to 'torch') elsewhere."""
     got = _forward(model, step, "auto")
     if DEVICE.type == "cuda":
         assert len(kernel_calls) == model.config.num_hidden_layers
@@ -99,6 +99,25 @@ def test_auto_follows_the_rule(model, step, kernel_calls):
     else:
         assert kernel_calls == []
         assert torch.equal(got, _forward(model, step, "torch"))
+
+
+def test_auto_follows_the_devices_measured_table(model, step, kernel_calls, auto_table_store):
+    """A table saying the kernel wins from 16 tree tokens on and loses below: the 32-token verify
+    forward runs the kernel, a 4-token one SDPA — whatever the device."""
+    from dyntree_core.attention import auto_table
+    from dyntree_core.attention.auto_table import AutoCell, AutoTable
+
+    cells = (AutoCell(4, PROMPT, {"dfs": 2.0, "bfs": 2.0}, 1.0), AutoCell(32, PROMPT, {"dfs": 1.0, "bfs": 1.0}, 2.0))
+    auto_table.save_table(AutoTable(auto_table.device_key(DEVICE), cells, {}, "float32", {}))
+    ref = _forward(model, step, "torch")
+    got = _forward(model, step, "auto")
+    assert len(kernel_calls) == model.config.num_hidden_layers
+    assert (got - ref).abs().max().item() <= 1e-4
+    n = len(kernel_calls)
+    small = dict(step, ids=step["ids"][:, :4], pos=step["pos"][:, :4], mask=step["mask"][:, :, :4, : PROMPT + 4])
+    assert torch.equal(_forward(model, small, "auto"), _forward(model, small, "torch"))
+    assert len(kernel_calls) == n
+    assert hf_backend.kernel_runs("auto", DEVICE)
 
 
 def test_prefill_without_4d_mask_falls_back(model, step, kernel_calls):

@@ -170,3 +170,18 @@ def test_torch_fallback_matches_oracle():
         meta = meta_from_tree(tree, prefix, order, 16, 16, interval=interval, device=DEVICE)
         out = tree_attention(q, k, v, meta, backend="torch")
         _check_against_oracle(q, k, v, tree, prefix, order, out)
+
+
+@pytest.mark.parametrize("prefix_block_n", [16, 64])
+@pytest.mark.parametrize("shape", ["chain", "skewed", "random"])
+def test_wider_prefix_tiles_match_the_oracle(shape, prefix_block_n):
+    """The dense prefix loop with its own tile width (prefixes 40, 37, 17: none a multiple of 64)."""
+    tree, prefix, hq, hkv = SHAPES[shape]
+    q, k, v = _inputs(tree, prefix, hq, hkv, 64, torch.float16, seed=3)
+    meta = meta_from_tree(tree, prefix, "dfs", default_block_q(hq // hkv, BLOCK_M), BLOCK_N, device=DEVICE)
+    out = _poisoned(hq, tree.size, 64, torch.float16)
+    triton_tree_attention(q, k, v, meta, out=out, prefix_block_n=prefix_block_n)
+    assert not out.isnan().any()
+    _check_against_oracle(q, k, v, tree, prefix, "dfs", out)
+    with pytest.raises(ValueError, match="prefix_block_n"):
+        triton_tree_attention(q, k, v, meta, prefix_block_n=48)

@@ -29,6 +29,7 @@ from dyntree_core.attention.mask import (
     subtree_end,
     tree_mask,
 )
+from dyntree_core.attention import auto_table
 from dyntree_core.attention.reference import manual_attention, path_oracle, sdpa_reference
 from dyntree_core.attention.triton_kernel import HAS_TRITON, default_block_q, interpreting, triton_tree_attention
 
@@ -52,12 +53,15 @@ def tree_attention(
 ) -> torch.Tensor:
     """q ``[Hq, Q, D]``, k/v ``[Hkv, P + W, D]`` -> ``[Hq, Q, D]``.
 
-    ``auto`` runs the Triton kernel on CUDA and the pure-torch path (``manual_attention``) elsewhere.
+    ``auto`` runs what ``auto_table`` chooses for this size, prefix and device (without a measured
+    table: the Triton kernel on CUDA, the pure-torch path ``manual_attention`` elsewhere).
     """
-    if backend == "triton" or (backend == "auto" and q.is_cuda and HAS_TRITON):
-        return triton_tree_attention(q, k, v, meta, sm_scale=sm_scale)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"unknown backend {backend!r}")
+    if backend == "auto" and HAS_TRITON and (q.is_cuda or interpreting()):
+        backend = auto_table.choose(q.device, q.shape[1], meta.prefix_len, meta.end is not None)
+    if backend == "triton":
+        return triton_tree_attention(q, k, v, meta, sm_scale=sm_scale)
     mask = meta_full_mask(meta, q.device)
     return manual_attention(q, k[:, : mask.shape[1]], v[:, : mask.shape[1]], mask, sm_scale)
 

@@ -8,7 +8,9 @@ reaches every layer's attention function.
 
 Registered implementations (``register()`` is idempotent and runs at import):
 
-- ``"dyntree_tree"`` (auto): the Triton kernel when the tensors are on CUDA, SDPA otherwise;
+- ``"dyntree_tree"`` (auto): per forward, the backend measured faster on this device for this tree
+  size and cached prefix (``auto_table``: the kernel's node-order path vs SDPA); without a
+  measured table the Triton kernel when the tensors are on CUDA, SDPA otherwise;
 - ``"dyntree_tree_triton"``: always the Triton kernel (the CPU interpreter without CUDA: slow,
   for tests);
 - ``"dyntree_tree_torch"``: always SDPA;
@@ -39,6 +41,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
+from dyntree_core.attention import auto_table
 from dyntree_core.attention.mask import TreeAttnMeta, meta_from_mask
 from dyntree_core.attention.triton_kernel import (
     HAS_TRITON,
@@ -88,13 +91,12 @@ def clear_cache() -> None:
 
 def _kernel_applicable(
     backend: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor], dropout: float, kwargs: dict[str, Any],
+    attention_mask: Optional[torch.Tensor], dropout: float, kwargs: dict[str, Any], preorder: bool = False,
 ) -> bool:
+    """Whether this call runs the kernel. ``preorder``: the given metadata is the interval form."""
     if backend == "torch" or not HAS_TRITON:
         return False
-    if backend == "auto" and not query.is_cuda:
-        return False
-    if backend == "triton" and not (query.is_cuda or interpreting()):
+    if not (query.is_cuda or interpreting()):
         return False
     if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
         return False
@@ -115,7 +117,12 @@ def _kernel_applicable(
             return False
     if kwargs.get("output_attentions"):
         return False
-    return query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if backend == "auto":
+        n = query.shape[2]
+        return auto_table.choose(query.device, n, key.shape[2] - n, preorder) == "triton"
+    return True
 
 
 def _make_forward(backend: str):
@@ -132,7 +139,8 @@ def _make_forward(backend: str):
         """query ``[1, Hq, q, D]``, key/value ``[1, Hkv, kv, D]`` -> (``[1, q, Hq, D]``, None)."""
         meta: Optional[TreeAttnMeta] = kwargs.pop(META_KWARG, None)
         chosen = kwargs.pop(BACKEND_KWARG, None) or backend
-        if not _kernel_applicable(chosen, query, key, value, attention_mask, dropout, kwargs):
+        preorder = meta is not None and meta.end is not None
+        if not _kernel_applicable(chosen, query, key, value, attention_mask, dropout, kwargs, preorder):
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -160,12 +168,13 @@ def register() -> None:
 
 
 def kernel_runs(backend: str, device: torch.device) -> bool:
-    """Whether tree forwards (4D bool mask) on ``device`` run the Triton kernel for ``backend``."""
+    """Whether tree forwards (4D bool mask) on ``device`` may run the Triton kernel for ``backend``
+    (for ``auto``: whether the device's measured table, or the rule without one, ever picks it)."""
     if not HAS_TRITON or backend == "torch":
         return False
-    if device.type == "cuda":
-        return True
-    return backend == "triton" and interpreting()
+    if not (device.type == "cuda" or interpreting()):
+        return False
+    return backend == "triton" or auto_table.may_use_kernel(device)
 
 
 def kernel_tiles(model: Any) -> tuple[int, int]:
@@ -233,7 +242,7 @@ def use_tree_attention(model: Any, backend: Backend = "auto") -> TreeAttentionHa
     """Switch ``model`` (an HF ``PreTrainedModel``) to the tree-attention implementation.
 
     Returns a handle whose ``restore()`` (or ``with`` exit) reverts to the previous
-    implementation. ``backend``: ``"auto"`` (Triton on CUDA, SDPA otherwise), ``"triton"``
+    implementation. ``backend``: ``"auto"`` (the measured faster one, see ``auto_table``), ``"triton"``
     (always the kernel; CPU interpreter without CUDA), ``"torch"`` (always SDPA).
     """
     check_backend(backend)

@@ -10,8 +10,9 @@ Layout (batch 1; a slice ``x[0]`` of HF's ``[B, H, L, D]`` tensors is passed as 
 Grid: ``(cdiv(Q, BLOCK_Q), Hkv)``. A program owns ``BLOCK_Q`` query tokens of all ``G`` query
 heads of one KV head: row ``r`` of its ``BLOCK_M = next_pow2(BLOCK_Q * G)`` rows is token
 ``qb * BLOCK_Q + r // G`` of head ``kvh * G + r % G`` (vLLM's packing), so each K/V tile is loaded
-once per KV head. Loop 1 streams the ``P`` dense prefix columns in ``BLOCK_N`` tiles with only a
-bounds check. Loop 2 walks the program's *full* tree key blocks (bounds check only), then its
+once per KV head. Loop 1 streams the ``P`` dense prefix columns in ``PREFIX_BLOCK_N`` tiles (by
+default ``BLOCK_N``; a wider prefix tile means fewer sequential iterations) with only a bounds
+check. Loop 2 walks the program's *full* tree key blocks (bounds check only), then its
 *partial* ones, whose element mask is either read from a ``[Q, W]`` uint8 mask or computed from
 ``subtree_end`` (interval form, pre-ordered trees: ``k <= q < end[k]``). Empty blocks are never
 visited and no block-skip branch sits inside a loop. Online softmax in fp32 (base-2), guarded
@@ -111,13 +112,14 @@ if HAS_TRITON:
         sm_scale, n_q, prefix_len, width, idx_stride, mask_stride,
         sqh, sqt, skh, skt, svh, svt, soh, sot,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PREFIX_BLOCK_N: tl.constexpr,
         INTERVAL: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr,
     ):
         qb = tl.program_id(0)
         kvh = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
+        offs_p = tl.arange(0, PREFIX_BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         q_row = qb * BLOCK_Q + offs_m // GROUP
         head = kvh * GROUP + offs_m % GROUP
@@ -135,8 +137,8 @@ if HAS_TRITON:
         all_rows = offs_m >= 0  # [BLOCK_M] True, to broadcast 1D column masks to 2D
 
         # Loop 1: dense prefix, no mask beyond the bound.
-        for start in range(0, prefix_len, BLOCK_N):
-            cols = start + offs_n
+        for start in range(0, prefix_len, PREFIX_BLOCK_N):
+            cols = start + offs_p
             col_ok = cols < prefix_len
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_base, v_base, cols, col_ok,
                                          all_rows[:, None] & col_ok[None, :], skt, svt, offs_d, d_ok,
@@ -185,6 +187,7 @@ def triton_tree_attention(
     exact_fp32: bool = True,
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
+    prefix_block_n: Optional[int] = None,
 ) -> torch.Tensor:
     """Tree attention for one sequence.
 
@@ -197,6 +200,8 @@ def triton_tree_attention(
         sm_scale: softmax scale, ``1/sqrt(D)`` by default.
         out: optional ``[Hq, Q, D]`` output (any head/token strides) written in place.
         exact_fp32: fp32 inputs use IEEE fp32 dots (else TF32) on the GPU.
+        prefix_block_n: key columns per tile of the dense prefix loop (a power of two >= 16;
+            default ``meta.blocks.block_n``, the tree loop's tile).
 
     Returns:
         ``[Hq, Q, D]`` attention output in ``q``'s dtype (``out`` when given). Rows that see no key
@@ -253,6 +258,9 @@ def triton_tree_attention(
     block_n = blocks.block_n
     if block_n < 16 or block_n != next_pow2(block_n):
         raise ValueError("block_n must be a power of two >= 16")
+    prefix_block = block_n if prefix_block_n is None else int(prefix_block_n)
+    if prefix_block < 16 or prefix_block != next_pow2(prefix_block):
+        raise ValueError("prefix_block_n must be a power of two >= 16")
     block_d = max(16, next_pow2(d))
     scale = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * LOG2E
 
@@ -272,7 +280,7 @@ def triton_tree_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         target.stride(0), target.stride(1),
         HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
-        INTERVAL=interval, CAST_F32=cast_f32, PRECISION=precision,
+        PREFIX_BLOCK_N=prefix_block, INTERVAL=interval, CAST_F32=cast_f32, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,
     )
     if target is not final:

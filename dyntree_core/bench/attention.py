@@ -3,6 +3,7 @@
     python -m dyntree_core.bench attention [--device auto|cuda|cpu] [--json out.json]
         [--trees recorded.json] [--sizes 256 512 1024 2048] [--prefixes 0 128 1024]
         [--seeds 10] [--block-sizes 16 32 64 128] [--block-m 128] [--no-flex] [--interp-timing]
+        [--heads 64 8 128] [--prefix-blocks 64 128] [--auto-table auto|yes|no]
 
 Block counts (any device): non-empty ``B x B`` tiles of the tree part of the mask, for BFS,
 DFS, HPD and the construction ("gen") order, averaged over ``--seeds`` synthetic trees per size
@@ -16,9 +17,13 @@ Kernel timings (CUDA only): Llama-2-70B head shape (64 q heads, 8 kv heads, d=12
 default), per tree size and prefix length: the Triton kernel in each order (block_n 32,
 ``--block-m`` 128 packed rows = 16 query tokens x 8 heads; DFS also through the mask path),
 torch SDPA with the bool mask, FlexAttention (compiled, BLOCK_SIZE 128) and manual attention
-(matmul + masked softmax); median of CUDA-event timings (launch overhead included). The kernel's output is checked against SDPA in every configuration. On CPU only the
-block-count table is produced (``--interp-timing`` adds tiny-shape interpreter timings, which
-say nothing about GPU speed).
+(matmul + masked softmax); median of CUDA-event timings (launch overhead included); DFS also
+with wider prefix-loop tiles (``--prefix-blocks``). The kernel's output is checked against SDPA in
+every configuration. The timings are also written as the device's ``attention="auto"`` table
+(``attention.auto_table``: per size and prefix, the kernel path of the node order vs SDPA). On CPU
+only the block-count table is produced; ``--auto-table yes`` measures the CPU's table through
+the Triton interpreter (it says SDPA everywhere), ``--interp-timing`` adds tiny-shape
+interpreter timings, which say nothing about GPU speed.
 """
 
 from __future__ import annotations
@@ -182,12 +187,13 @@ def _manual(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 def timing_rows(
     args: argparse.Namespace, dev: torch.device, sizes: list[int], prefixes: list[int],
-    hq: int = 64, hkv: int = 8, d: int = 128, use_flex: bool = True,
+    hq: int = 64, hkv: int = 8, d: int = 128, use_flex: bool = True, prefix_blocks: tuple[int, ...] = (),
 ) -> list[dict]:
     """Kernel (per order) vs SDPA / FlexAttention / manual attention; Llama-2-70B heads by default.
 
-    On CUDA these are the benchmark numbers; on CPU (Triton interpreter) the same code runs on
-    tiny shapes only to exercise it, and the times mean nothing.
+    ``prefix_blocks``: also time DFS with these widths of the dense prefix loop's tile
+    (``kernel_dfs_prefix<N>_ms``). On CUDA these are the benchmark numbers; on CPU (Triton
+    interpreter) the kernel's times say only that the interpreter is slow.
     """
     import torch.nn.functional as F
 
@@ -236,6 +242,12 @@ def timing_rows(
                     meta_m = meta_from_tree(tree, pre, p, block_q, 32, device=dev, interval=False)
                     row["kernel_dfs_maskpath_ms"] = _time_ms(
                         lambda: triton_tree_attention(q[0], k[0], v[0], meta_m, sm_scale=scale), dev, args.warmup, args.iters)
+                    for pb in prefix_blocks:
+                        got = triton_tree_attention(q[0], k[0], v[0], meta, sm_scale=scale, prefix_block_n=pb)
+                        row[f"kernel_dfs_prefix{pb}_maxerr_vs_sdpa"] = (got.float() - ref.float()).abs().max().item()
+                        row[f"kernel_dfs_prefix{pb}_ms"] = _time_ms(
+                            lambda pb=pb: triton_tree_attention(q[0], k[0], v[0], meta, sm_scale=scale, prefix_block_n=pb),
+                            dev, args.warmup, args.iters)
             m4 = dfs_mask[None, None]
             row["sdpa_ms"] = _time_ms(
                 lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m4, scale=scale, enable_gqa=True),
@@ -276,6 +288,24 @@ def _fmt_timing(r: dict) -> str:
             f" | max err {max(r.get('kernel_bfs_maxerr_vs_sdpa', 0), r.get('kernel_dfs_maxerr_vs_sdpa', 0)):.2e}")
 
 
+def write_auto_table(dev: torch.device, rows: list[dict]) -> dict:
+    """Store the kernel-vs-SDPA table ``attention="auto"`` reads for ``dev`` and print its choices."""
+    import triton
+
+    from dyntree_core.attention.auto_table import AutoTable, save_table
+
+    machine = dict(machine_info().to_dict(), triton=triton.__version__,
+                   device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
+    table = AutoTable.from_timing_rows(dev, rows, machine)
+    path = save_table(table)
+    print(f"\nattention='auto' table for {table.device_key} ({path}):")
+    for c in table.cells:
+        print(f"  T={c.size:<5} P={c.prefix:<5} kernel dfs {c.kernel_ms.get('dfs', float('nan')):8.3f} "
+              f"bfs {c.kernel_ms.get('bfs', float('nan')):8.3f} sdpa {c.sdpa_ms:8.3f} ms -> "
+              f"pre-order {c.choice(True)}, other {c.choice(False)}")
+    return dict(table.to_dict(), path=str(path))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dyntree_core.bench attention", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -293,6 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile is slow)")
     p.add_argument("--interp-timing", action="store_true", help="CPU: add tiny Triton-interpreter timings")
+    p.add_argument("--heads", type=int, nargs=3, default=[64, 8, 128], metavar=("Q", "KV", "D"),
+                   help="head shape of the GPU timings and of the auto table (default: Llama-2-70B)")
+    p.add_argument("--prefix-blocks", type=int, nargs="*", default=[64, 128],
+                   help="GPU: also time DFS with these prefix-loop tile widths")
+    p.add_argument("--auto-table", choices=("auto", "yes", "no"), default="auto",
+                   help="write the measured kernel-vs-SDPA table attention='auto' reads for this device "
+                        "(auto: on CUDA; yes on CPU measures it through the Triton interpreter at --table-sizes)")
+    p.add_argument("--table-sizes", type=int, nargs="+", default=[16, 64],
+                   help="CPU table: tree sizes (the interpreter is slow)")
+    p.add_argument("--table-prefixes", type=int, nargs="+", default=[0, 64], help="CPU table: prefixes")
     return p
 
 
@@ -344,10 +384,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         dyspec_table5_block32=DYSPEC_TABLE5,
         block_counts=rows,
     )
+    hq, hkv, d = args.heads
     if device == "cuda":
-        print(f"\nTimings on {torch.cuda.get_device_name(0)} ({args.dtype}, 64 q / 8 kv heads, d=128, median ms):")
-        result["gpu_timings"] = timing_rows(args, torch.device("cuda"), args.sizes, args.prefixes, use_flex=not args.no_flex)
-    elif args.interp_timing:
+        print(f"\nTimings on {torch.cuda.get_device_name(0)} ({args.dtype}, {hq} q / {hkv} kv heads, d={d}, median ms):")
+        result["gpu_timings"] = timing_rows(args, torch.device("cuda"), args.sizes, args.prefixes, hq=hq, hkv=hkv, d=d,
+                                            use_flex=not args.no_flex, prefix_blocks=tuple(args.prefix_blocks))
+        if args.auto_table != "no":
+            result["auto_table"] = write_auto_table(torch.device("cuda"), result["gpu_timings"])
+    elif args.auto_table == "yes":
+        from dyntree_core.attention.triton_kernel import interpreting
+
+        if not interpreting():
+            print("--auto-table on the CPU needs the Triton interpreter (TRITON_INTERPRET=1 before start)",
+                  file=sys.stderr)
+            return 2
+        print("\n[auto table on the CPU: the kernel through the Triton interpreter vs SDPA, 4 q / 2 kv heads, d=32]")
+        args.warmup, args.iters = 1, 3
+        rows_cpu = timing_rows(args, torch.device("cpu"), args.table_sizes, args.table_prefixes, hq=4, hkv=2, d=32,
+                               use_flex=False)
+        result["cpu_table_timings"] = rows_cpu
+        result["auto_table"] = write_auto_table(torch.device("cpu"), rows_cpu)
+    if args.interp_timing and device == "cpu":
         from dyntree_core.attention.triton_kernel import interpreting
 
         if interpreting():
@@ -355,7 +412,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.warmup, args.iters = 0, 1
             result["interpreter_timings_not_meaningful"] = timing_rows(
                 args, torch.device("cpu"), [64], [0, 32], hq=4, hkv=2, d=64, use_flex=False)
-    path = args.json or (DEFAULT_RESULT if device == "cpu" else None)
+    path = args.json or (DEFAULT_RESULT if device == "cpu" and args.auto_table != "yes" else None)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1))
