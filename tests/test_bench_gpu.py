@@ -37,8 +37,52 @@ def test_dry_run_runs_every_section(tmp_path, capsys):
         assert r["pinned_bytes_released"] == r["pinned_bytes_made"], name
     for name in ("offload", "decode_step"):  # these page-lock layer buffers (simulated on the CPU)
         assert res["sections"][name]["resources"]["registrations_made"] > 0, name
+    att = res["sections"]["attention"]["result"]
+    assert att["auto_table"]["device_key"].startswith("cpu-") and att["auto_table"]["cells"]
+    assert all(c["choice"] == {"dfs": "torch", "bfs": "torch"} for c in att["auto_table"]["cells"])  # interpreter
+    _check_resident(res["sections"]["resident"]["result"])
     md = (tmp_path / "gpu.md").read_text()
     assert "DRY RUN" in md and "| decode_step | ok |" in md
+    assert "## Resident" in md and "ar_vs_hf_generate" in md
+
+
+def _numbers(x, path="resident"):
+    """Every leaf of the section's JSON: a finite number, a string or a bool (no None, NaN, placeholder)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _numbers(v, f"{path}.{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _numbers(v, f"{path}[{i}]")
+    else:
+        assert isinstance(x, (int, float, str, bool)) and x == x and x not in (float("inf"), float("-inf")), path
+        yield path, x
+
+
+def _check_resident(r):
+    import math
+
+    list(_numbers(r))
+    assert r["ok"] and not r["skipped"] and r["bandwidth"]["gbps"] > 0
+    assert [t["name"] for t in r["targets"]] == ["1.5B", "7B"]
+    from dyntree_core.bench.resident import ResidentPlan
+
+    budgets = ResidentPlan.for_run(True).budgets
+    for t in r["targets"]:
+        assert t["hf_generate_ms_per_token"] > 0 and t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0
+        assert set(t["ar_vs_hf_generate"]) == {"torch", "triton"}
+        for att, ratio in t["ar_vs_hf_generate"].items():
+            assert math.isclose(ratio, t["ar_ms_per_token"][att] / t["hf_generate_ms_per_token"])
+        assert t["ar_vs_hf_generate_best"] == min(t["ar_vs_hf_generate"].values())
+        got = {(x["method"], x.get("budget"), x["attention"]) for x in t["rows"]}
+        want = {(m, None, a) for m in ("autoregressive", "chain") for a in ("torch", "triton")}
+        want |= {("dyspec_greedy", b, a) for b in budgets for a in ("torch", "triton")}
+        assert got == want
+        for x in t["rows"]:
+            assert x["step_ms"] > 0 and x["tokens_per_step"] >= 1 and x["phases_ms"]["target_forward"] > 0
+            assert x["step_vs_ar_step"] > 0 and all(v > 0 for v in x["phases_ms"].values())
+            if x["method"] != "autoregressive":
+                assert x["phases_ms"]["draft"] > 0 and x["tree_size"] > 1
 
 
 def test_without_cuda_the_real_run_refuses_and_says_why(tmp_path, capsys):

@@ -1,6 +1,6 @@
-"""Every GPU check and benchmark in one command, for whoever has a GPU for 20 minutes.
+"""Every GPU check and benchmark in one command, sized for one 10-minute device call.
 
-    python -m dyntree_core.bench gpu --out DIR            # one H100/H200: <= 20 min
+    python -m dyntree_core.bench gpu --out DIR            # one H100/H200: ~7 min (see docs/GPU.md)
     python -m dyntree_core.bench gpu --out DIR --dry-run  # CPU: every check, tiny shapes, no CUDA timings
 
 Sections (each recorded as ok / failed / skipped with its seconds; a failure does not stop the run):
@@ -11,15 +11,22 @@ Sections (each recorded as ok / failed / skipped with its seconds; a failure doe
 2. ``greedy_identity``: speculative greedy output with the kernel in every node order equals the
    target's plain greedy decoding (SDPA), on a tiny random pair and on real-shape synthetic
    weights (Qwen2.5-0.5B- and 1.5B-shaped, fp32, sharpened output heads).
-3. ``attention``: attention time per order vs SDPA and FlexAttention, tree sizes 256-2048
-   (``bench.attention.timing_rows``).
+3. ``attention``: attention time per order vs SDPA and FlexAttention, tree sizes 16-2048, DFS
+   also with 64- and 128-wide prefix tiles (``bench.attention.timing_rows``); the timings become
+   this GPU's ``attention="auto"`` table (``attention.auto_table``, saved in the profile cache).
 4. ``offload``: the 70B-shaped layer-streamed forward vs bytes / measured bandwidth, vs
    ``accelerate``'s CPU offload and a naive per-layer copy (``bench.offload``).
 5. ``decode_step``: full decode steps of dyspec_greedy with a real-shape synthetic 0.5B-class draft
    and an offloaded 70B-shaped target at budgets 64-768, median phase breakdown per budget.
+6. ``resident``: both models in device memory, 1.5B- and 7B-shaped targets: transformers
+   ``generate`` vs our AR / chain / dyspec_greedy (budgets 16, 64, 256) with SDPA and the kernel,
+   phase medians, ``ar_vs_hf_generate``, the weight-streaming floor (``bench.resident``).
 
-Writes ``DIR/gpu.json`` (with the machine and device named) and ``DIR/gpu.md``. Imports only
-torch, triton, transformers and accelerate (no gradio or plotly).
+Sections run one after another in this process; each releases what it acquired, and the JSON
+records per section the pinned host registrations made / released / left and the device memory
+before and after (a section that leaks a registration is marked failed). Writes ``DIR/gpu.json``
+(with the machine and device named) and ``DIR/gpu.md``. Imports only torch, triton, transformers
+and accelerate (no gradio or plotly).
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..planning.machine import machine_info
+from .resident import resident
 
-SECTIONS: tuple[str, ...] = ("kernel_oracle", "greedy_identity", "attention", "offload", "decode_step")
+SECTIONS: tuple[str, ...] = ("kernel_oracle", "greedy_identity", "attention", "offload", "decode_step", "resident")
 PHASES: tuple[str, ...] = ("draft", "tree_build", "mask", "target_forward", "offload_transfer", "verify", "kv_compaction")
 
 
@@ -65,9 +73,9 @@ class Plan:
     @classmethod
     def for_run(cls, dry_run: bool) -> "Plan":
         if dry_run:
-            return cls(True, (24, 45), (0, 17), (4, 2, 32), 1, 6, (24,), (8,), (4, 2, 32), (8, 16), 2)
+            return cls(True, (24,), (0, 17), (4, 2, 32), 1, 6, (24,), (8,), (4, 2, 32), (8,), 2)
         return cls(False, (64, 256, 1024), (128, 1024), (64, 8, 128), 3, 32,
-                   (256, 512, 1024, 2048), (128, 1024), (64, 8, 128), (64, 128, 256, 512, 768), 3)
+                   (16, 64, 256, 512, 1024, 2048), (128, 1024), (64, 8, 128), (64, 256, 768), 3)
 
 
 def _log(msg: str) -> None:
@@ -115,24 +123,6 @@ def kernel_oracle(plan: Plan, dev: torch.device) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ 2. greedy identity
-def _synthetic_qwen(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, seed: int,
-                    dev: torch.device, sharpen: float = 30.0):
-    """A Qwen2 model of the given shape with random weights (fp32), its output head scaled so that
-    next-token distributions are peaked (greedy choices are not near-ties)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
-                      tie_word_embeddings=False, attn_implementation="sdpa")
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        torch.manual_seed(seed)
-        with torch.device(dev):
-            model = Qwen2ForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpen)
-    return model.eval()
-
-
 def _identity_case(name: str, make: Callable[[], tuple[Any, Any]], dev: torch.device, tokens: int, budget: int,
                    seed: int) -> list[dict[str, Any]]:
     from .. import DecodeConfig, SpeculativeDecoder
@@ -159,6 +149,7 @@ def _identity_case(name: str, make: Callable[[], tuple[Any, Any]], dev: torch.de
 
 def greedy_identity(plan: Plan, dev: torch.device) -> dict[str, Any]:
     from ..testing import tiny_pair
+    from .resident import QWEN_SHAPES, QWEN_VOCAB, TINY_SHAPES, TINY_VOCAB, synthetic_qwen
 
     rows: list[dict[str, Any]] = []
     for seed in range(plan.identity_seeds):
@@ -168,14 +159,14 @@ def greedy_identity(plan: Plan, dev: torch.device) -> dict[str, Any]:
 
         rows += _identity_case("tiny", tiny, dev, plan.identity_tokens, 20, seed)
     if plan.dry_run:  # same code, shapes scaled down (real shapes through the interpreter take hours)
-        shapes = dict(draft=(64, 2, 4, 2, 128), target=(96, 3, 6, 2, 192), vocab=512)
+        shapes = dict(draft=TINY_SHAPES["0.5B"], target=TINY_SHAPES["1.5B"], vocab=TINY_VOCAB)
     else:  # Qwen2.5-0.5B and -1.5B
-        shapes = dict(draft=(896, 24, 14, 2, 4864), target=(1536, 28, 12, 2, 8960), vocab=151936)
+        shapes = dict(draft=QWEN_SHAPES["0.5B"], target=QWEN_SHAPES["1.5B"], vocab=QWEN_VOCAB)
 
     def real_shape():
         v = shapes["vocab"]
-        return (_synthetic_qwen(*shapes["draft"], v, seed=1, dev=dev),
-                _synthetic_qwen(*shapes["target"], v, seed=2, dev=dev))
+        return (synthetic_qwen(*shapes["draft"], v, seed=1, dev=dev),
+                synthetic_qwen(*shapes["target"], v, seed=2, dev=dev))
 
     rows += _identity_case("real-shape synthetic" + (" (scaled down)" if plan.dry_run else ""), real_shape, dev,
                            plan.identity_tokens, 64 if not plan.dry_run else 16, 0)
@@ -184,16 +175,22 @@ def greedy_identity(plan: Plan, dev: torch.device) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ 3. attention timings
 def attention_timings(plan: Plan, dev: torch.device) -> dict[str, Any]:
-    from .attention import timing_rows
+    from ..attention.auto_table import AutoTable
+    from .attention import timing_rows, write_auto_table
 
     hq, hkv, d = plan.attention_heads
     args = argparse.Namespace(family="dyspec", dtype="bfloat16" if not plan.dry_run else "float32", block_m=128,
                               warmup=3 if not plan.dry_run else 0, iters=20 if not plan.dry_run else 1)
     rows = timing_rows(args, dev, list(plan.attention_sizes), list(plan.attention_prefixes), hq=hq, hkv=hkv, d=d,
-                       use_flex=not plan.dry_run)
-    return dict(ok=all(max(r.get(f"kernel_{o}_maxerr_vs_sdpa", 0.0) for o in ("bfs", "dfs", "hpd")) < 0.05
-                       for r in rows),
-                timings_meaningful=not plan.dry_run, rows=rows)
+                       use_flex=not plan.dry_run, prefix_blocks=() if plan.dry_run else (64, 128))
+    for r in rows:
+        r["dfs_vs_bfs"] = r["kernel_bfs_ms"] / r["kernel_dfs_ms"]
+        r["tiles_bfs_vs_dfs"] = r["kernel_bfs_tiles"] / max(1, r["kernel_dfs_tiles"])
+    # the dry run's interpreter timings describe nothing worth storing: its table stays in the JSON
+    table = AutoTable.from_timing_rows(dev, rows, machine_info().to_dict()).to_dict() if plan.dry_run \
+        else write_auto_table(dev, rows)
+    errs = [v for r in rows for k, v in r.items() if k.endswith("_maxerr_vs_sdpa")]
+    return dict(ok=max(errs) < 0.05, timings_meaningful=not plan.dry_run, rows=rows, auto_table=table)
 
 
 # ------------------------------------------------------------------------------ 4. offload forward
@@ -224,6 +221,7 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
     from ..offload.layout import LayerLayout
     from ..offload.synthetic import StackShape, build_meta_model, close_buffers, cycled_host_layers, make_buffers
     from ..decode.prepared import PreparedPair
+    from .resident import QWEN_SHAPES, TINY_SHAPES, synthetic_qwen
 
     dtype_name = "float32" if plan.dry_run else "bfloat16"
     dtype = getattr(torch, dtype_name)
@@ -237,8 +235,8 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
     pair = None
     rows = []
     try:
-        dshape = (64, 2, 4, 2, 128) if plan.dry_run else (896, 24, 14, 2, 4864)  # Qwen2.5-0.5B-shaped
-        draft = _synthetic_qwen(*dshape, vocab, seed=3, dev=torch.device("cpu"), sharpen=1.0)
+        dshape = (TINY_SHAPES if plan.dry_run else QWEN_SHAPES)["0.5B"]
+        draft = synthetic_qwen(*dshape, vocab, seed=3, dev=torch.device("cpu"), sharpen=1.0)
         base = DecodeConfig(method="dyspec_greedy", budget=plan.decode_budgets[0], depth=8, device=str(dev),
                             dtype=dtype_name, offload_target=True, attention="auto" if not plan.dry_run else "triton")
         pair = PreparedPair.prepare(draft, target, base, allow_cpu_offload=plan.dry_run,
@@ -339,16 +337,42 @@ def _markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {r['budget']} | {r['tree_size']:.0f} | {r['step_seconds']:.3f} | {r['draft_seconds']:.3f} | "
                          f"{r['target_forward_seconds']:.3f} | {r['offload_transfer_seconds']:.3f} | "
                          f"{r['verify_seconds']:.4f} | {100 * r['outside_forwards_share']:.1f}% |")
+    lines += _resident_markdown(res["sections"].get("resident", {}).get("result", {}))
     att = res["sections"].get("attention", {}).get("result", {})
     if att.get("rows"):
-        lines += ["", "## Attention (ms): kernel per order vs SDPA / FlexAttention", "",
-                  "| nodes | prefix | bfs | dfs | hpd | sdpa | flex | tiles bfs/dfs |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## Attention (ms): kernel per order vs SDPA / FlexAttention; auto = the table's choice", "",
+                  "| nodes | prefix | bfs | dfs | hpd | dfs p64 | dfs p128 | sdpa | flex | tiles bfs/dfs | dfs vs bfs | auto dfs/bfs |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        choice = {(c["size"], c["prefix"]): c["choice"] for c in att.get("auto_table", {}).get("cells", [])}
         for r in att["rows"]:
             f = lambda k: f"{r[k]:.3f}" if isinstance(r.get(k), float) else "-"  # noqa: E731
+            ch = choice.get((r["size"], r["prefix"]), {})
             lines.append(f"| {r['size']} | {r['prefix']} | {f('kernel_bfs_ms')} | {f('kernel_dfs_ms')} | "
-                         f"{f('kernel_hpd_ms')} | {f('sdpa_ms')} | {f('flex_ms')} | "
-                         f"{r.get('kernel_bfs_tiles')}/{r.get('kernel_dfs_tiles')} |")
+                         f"{f('kernel_hpd_ms')} | {f('kernel_dfs_prefix64_ms')} | {f('kernel_dfs_prefix128_ms')} | "
+                         f"{f('sdpa_ms')} | {f('flex_ms')} | {r.get('kernel_bfs_tiles')}/{r.get('kernel_dfs_tiles')} | "
+                         f"{r['dfs_vs_bfs']:.2f} | {ch.get('dfs', '-')}/{ch.get('bfs', '-')} |")
     return "\n".join(lines) + "\n"
+
+
+def _resident_markdown(r: dict[str, Any]) -> list[str]:
+    if not r.get("targets"):
+        return []
+    lines = ["", "## Resident (both models in device memory; median ms)", ""]
+    for t in r["targets"]:
+        lines += [f"**{t['name']}-shaped target**: transformers generate {t['hf_generate_ms_per_token']:.2f} ms/token, "
+                  f"floor {t['floor_ms_per_token']:.2f} ms/token ({t['weight_bytes'] / 1e9:.3g} GB at "
+                  f"{r['bandwidth']['gbps']:.3g} GB/s), ar_vs_hf_generate "
+                  + ", ".join(f"{a} {v:.2f}x" for a, v in t["ar_vs_hf_generate"].items()), "",
+                  "| method | budget | attention | step | x AR step | tokens/step | draft | tree build | mask | target fwd | verify |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for x in t["rows"]:
+            ph = x["phases_ms"]
+            cell = lambda k: f"{ph[k]:.2f}" if k in ph else "-"  # noqa: E731
+            lines.append(f"| {x['method']} | {x.get('budget', '-')} | {x['attention']} | {x['step_ms']:.2f} | "
+                         f"{x.get('step_vs_ar_step', math.nan):.2f} | {x['tokens_per_step']:.2f} | {cell('draft')} | "
+                         f"{cell('tree_build')} | {cell('mask')} | {cell('target_forward')} | {cell('verify')} |")
+        lines.append("")
+    return lines
 
 
 def _summary(name: str, r: dict[str, Any]) -> str:
@@ -358,11 +382,21 @@ def _summary(name: str, r: dict[str, Any]) -> str:
         good = sum(x["identical"] and x["kernel_ran"] for x in r["rows"])
         return f"{good}/{len(r['rows'])} runs token-identical to greedy AR with the kernel"
     if name == "attention":
-        return f"{len(r['rows'])} timing rows" + ("" if r["timings_meaningful"] else " (interpreter: times meaningless)")
+        if not r["rows"]:
+            return "no timing rows"
+        big = max(r["rows"], key=lambda x: (x["size"], -x["prefix"]))
+        return (f"{len(r['rows'])} timing rows; DFS vs BFS {big['dfs_vs_bfs']:.2f}x at {big['size']} nodes / "
+                f"{big['prefix']} prefix (tiles {big['tiles_bfs_vs_dfs']:.2f}x)"
+                + ("" if r["timings_meaningful"] else " (interpreter: times meaningless)"))
     if name == "offload":
         return f"{sum('seconds' in x for x in r['runs'])} forward points, exit {r['exit_code']}"
     if name == "decode_step":
         return ", ".join(f"b{x['budget']}: {x['step_seconds']:.2f} s" for x in r["rows"])
+    if name == "resident":
+        return "; ".join(f"{t['name']}: AR {min(t['ar_ms_per_token'].values()):.1f} ms/token vs transformers "
+                         f"{t['hf_generate_ms_per_token']:.1f} ({t['ar_vs_hf_generate_best']:.2f}x), floor "
+                         f"{t['floor_ms_per_token']:.2f}" for t in r["targets"] if t["ar_ms_per_token"]) \
+            + (f"; {len(r['skipped'])} rows skipped" if r["skipped"] else "")
     return ""
 
 
@@ -371,7 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="directory for gpu.json, gpu.md and offload.json")
     p.add_argument("--dry-run", action="store_true", help="CPU: run every check on tiny shapes (no CUDA timings)")
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    p.add_argument("--offload-seconds", type=float, default=300.0, help="time budget of the offload section")
+    p.add_argument("--offload-seconds", type=float, default=100.0, help="time budget of the offload section")
+    p.add_argument("--resident-seconds", type=float, default=140.0,
+                   help="time budget of the resident section (later rows are listed as skipped)")
     return p
 
 
@@ -391,6 +427,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "attention": lambda: attention_timings(plan, dev),
         "offload": lambda: offload_forward(plan, dev, args.out, args.offload_seconds if not args.dry_run else 60),
         "decode_step": lambda: decode_step(plan, dev),
+        "resident": lambda: resident(dev, args.resident_seconds, args.dry_run, _log),
     }
     t_all = time.perf_counter()
     for name in SECTIONS:

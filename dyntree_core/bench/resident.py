@@ -1,0 +1,203 @@
+"""``bench gpu``'s resident section: both models in device memory, real Qwen2.5 shapes.
+
+For a 1.5B- and a 7B-shaped target (synthetic weights: random, output head sharpened so greedy
+choices are not near-ties; the 0.5B-shaped draft therefore accepts ~nothing and every step
+commits ~1 token — the step times are the point) in one process:
+
+- transformers ``generate`` (greedy, SDPA, dynamic cache): ms/token, measured first, before our
+  engine switches the model's attention implementation;
+- our engine: autoregressive, chain (depth 4) and dyspec_greedy at each budget, each with SDPA
+  (``attention="torch"``) and the Triton kernel (``"triton"``): median step time, tokens per step,
+  median of every phase that ran, and the step's cost relative to a plain (AR) step;
+- ``ar_vs_hf_generate``: our autoregressive ms/token over transformers' (per attention);
+- the floor: the target's weight bytes over the measured device-memory bandwidth (a ``clone`` of
+  a large buffer: read + write), the time one token must take to stream the weights once.
+
+``--dry-run`` runs the same code at tiny shapes on the CPU (the kernel through Triton's
+interpreter): every number is measured, none means anything.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+#: Qwen2.5 shapes: hidden, layers, heads, kv heads, ffn (vocabulary 151936)
+QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "0.5B": (896, 24, 14, 2, 4864),
+    "1.5B": (1536, 28, 12, 2, 8960),
+    "7B": (3584, 28, 28, 4, 18944),
+}
+QWEN_VOCAB = 151936
+#: the dry run's stand-ins (same roles, tiny)
+TINY_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "0.5B": (64, 2, 4, 2, 128),
+    "1.5B": (96, 3, 6, 2, 192),
+    "7B": (128, 3, 8, 2, 256),
+}
+TINY_VOCAB = 512
+ATTENTIONS: tuple[str, ...] = ("torch", "triton")
+
+
+def synthetic_qwen(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, seed: int,
+                   dev: torch.device, sharpen: float = 30.0):
+    """A Qwen2 model of the given shape with random fp32 weights on ``dev``, its output head scaled
+    by ``sharpen`` so that next-token distributions are peaked (greedy choices are not near-ties)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(dev):
+            model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model.eval()
+
+
+@dataclass(frozen=True)
+class ResidentPlan:
+    """What the section runs (``for_run``: the real sizes on CUDA, tiny ones for the dry run)."""
+
+    dry_run: bool
+    shapes: dict[str, tuple[int, int, int, int, int]]
+    vocab: int
+    targets: tuple[str, ...]
+    budgets: tuple[int, ...]
+    steps: int
+    prompt: int
+    hf_tokens: int
+    bandwidth_bytes: int
+    dtype: str
+
+    @classmethod
+    def for_run(cls, dry_run: bool) -> "ResidentPlan":
+        if dry_run:
+            return cls(True, TINY_SHAPES, TINY_VOCAB, ("1.5B", "7B"), (4,), 1, 16, 4, 64 << 20, "float32")
+        return cls(False, QWEN_SHAPES, QWEN_VOCAB, ("1.5B", "7B"), (16, 64, 256), 12, 128, 64, 4 << 30, "bfloat16")
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def memory_bandwidth(dev: torch.device, nbytes: int, reps: int = 5) -> dict[str, Any]:
+    """Device-memory bandwidth from ``clone`` of an ``nbytes`` buffer (read + write: 2 x nbytes per copy)."""
+    x = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
+    x.clone()  # warm-up
+    samples = []
+    for _ in range(reps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        y = x.clone()
+        _sync(dev)
+        samples.append(2 * nbytes / (time.perf_counter() - t0) / 1e9)
+        del y
+    del x
+    return dict(bytes=nbytes, gbps_samples=samples, gbps=statistics.median(samples))
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def hf_generate_ms(model, ids: torch.Tensor, tokens: int, reps: int = 3) -> float:
+    """Median ms per new token of transformers' greedy ``generate`` (after an 8-token warm-up)."""
+    def once(n: int) -> float:
+        _sync(ids.device)
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        _sync(ids.device)
+        return (time.perf_counter() - t0) / (out.shape[1] - ids.shape[1]) * 1e3
+
+    once(min(8, tokens))
+    return statistics.median(once(tokens) for _ in range(reps))
+
+
+def run_decoder(draft, target, cfg, prompt: list[int], steps: int) -> Optional[dict[str, Any]]:
+    """Median step of ``steps`` steps after one warm-up step; phases that ran, in ms."""
+    from .. import SpeculativeDecoder
+
+    traces = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, steps + 1))[1:]
+    if not traces:
+        return None
+    phases = {p: statistics.median(getattr(t.timings, p) for t in traces) * 1e3
+              for p in ("draft", "tree_build", "mask", "target_forward", "verify", "kv_compaction")
+              if any(getattr(t.timings, p) > 0 for t in traces)}
+    return dict(steps=len(traces), step_ms=statistics.median(t.step_seconds for t in traces) * 1e3,
+                tokens_per_step=sum(len(t.committed) for t in traces) / len(traces),
+                tree_size=statistics.median(t.tree_size for t in traces), phases_ms=phases)
+
+
+def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dict[str, Any]:
+    """The section (see the module docstring). Rows past ``seconds`` are listed under ``skipped``."""
+    from .. import DecodeConfig
+    from ..decode.prepared import PreparedPair
+
+    plan = ResidentPlan.for_run(dry_run)
+    t_start = time.perf_counter()
+    dtype = getattr(torch, plan.dtype)
+    bandwidth = memory_bandwidth(dev, plan.bandwidth_bytes)
+    log(f"resident: device-memory bandwidth {bandwidth['gbps']:.1f} GB/s (clone, read + write)")
+    draft = synthetic_qwen(*plan.shapes["0.5B"], plan.vocab, seed=1, dev=dev, sharpen=1.0).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, plan.vocab, (plan.prompt,), generator=gen).tolist()
+    targets: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for name in plan.targets:
+        target = synthetic_qwen(*plan.shapes[name], plan.vocab, seed=2, dev=dev, sharpen=30.0).to(dtype)
+        try:
+            nbytes = weight_bytes(target)
+            hf = hf_generate_ms(target, torch.tensor([prompt], device=dev), plan.hf_tokens)
+            log(f"resident {name}: transformers generate {hf:.2f} ms/token")
+            base = dict(device=str(dev), dtype=plan.dtype, temperature=0.0)
+            configs = [DecodeConfig(method="autoregressive", attention=a, **base) for a in ATTENTIONS]
+            configs += [DecodeConfig(method="chain", depth=4, attention=a, **base) for a in ATTENTIONS]
+            configs += [DecodeConfig(method="dyspec_greedy", budget=b, depth=8, attention=a, node_order="dfs", **base)
+                        for b in plan.budgets for a in ATTENTIONS]
+            rows = []
+            for cfg in configs:
+                label = f"{name} {cfg.method}" + (f" b{cfg.budget}" if cfg.method == "dyspec_greedy" else "") \
+                    + f" {cfg.attention}"
+                if time.perf_counter() - t_start > seconds:
+                    skipped.append(f"{label}: time budget ({seconds:.0f} s) spent")
+                    continue
+                r = run_decoder(draft, target, cfg, prompt, plan.steps)
+                if r is None:
+                    skipped.append(f"{label}: no step decoded")
+                    continue
+                knobs = dict(budget=cfg.budget) if cfg.method == "dyspec_greedy" else {}
+                if cfg.method != "autoregressive":
+                    knobs["depth"] = cfg.depth
+                rows.append(dict(method=cfg.method, **knobs, attention=cfg.attention, **r))
+                log(f"resident {label}: {r['step_ms']:.2f} ms/step, {r['tokens_per_step']:.2f} tokens/step")
+            ar_rows = {r["attention"]: r for r in rows if r["method"] == "autoregressive"}
+            for r in rows:
+                if r["attention"] in ar_rows:
+                    r["step_vs_ar_step"] = r["step_ms"] / ar_rows[r["attention"]]["step_ms"]
+            ar = {a: r["step_ms"] / r["tokens_per_step"] for a, r in ar_rows.items()}
+            ratio = {a: ms / hf for a, ms in ar.items()}
+            targets.append(dict(
+                name=name, shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes[name])),
+                weight_bytes=nbytes, floor_ms_per_token=nbytes / (bandwidth["gbps"] * 1e9) * 1e3,
+                hf_generate_ms_per_token=hf, ar_ms_per_token=ar, ar_vs_hf_generate=ratio,
+                ar_vs_hf_generate_best=min(ratio.values()) if ratio else math.nan, rows=rows))
+        finally:
+            PreparedPair.close_attached(draft, target)
+            del target
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    want = len(plan.targets) * (2 * len(ATTENTIONS) + len(plan.budgets) * len(ATTENTIONS))
+    return dict(ok=sum(len(t["rows"]) for t in targets) == want, dtype=plan.dtype, vocab=plan.vocab,
+                prompt_tokens=plan.prompt, steps=plan.steps, budgets=list(plan.budgets),
+                draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes["0.5B"])),
+                bandwidth=bandwidth, targets=targets, skipped=skipped, timings_meaningful=not dry_run,
+                note="random weights: ~1 token per step; step times and their split are the point")
