@@ -87,8 +87,10 @@ class PinCount:
 
 
 class _Ledger:
+    # Finalizers may run inside any allocation (garbage collection), also while this thread holds
+    # the lock: hence a re-entrant lock, and iteration only over copies.
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.live: dict[tuple[str, int], int] = {}  # (registrar label, ptr) -> bytes
         self.registered = self.unregistered = self.registered_bytes = self.unregistered_bytes = 0
 
@@ -105,7 +107,8 @@ class _Ledger:
 
     def count(self) -> PinCount:
         with self.lock:
-            return PinCount(len(self.live), sum(self.live.values()), self.registered, self.unregistered,
+            live = self.live.copy()
+            return PinCount(len(live), sum(live.values()), self.registered, self.unregistered,
                             self.registered_bytes, self.unregistered_bytes)
 
 
@@ -185,7 +188,7 @@ class SimulatedCudart(Registrar):
 
     def __init__(self) -> None:
         self._ranges: dict[int, int] = {}  # start -> end
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant and iterating copies: see _Ledger
         self.calls = {"register": 0, "unregister": 0}
 
     def _register(self, ptr: int, nbytes: int) -> int:
@@ -194,7 +197,7 @@ class SimulatedCudart(Registrar):
             if nbytes <= 0:
                 return 1
             end = ptr + nbytes
-            if any(s < end and ptr < e for s, e in self._ranges.items()):
+            if any(s < end and ptr < e for s, e in self._ranges.copy().items()):
                 return 712
             self._ranges[ptr] = end
             return 0
