@@ -266,3 +266,27 @@ def test_pause_during_a_long_prefill_holds_between_chunks_and_resume_goes_on(con
     controller.on_pause(state)  # Resume: the same prefill goes on, then the steps
     assert state.worker.join(120)
     assert rec.status == "finished" and rec.prefill[0] == rec.prefill[1] and len(rec.token_ids) == 8
+
+
+def test_releasing_a_pair_closes_what_preparing_it_acquired_and_its_runs_stop_cleanly():
+    """The provider closes a pair's preparation (an offloaded target's pinned memory) when it drops
+    the pair; a run still holding it is refused at its next step with a plain message, its steps kept."""
+    from dyntree_core.decode.prepared import PreparedPair
+    from ui.errors import describe_error
+    from ui.models import HubModelProvider, LoadedPair, PairSpec
+    from ui.runner import start_generation
+    from ui.settings import settings_from_form
+
+    tiny = TinyModelProvider()
+    gen = start_generation(tiny, settings_from_form(*_form(**FIXED)))
+    assert gen.next_step() is not None
+    loaded = tiny.load(gen.record.settings.pair_spec())
+    prepared = loaded.target.__dict__  # the PreparedPair is attached to its models
+    assert any(isinstance(v, PreparedPair) for v in prepared.values())
+    hub = HubModelProvider()
+    hub._pair = LoadedPair(loaded.draft, loaded.target, loaded.tokenizer, PairSpec("tiny", "tiny"))
+    hub._release()
+    assert hub._pair is None and not any(isinstance(v, PreparedPair) for v in prepared.values())
+    with pytest.raises(Exception) as err:
+        gen.next_step()
+    assert "models were released" in describe_error(err.value) and len(gen.record.traces) == 1

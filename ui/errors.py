@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from dyntree_core.config import ConfigError
+from dyntree_core.decode.prepared import PairClosedError
 
 from .export import ExportError, RunFileError
 from .models import ModelLoadError
@@ -43,6 +44,9 @@ def without_temp_paths(message: str) -> str:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, PairClosedError):
+        return ("This run's models were released (a Run with other models or precisions loaded its own): "
+                "its steps so far are kept; press Run to start again.")
     if isinstance(exc, ConfigError):
         return f"Invalid settings: {exc}"
     if isinstance(exc, ModelLoadError):

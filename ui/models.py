@@ -169,6 +169,8 @@ class HubModelProvider:
         with self._lock:
             if self._pair is not None and self._pair.spec == spec:
                 return self._pair
+            if self._pair is not None and self._pair.spec.offload:  # its pinned memory goes before another load
+                self._release()
             try:
                 if spec.offload:  # an offloaded target is streamed from host memory: load it on the CPU
                     from dyntree_core.models import load_pair, precheck_pair  # lazy: nothing is loaded at import
@@ -195,8 +197,14 @@ class HubModelProvider:
             return self._pair
 
     def _release(self) -> None:
+        """Drop the loaded pair and its cache, closing what preparing its models acquired first (an
+        offloaded target's pinned host memory must be unregistered before another pair pins its own)."""
         if self._pair is None and self._cache is None:
             return
+        if self._pair is not None:
+            from dyntree_core.decode.prepared import PreparedPair
+
+            PreparedPair.close_attached(self._pair.draft, self._pair.target)
         self._pair = None
         self._cache, self._cache_key = None, None
         gc.collect()

@@ -220,6 +220,7 @@ class SpeculativeDecoder:
         state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
         produced = 0
         while True:
+            self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
             t_step = time.perf_counter()
             if is_ar:
                 trace = self._ar_step(state, t_cache, rng)

@@ -90,6 +90,10 @@ def prepare_model(model, device: Optional[torch.device], dtype: torch.dtype, pre
         raise ConfigError(str(e)) from None
 
 
+class PairClosedError(ConfigError):
+    """A decoder used a ``PreparedPair`` after ``close()`` (the app released its models)."""
+
+
 @dataclass(frozen=True)
 class PairSettings:
     """What preparing a pair fixes (the ``DecodeConfig`` fields that change the models)."""
@@ -188,7 +192,8 @@ class PreparedPair:
     def check(self, config: DecodeConfig) -> None:
         """Raise ``ConfigError`` when a decoder with ``config`` cannot borrow this pair."""
         if self.closed:
-            raise ConfigError("this prepared pair was closed (its offloaded target released); prepare the models again")
+            raise PairClosedError("this prepared pair was closed (its offloaded target released); prepare the models "
+                                  "again")
         if self.stale:
             raise ConfigError("these models were prepared again with other settings after this pair was made; "
                               "use PreparedPair.for_models(...) for the current preparation")
