@@ -221,3 +221,68 @@ def test_dense_rows_setting_is_checked_and_enables_the_split_on_both_models() ->
     assert info["bytes"] == sum(m.dense_parts.numel() * 2 for m in layers)
     auto = apply_dense_rows(pair, "auto")
     assert auto["min_rows"] >= 0 and auto["measured"]["timings"]
+
+
+def test_a_merged_file_records_its_inputs_provenance_and_stands_in_for_them(tmp_path) -> None:
+    """The merge can replace its slices: it records its command and, per slice, what the slice told
+    beyond its records (machine, argv, prompt range, seconds, --dense-rows, Sequoia vector); a later
+    slice can take its Sequoia vector from it, and merging it with that slice equals merging all."""
+    common = ["--pair", "tiny", "--methods", "sequoia", "dyspec_greedy", "--budgets", "8", "--temperatures", "1.0",
+              "--datasets", "wiki", "--new-tokens", "6", "--calib-prompts", "1"]
+    a, b, c, ab, abc, whole = (tmp_path / f"{n}.json" for n in ("a", "b", "c", "ab", "abc", "whole"))
+    assert main(common + ["--prompts", "1", "--json", str(a)]) == 0
+    assert main(common + ["--prompts", "1", "--prompt-start", "1", "--sequoia-acceptance-from", str(a),
+                          "--json", str(b)]) == 0
+    assert main(["--merge", str(a), str(b), "--json", str(ab)]) == 0
+    m = json.loads(ab.read_text())
+    assert m["merge"]["command"] == f"python -m dyntree_core.bench exact-acceptance --merge {a} {b} --json {ab}"
+    slice_b = json.loads(b.read_text())
+    entry = m["merged_from"][1]
+    assert entry["file"] == "b.json" and entry["prompt_range"] == {"datasets": ["wiki"], "prompt_start": 1, "prompts": 1}
+    for k in ("date", "argv", "machine_info", "seconds", "dense_rows", "sequoia_acceptance", "new_tokens"):
+        assert entry[k] == slice_b[k], k
+    assert entry["measured"] == [{"temperature": 1.0, "method": meth, "budget": 8, "dataset": "wiki",
+                                  "decode_verifier": "token_level", "prompt_ids": [slice_b["prompt_records"][0]["prompt_id"]]}
+                                 for meth in ("sequoia", "dyspec_greedy")]
+    assert m["sequoia_acceptance"] == slice_b["sequoia_acceptance"] and entry["set_aside"] == []
+    # a third slice grown from the merged file's vector; the merge of (merge, slice) = the merge of all three
+    assert main(common + ["--prompts", "1", "--prompt-start", "2", "--sequoia-acceptance-from", str(ab),
+                          "--json", str(c)]) == 0
+    assert json.loads(c.read_text())["sequoia_acceptance"] == slice_b["sequoia_acceptance"]
+    assert main(["--merge", str(ab), str(c), "--json", str(abc)]) == 0
+    assert main(["--merge", str(a), str(b), str(c), "--json", str(whole)]) == 0
+    nested, flat = json.loads(abc.read_text()), json.loads(whole.read_text())
+    assert nested["cells"] == flat["cells"] and nested["prompt_records"] == flat["prompt_records"]
+    assert nested["merged_from"][0]["merged_from"] == m["merged_from"]
+    # a merged input's cells keep their --dense-rows threshold (from its dense_rows_by_cell)
+    for f in (a, b, c):
+        run = json.loads(f.read_text())
+        run["dense_rows"] = {"setting": "8", "min_rows": 8}
+        (tmp_path / f"dense_{f.name}").write_text(json.dumps(run))
+    dense_ab = tmp_path / "dense_ab.json"
+    assert main(["--merge", str(tmp_path / "dense_a.json"), str(tmp_path / "dense_b.json"), "--json", str(dense_ab)]) == 0
+    assert main(["--merge", str(dense_ab), str(tmp_path / "dense_c.json")]) == 0
+    assert main(["--merge", str(dense_ab), str(c)]) == 2  # one cell, two kernels
+
+
+def test_merge_on_conflict_first_pools_the_first_record_and_sets_the_other_aside(tmp_path) -> None:
+    common = ["--pair", "tiny", "--methods", "dyspec_greedy", "--budgets", "8", "--temperatures", "1.0",
+              "--datasets", "wiki", "--new-tokens", "6"]
+    a, b, alone, both = (tmp_path / f"{n}.json" for n in ("a", "b", "alone", "both"))
+    assert main(common + ["--prompts", "1", "--json", str(a)]) == 0
+    assert main(common + ["--prompts", "2", "--seed", "1", "--json", str(b)]) == 0  # prompt 0 again, other draws
+    assert main(["--merge", str(a), str(b)]) == 2
+    assert main(["--merge", str(a), str(b), "--on-conflict", "first", "--json", str(both)]) == 0
+    merged = json.loads(both.read_text())
+    pid = json.loads(a.read_text())["prompt_records"][0]["prompt_id"]
+    assert merged["merged_from"][0]["set_aside"] == []
+    assert merged["merged_from"][1]["set_aside"] == [{"temperature": 1.0, "method": "dyspec_greedy", "budget": 8,
+                                                      "dataset": "wiki", "decode_verifier": "token_level",
+                                                      "prompt_id": pid, "pooled_from": "a.json"}]
+    assert len(merged["prompt_records"]) == 3  # nothing dropped from the file, one record not pooled
+    # the pooled cell is a's prompt 0 and b's prompt 1
+    b_only = json.loads(b.read_text())
+    b_only["prompt_records"] = b_only["prompt_records"][1:]
+    (tmp_path / "b1.json").write_text(json.dumps(b_only))
+    assert main(["--merge", str(a), str(tmp_path / "b1.json"), "--json", str(alone)]) == 0
+    assert merged["cells"] == json.loads(alone.read_text())["cells"]

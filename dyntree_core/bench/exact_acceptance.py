@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import sys
 import time
@@ -236,11 +237,84 @@ def budget_gains(cells: list[Cell]) -> list[dict]:
     return out
 
 
-def merge(paths: list[Path], out: Optional[Path]) -> int:
+CELL_FIELDS = ("temperature", "method", "budget", "dataset", "decode_verifier")
+
+
+def _argv_values(argv: Optional[list], flag: str) -> Optional[list[str]]:
+    """The values that followed ``flag`` in a recorded argv (None when it was not given)."""
+    if not argv or flag not in argv:
+        return None
+    i = argv.index(flag) + 1
+    j = i
+    while j < len(argv) and not str(argv[j]).startswith("--"):
+        j += 1
+    return [str(a) for a in argv[i:j]]
+
+
+def prompt_range(argv: Optional[list]) -> Optional[dict]:
+    """The prompt slice a run was asked for: its datasets, ``--prompt-start`` and ``--prompts``
+    (the parser's defaults where its argv left them out). None for a run that recorded no argv."""
+    if argv is None:
+        return None
+    p = build_parser()
+    start, count, datasets = (_argv_values(argv, f) for f in ("--prompt-start", "--prompts", "--datasets"))
+    return {"datasets": datasets or list(p.get_default("datasets")),
+            "prompt_start": int(start[0]) if start else p.get_default("prompt_start"),
+            "prompts": int(count[0]) if count else p.get_default("prompts")}
+
+
+def measured_prompts(records: list[dict]) -> list[dict]:
+    """Which prompts a run holds in each cell (in its order): with the merged file's records,
+    enough to rebuild that run's own table."""
+    cells: dict[tuple, list[str]] = {}
+    for r in records:
+        cells.setdefault(tuple(r[k] for k in CELL_FIELDS), []).append(r["prompt_id"])
+    return [dict(zip(CELL_FIELDS, key), prompt_ids=ids) for key, ids in cells.items()]
+
+
+def _dense_rows_of(d: dict):
+    """record -> the --dense-rows threshold it was computed with: a run's own setting, or for an
+    earlier merge its per-cell record (``dense_rows_by_cell``)."""
+    if "dense_rows_by_cell" in d:
+        by_cell = {(float(c["temperature"]), c["method"], int(c["budget"])): int(c["dense_rows"])
+                   for c in d["dense_rows_by_cell"]}
+        return lambda r: by_cell.get((float(r["temperature"]), r["method"], int(r["budget"])), 0)
+    rows = int((d.get("dense_rows") or {}).get("min_rows", 0))
+    return lambda r: rows
+
+
+def provenance(name: str, d: dict) -> dict:
+    """What ``--merge`` keeps of one input besides its per-prompt records, so the merged file can
+    stand in for it: everything the run recorded except the tables derived from those records
+    (its ``cells``, ``method_differences``, ``budget_gains``: ``measured`` names its prompts per
+    cell, from which the merged records rebuild them). An earlier merge keeps its own inputs'."""
+    if "merged_from" in d:
+        return {"file": name, "merge": d.get("merge"), "precision": d.get("precision"),
+                "draft_precision": d.get("draft_precision"), "merged_from": d["merged_from"]}
+    return {"file": name, "date": d.get("date"), "argv": d.get("argv"), "machine_info": d.get("machine_info"),
+            "pair": d.get("pair"), "precision": d.get("precision"), "draft_precision": d.get("draft_precision"),
+            "new_tokens": d.get("new_tokens"), "prompt_tokens": d.get("prompt_tokens"),
+            "prompt_range": prompt_range(d.get("argv")), "dense_rows": d.get("dense_rows"),
+            "seconds": d.get("seconds"), "sequoia_calibration": d.get("sequoia_calibration"),
+            "sequoia_acceptance": d.get("sequoia_acceptance"), "measured": measured_prompts(d["prompt_records"])}
+
+
+def merge(paths: list[Path], out: Optional[Path], on_conflict: str = "refuse",
+          command: Optional[str] = None) -> int:
     """Pool the per-prompt records of several runs (e.g. disjoint ``--prompt-start`` slices run in
-    different sessions) and print / write the combined table."""
+    different sessions, or an earlier merge and new slices) and print / write the combined table.
+
+    The merged file records the merge (``merge``: its command, date and conflict policy) and, per
+    input, its provenance (``provenance``) and the records it holds that were not pooled
+    (``set_aside``), so it can replace its inputs: it also carries their common Sequoia
+    acceptance vector and calibration, i.e. it can be ``--sequoia-acceptance-from`` for a further
+    slice. Two different records of one prompt in one cell are refused, or with ``on_conflict``
+    ``"first"`` the first input's (in the order given) is pooled and the other set aside: the same
+    prompt decoded on two machines whose kernels round differently is the same distribution but
+    another sample."""
     records, runs = [], []
     vectors: dict[str, tuple[str, list[float]]] = {}  # T -> (first file recording it, its Sequoia vector)
+    calibration: Optional[tuple[str, dict]] = None  # (first file recording one, the Sequoia calibration)
     sources: dict[tuple, tuple[str, dict]] = {}  # (cell, prompt) -> (first file recording it, the record)
     kernels: dict[tuple, dict[int, str]] = {}  # cell -> {--dense-rows threshold: first file using it}
     for path in paths:
@@ -248,26 +322,36 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
         if "prompt_records" not in d:
             print(f"{path} has no per-prompt records (written before --merge existed)", file=sys.stderr)
             return 2
-        dense_rows = int((d.get("dense_rows") or {}).get("min_rows", 0))
+        dense_rows = _dense_rows_of(d)
+        set_aside = []
         for r in d["prompt_records"]:
             cell_prompt = (float(r["temperature"]), r["method"], int(r["budget"]), r["dataset"],
                            r["decode_verifier"], r["prompt_id"])
             if cell_prompt in sources and sources[cell_prompt][1] != r:
-                print(f"refusing to pool two different records of prompt {r['prompt_id']} in the cell "
-                      f"T={r['temperature']} {r['method']} budget {r['budget']} ({sources[cell_prompt][0]} vs "
-                      f"{path.name}): keep one of the files", file=sys.stderr)
-                return 2
+                if on_conflict != "first":
+                    print(f"refusing to pool two different records of prompt {r['prompt_id']} in the cell "
+                          f"T={r['temperature']} {r['method']} budget {r['budget']} ({sources[cell_prompt][0]} vs "
+                          f"{path.name}): keep one of the files, or --on-conflict first pools the first's",
+                          file=sys.stderr)
+                    return 2
+                set_aside.append(dict({k: r[k] for k in CELL_FIELDS}, prompt_id=r["prompt_id"],
+                                      pooled_from=sources[cell_prompt][0]))
+                continue
             sources.setdefault(cell_prompt, (path.name, r))
-            kernels.setdefault(cell_prompt[:5], {}).setdefault(dense_rows, path.name)
+            kernels.setdefault(cell_prompt[:5], {}).setdefault(dense_rows(r), path.name)
         records += d["prompt_records"]
-        runs.append({"file": path.name, "argv": d.get("argv"), "machine_info": d.get("machine_info"),
-                     "precision": d.get("precision"), "draft_precision": d.get("draft_precision"),
-                     "dense_rows": dense_rows, "seconds": d.get("seconds")})
+        runs.append(dict(provenance(path.name, d), set_aside=set_aside))
         for t, v in (d.get("sequoia_acceptance") or {}).items():
             first = vectors.setdefault(t, (path.name, v))
             if len(first[1]) != len(v) or any(abs(a - b) > 1e-9 for a, b in zip(first[1], v)):
                 print(f"refusing to pool Sequoia trees grown from different acceptance vectors at T={t} "
                       f"({first[0]} vs {path.name}); rerun with --sequoia-acceptance-from", file=sys.stderr)
+                return 2
+        if d.get("sequoia_calibration"):
+            calibration = calibration or (path.name, d["sequoia_calibration"])
+            if calibration[1] != d["sequoia_calibration"]:
+                print(f"refusing to pool runs whose Sequoia calibrations differ ({calibration[0]} vs {path.name})",
+                      file=sys.stderr)
                 return 2
     precisions = {(r["precision"], r.get("draft_precision")) for r in runs}
     if len(precisions) > 1:
@@ -279,8 +363,12 @@ def merge(paths: list[Path], out: Optional[Path]) -> int:
                   f"--dense-rows thresholds {sorted(used)} ({', '.join(used.values())})", file=sys.stderr)
             return 2
     cells = pooled_cells(records)
-    record = {"bench": "exact-acceptance", "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
+    record = {"bench": "exact-acceptance",
+              "merge": {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "on_conflict": on_conflict},
+              "merged_from": runs, "precision": runs[0]["precision"] if runs else None,
               "draft_precision": runs[0]["draft_precision"] if runs else None,
+              "sequoia_calibration": calibration[1] if calibration else None,
+              "sequoia_acceptance": {t: v for t, (_, v) in sorted(vectors.items())},
               "cells": [c.summary() for c in cells], "method_differences": method_differences(cells),
               "budget_gains": budget_gains(cells),
               "dense_rows_by_cell": [{"temperature": t, "method": m, "budget": b, "dense_rows": rows}
@@ -327,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip this many eval prompts per dataset (disjoint slices for runs pooled with --merge)")
     p.add_argument("--merge", type=Path, nargs="+", default=None,
                    help="pool the per-prompt records of these JSON files (no decoding) and print the table")
+    p.add_argument("--on-conflict", choices=("refuse", "first"), default="refuse",
+                   help="with --merge, two different records of one prompt in one cell: refuse, or pool the "
+                        "first file's (in the order given) and record the other as set aside")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--decode-verifier", default="token_level", choices=SAMPLED_VERIFIERS,
@@ -410,7 +501,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.json)
+        given = sys.argv[1:] if argv is None else argv
+        return merge(args.merge, args.json, args.on_conflict,
+                     "python -m dyntree_core.bench exact-acceptance " + shlex.join(str(a) for a in given))
     if args.prompt_start < 0:
         print("--prompt-start must be >= 0", file=sys.stderr)
         return 2
