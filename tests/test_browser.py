@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -99,270 +100,267 @@ def _plot_title(page, elem: str) -> str:
     return page.locator(f"#{elem} .gtitle").first.text_content() or ""
 
 
-def test_app_end_to_end(app_url, tmp_path):
+@contextmanager
+def _opened(app_url: str, width: int, height: int):
+    """A fresh browser tab on the app, once its client is connected."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1800})
+            page = browser.new_page(viewport={"width": width, "height": height})
             page.goto(app_url, timeout=60_000)
             _ready(page)
-
-            # --- the app's defaults: Method and precisions auto; Run, Step and Compare each finish
-            assert _prompt_info(page) == "5 tokens"
-            page.click("#model-pair")  # (closed by default)
-            for elem in ("method", "precision", "draft-precision"):
-                assert page.locator(f"#{elem} input").first.input_value() == "auto"
-            page.click("#model-pair")
-            page.click("#run-btn")
-            _wait_status(page, "finished", 300)  # the first auto measures the tiny pair's profile
-            assert "auto:" in _status(page) and _error_line(page).strip() == ""
-            assert _tokens(page) == 24
-            page.click("#step-btn")
-            _wait_status(page, "paused", 120)
-            assert "1 steps" in _status(page)
-            page.click("#stop-btn")
-            _wait_status(page, "stopped", 30)
-            page.get_by_role("tab", name="Compare").click()
-            page.click("#compare-btn")
-            page.wait_for_function(
-                "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=180_000)
-            for i in range(4):
-                assert page.locator(f"#compare-text-{i} .dt-tok").count() == 24
-            assert 'class="dt-prompt"' in page.inner_html("#compare-text-3")  # prompt and colours, like ours
-            page.get_by_role("tab", name="Live").click()
-
-            # --- a bad seed is refused inline, naming the field; the shown run stays
-            shown = _tokens(page)
-            set_field(page, "seed", -1)
-            page.click("#run-btn")
-            page.wait_for_function("() => document.querySelector('#error-box').innerText.includes('seed')",
-                                   timeout=30_000)
-            assert "[0, 2^63)" in _error_line(page) and _tokens(page) == shown
-            set_field(page, "seed", 0)
-
-            # --- the rest drives one tree method at fixed precisions
-            choose(page, "method", "dyspec_greedy")
-            page.click("#model-pair")
-            choose(page, "precision", "float32")
-            choose(page, "draft-precision", "float32")
-            page.click("#model-pair")
-            set_field(page, "budget", 16)
-            set_field(page, "depth", 4)
-
-            # --- Run: every panel renders
-            page.click("#run-btn")
-            _wait_status(page, "finished", 90)
-            for elem in PLOTS:
-                page.wait_for_selector(f"#{elem} .main-svg", timeout=20_000)
-            assert "step " in _plot_title(page, "tree-plot")
-            for elem in ("mask-bfs", "mask-dfs", "mask-hpd"):
-                assert "blocks non-zero" in _plot_title(page, elem)
-            assert page.locator("#tree-plot .scatterlayer .point").count() >= 2
-            assert page.locator("#speed-plot .scatterlayer .point").count() >= 2
-            first_run_tokens = _tokens(page)
-            assert first_run_tokens == 24  # the tiny app's default max new tokens
-            tree_title = _plot_title(page, "tree-plot")
-            page.screenshot(path=str(tmp_path / "after_run.png"), full_page=True)
-
-            # --- the cost model says why the tree wins or loses on this machine
-            cost = page.inner_text("#cost-model")
-            assert "to beat plain decoding here" in cost and "it delivers" in cost and "Reference timed at" in cost, cost
-            assert "70B-shaped target offloaded to host memory" in cost and "NVIDIA H200" in cost
-
-            # --- the verification walkthrough: each Next shows the next decision and rings its node
-            assert "decisions in step" in page.inner_text("#verify-walkthrough")
-            page.click("#walk-next")
-            page.wait_for_function("() => (document.querySelector('#walk-current') || {innerText: ''})"
-                                   ".innerText.includes('Decision 1 of')", timeout=30_000)
-            first_ring = _ring(page)
-            assert first_ring.startswith("walkthrough:"), first_ring
-            count = int(page.inner_text("#walk-current").split("Decision 1 of ")[1].split(".")[0])
-            assert count >= 2  # at least one comparison and the bonus token
-            rings = [first_ring]
-            for k in range(2, count + 1):  # step on until the ring moves
-                page.click("#walk-next")
-                page.wait_for_function(f"() => document.querySelector('#walk-current').innerText"
-                                       f".includes('Decision {k} of')", timeout=30_000)
-                rings.append(_ring(page))
-                if rings[-1] != first_ring:
-                    break
-            assert rings[-1] != first_ring, rings  # stepping moved the highlighted node
-            assert page.locator("#verify-walkthrough tr.dt-walk-current").count() == 1
-
-            # --- an out-of-range number is refused before the run starts, naming the field
-            set_field(page, "budget", 1)
-            page.click("#run-btn")
-            page.wait_for_function("() => document.querySelector('#error-box').innerText.includes('budget')",
-                                   timeout=30_000)
-            assert "[2, 4096]" in _error_line(page)
-            assert _tokens(page) == first_run_tokens  # the previous run is still shown
-            set_field(page, "budget", 24)
-
-            # --- a long prompt: the text panel scrolls instead of running over the slider
-            prompt_box = page.locator("#prompt textarea").first
-            original_prompt = prompt_box.input_value()
-            prompt_box.fill(" ".join(f"word{i % 97}" for i in range(350)))
-            set_field(page, "max-new-tokens", 8)
-            page.click("#run-btn")
-            page.wait_for_function("() => document.querySelector('#colored-text').innerText"
-                                   ".includes('earlier prompt characters not shown')", timeout=60_000)
-            page.wait_for_function("() => document.querySelectorAll('#colored-text .dt-tok').length === 8",
-                                   timeout=90_000)
-            text_box = page.locator("#colored-text").bounding_box()
-            slider_box = page.locator("#step-slider").bounding_box()
-            assert text_box["y"] + text_box["height"] <= slider_box["y"] + 1, (text_box, slider_box)
-            assert "earlier prompt characters not shown" in page.inner_text("#colored-text")
-            prompt_box.fill(original_prompt)
-            set_field(page, "max-new-tokens", 24)
-
-            # --- Step: a new generation advanced by exactly one step
-            page.click("#step-btn")
-            _wait_status(page, "paused", 60)
-            assert "1 steps" in _status(page)
-            one = _tokens(page)
-            assert 1 <= one <= 5  # depth 4 + bonus
-            assert _plot_title(page, "tree-plot") != tree_title
-            assert _plot_title(page, "tree-plot").startswith("step 0")
-            page.click("#step-btn")
-            page.wait_for_function("() => document.querySelector('#status [data-testid=markdown]').innerText.includes('2 steps')",
-                                   timeout=60_000)
-            assert _tokens(page) > one
-            assert _plot_title(page, "tree-plot").startswith("step 1")
-
-            # --- Stop while paused keeps what was produced
-            kept = _tokens(page)
-            page.click("#stop-btn")
-            _wait_status(page, "stopped", 30)
-            assert _tokens(page) == kept
-
-            # --- a long run with big trees (slow steps): live updates, Pause, Resume, Stop
-            set_field(page, "budget", 192)
-            set_field(page, "depth", 10)
-            set_field(page, "max-new-tokens", 480)
-            page.click("#run-btn")
-            _wait_status(page, "running", 60)
-            # Pause at once: a fast CPU finishes 480 tiny-model tokens in ~10 s, a repaint or two
-            page.click("#pause-btn")
-            _wait_status(page, "paused", 30)
-            page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Resume'",
-                                   timeout=10_000)
-            paused_at = _settled_tokens(page)  # the text panel may repaint a moment after the status
-            time.sleep(2 * STREAM_INTERVAL_S)
-            assert _tokens(page) == paused_at  # nothing runs while paused
-            page.click("#pause-btn")  # Resume: the text grows while the run goes on (live updates) ...
-            page.wait_for_function(f"() => document.querySelectorAll('#colored-text .dt-tok').length > {paused_at}",
-                                   timeout=60_000)
-            page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Pause'",
-                                   timeout=10_000)
-            assert "tree of" in _plot_title(page, "tree-plot")
-            page.click("#stop-btn")  # ... and Stop ends the run after its current step
-            _wait_status(page, "stopped", 60)
-            stopped_at = _settled_tokens(page)
-            assert paused_at < stopped_at < 480
-            time.sleep(2 * STREAM_INTERVAL_S)
-            assert _tokens(page) == stopped_at  # nothing runs after Stop
-
-            # --- the step slider goes back to an earlier step
-            box = page.locator("#step-slider input[type=number]").first
-            box.fill("0")
-            box.press("Tab")  # the slider's number box releases on blur
-            page.wait_for_function(
-                "() => document.querySelector('#tree-plot .gtitle').textContent.startsWith('step 0 ')",
-                timeout=30_000)
-
-            # --- JSON export of the StepTraces
-            page.click("#export")
-            page.click("#export-json")
-            page.wait_for_selector("#export-files a", timeout=30_000)
-            assert "steptraces.json" in (page.locator("#export-files a").first.get_attribute("href") or "")
-
-            # --- a file that is not an exported run: an inline error with its name, nothing lost
-            bogus = tmp_path / "notes.json"
-            bogus.write_text('{"hello": 1}')
-            page.set_input_files("#open-run input[type=file]", str(bogus))
-            page.wait_for_function(
-                "() => document.querySelector('#error-box').innerText.includes('not a DynTree run export')",
-                timeout=30_000)
-            assert "notes.json" in _error_line(page) and "/tmp" not in _error_line(page)
-            assert _tokens(page) == stopped_at
-
-            # --- compare mode: AR vs chain vs a tree method, same prompt/seed/length
-            set_field(page, "max-new-tokens", 12)
-            page.get_by_role("tab", name="Compare").click()
-            choose(page, "compare-method", "dyspec_greedy")
-            page.click("#compare-btn")
-            page.wait_for_function(
-                "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=90_000)
-            for i in range(3):
-                assert page.locator(f"#compare-text-{i} .dt-tok").count() == 12
-                assert "tok/s" in page.inner_text(f"#compare-stats-{i}")
-            assert "autoregressive" in page.inner_text("#compare-stats-0")
-            assert "chain" in page.inner_text("#compare-stats-1")
-            # fourth column: transformers' own assisted generation on the same models
-            assert "transformers assisted" in page.inner_text("#compare-stats-3")
-            assert "tok/s" in page.inner_text("#compare-stats-3")
-            assert "assisted generation" in page.inner_text("#compare-text-3")
-            page.wait_for_selector("#compare-speed .main-svg", timeout=20_000)
-            assert page.locator("#compare-speed .scatterlayer .trace").count() >= 4
-            page.get_by_role("tab", name="Live").click()
-
-            # --- a bad model id shows an error and the app stays usable
-            page.click("#model-pair")
-            page.locator("#draft-model textarea, #draft-model input").first.fill("no/such-model")
-            set_field(page, "max-new-tokens", 8)
-            page.click("#run-btn")
-            page.wait_for_function(
-                "() => document.querySelector('#error-box').innerText.includes('Model loading failed')",
-                timeout=30_000)
-            page.locator("#draft-model textarea, #draft-model input").first.fill("tiny")
-            page.click("#with-baseline input")  # and overlay an AR baseline run on the charts
-            page.click("#run-btn")
-            _wait_status(page, "finished", 60)
-            assert _tokens(page) == 8
-            assert _error_line(page).strip() == ""
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('#speed-plot .legendtext')]"
-                ".some(e => e.textContent.includes('autoregressive baseline'))", timeout=60_000)
-
-            # --- the verifier menu offers only lossless choices for method x temperature
-            box = page.locator("#temperature input[type=number]").first
-            box.fill("0.8")
-            box.press("Tab")
-            page.locator("#verifier input").first.click()
-            page.wait_for_function("() => document.querySelectorAll('ul[role=listbox] li').length === 4",
-                                   timeout=20_000)
-            offered = " ".join(page.locator("ul[role=listbox] li").all_text_contents())
-            assert "traversal" in offered and "greedy" not in offered
-            page.keyboard.press("Escape")
-            page.screenshot(path=str(tmp_path / "final.png"), full_page=True)
-            assert (tmp_path / "final.png").stat().st_size > 10_000
+            yield page
         finally:
             browser.close()
+
+
+def test_app_end_to_end(app_url, tmp_path):
+    with _opened(app_url, 1500, 1800) as page:
+        # --- the app's defaults: Method and precisions auto; Run, Step and Compare each finish
+        assert _prompt_info(page) == "5 tokens"
+        page.click("#model-pair")  # (closed by default)
+        for elem in ("method", "precision", "draft-precision"):
+            assert page.locator(f"#{elem} input").first.input_value() == "auto"
+        page.click("#model-pair")
+        page.click("#run-btn")
+        _wait_status(page, "finished", 300)  # the first auto measures the tiny pair's profile
+        assert "auto:" in _status(page) and _error_line(page).strip() == ""
+        assert _tokens(page) == 24
+        page.click("#step-btn")
+        _wait_status(page, "paused", 120)
+        assert "1 steps" in _status(page)
+        page.click("#stop-btn")
+        _wait_status(page, "stopped", 30)
+        page.get_by_role("tab", name="Compare").click()
+        page.click("#compare-btn")
+        page.wait_for_function(
+            "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=180_000)
+        for i in range(4):
+            assert page.locator(f"#compare-text-{i} .dt-tok").count() == 24
+        assert 'class="dt-prompt"' in page.inner_html("#compare-text-3")  # prompt and colours, like ours
+        page.get_by_role("tab", name="Live").click()
+
+        # --- a bad seed is refused inline, naming the field; the shown run stays
+        shown = _tokens(page)
+        set_field(page, "seed", -1)
+        page.click("#run-btn")
+        page.wait_for_function("() => document.querySelector('#error-box').innerText.includes('seed')",
+                               timeout=30_000)
+        assert "[0, 2^63)" in _error_line(page) and _tokens(page) == shown
+        set_field(page, "seed", 0)
+
+        # --- the rest drives one tree method at fixed precisions
+        choose(page, "method", "dyspec_greedy")
+        page.click("#model-pair")
+        choose(page, "precision", "float32")
+        choose(page, "draft-precision", "float32")
+        page.click("#model-pair")
+        set_field(page, "budget", 16)
+        set_field(page, "depth", 4)
+
+        # --- Run: every panel renders
+        page.click("#run-btn")
+        _wait_status(page, "finished", 90)
+        for elem in PLOTS:
+            page.wait_for_selector(f"#{elem} .main-svg", timeout=20_000)
+        assert "step " in _plot_title(page, "tree-plot")
+        for elem in ("mask-bfs", "mask-dfs", "mask-hpd"):
+            assert "blocks non-zero" in _plot_title(page, elem)
+        assert page.locator("#tree-plot .scatterlayer .point").count() >= 2
+        assert page.locator("#speed-plot .scatterlayer .point").count() >= 2
+        first_run_tokens = _tokens(page)
+        assert first_run_tokens == 24  # the tiny app's default max new tokens
+        tree_title = _plot_title(page, "tree-plot")
+        page.screenshot(path=str(tmp_path / "after_run.png"), full_page=True)
+
+        # --- the cost model says why the tree wins or loses on this machine
+        cost = page.inner_text("#cost-model")
+        assert "to beat plain decoding here" in cost and "it delivers" in cost and "Reference timed at" in cost, cost
+        assert "70B-shaped target offloaded to host memory" in cost and "NVIDIA H200" in cost
+
+        # --- the verification walkthrough: each Next shows the next decision and rings its node
+        assert "decisions in step" in page.inner_text("#verify-walkthrough")
+        page.click("#walk-next")
+        page.wait_for_function("() => (document.querySelector('#walk-current') || {innerText: ''})"
+                               ".innerText.includes('Decision 1 of')", timeout=30_000)
+        first_ring = _ring(page)
+        assert first_ring.startswith("walkthrough:"), first_ring
+        count = int(page.inner_text("#walk-current").split("Decision 1 of ")[1].split(".")[0])
+        assert count >= 2  # at least one comparison and the bonus token
+        rings = [first_ring]
+        for k in range(2, count + 1):  # step on until the ring moves
+            page.click("#walk-next")
+            page.wait_for_function(f"() => document.querySelector('#walk-current').innerText"
+                                   f".includes('Decision {k} of')", timeout=30_000)
+            rings.append(_ring(page))
+            if rings[-1] != first_ring:
+                break
+        assert rings[-1] != first_ring, rings  # stepping moved the highlighted node
+        assert page.locator("#verify-walkthrough tr.dt-walk-current").count() == 1
+
+        # --- an out-of-range number is refused before the run starts, naming the field
+        set_field(page, "budget", 1)
+        page.click("#run-btn")
+        page.wait_for_function("() => document.querySelector('#error-box').innerText.includes('budget')",
+                               timeout=30_000)
+        assert "[2, 4096]" in _error_line(page)
+        assert _tokens(page) == first_run_tokens  # the previous run is still shown
+        set_field(page, "budget", 24)
+
+        # --- a long prompt: the text panel scrolls instead of running over the slider
+        prompt_box = page.locator("#prompt textarea").first
+        original_prompt = prompt_box.input_value()
+        prompt_box.fill(" ".join(f"word{i % 97}" for i in range(350)))
+        set_field(page, "max-new-tokens", 8)
+        page.click("#run-btn")
+        page.wait_for_function("() => document.querySelector('#colored-text').innerText"
+                               ".includes('earlier prompt characters not shown')", timeout=60_000)
+        page.wait_for_function("() => document.querySelectorAll('#colored-text .dt-tok').length === 8",
+                               timeout=90_000)
+        text_box = page.locator("#colored-text").bounding_box()
+        slider_box = page.locator("#step-slider").bounding_box()
+        assert text_box["y"] + text_box["height"] <= slider_box["y"] + 1, (text_box, slider_box)
+        assert "earlier prompt characters not shown" in page.inner_text("#colored-text")
+        prompt_box.fill(original_prompt)
+        set_field(page, "max-new-tokens", 24)
+
+        # --- Step: a new generation advanced by exactly one step
+        page.click("#step-btn")
+        _wait_status(page, "paused", 60)
+        assert "1 steps" in _status(page)
+        one = _tokens(page)
+        assert 1 <= one <= 5  # depth 4 + bonus
+        assert _plot_title(page, "tree-plot") != tree_title
+        assert _plot_title(page, "tree-plot").startswith("step 0")
+        page.click("#step-btn")
+        page.wait_for_function("() => document.querySelector('#status [data-testid=markdown]').innerText.includes('2 steps')",
+                               timeout=60_000)
+        assert _tokens(page) > one
+        assert _plot_title(page, "tree-plot").startswith("step 1")
+
+        # --- Stop while paused keeps what was produced
+        kept = _tokens(page)
+        page.click("#stop-btn")
+        _wait_status(page, "stopped", 30)
+        assert _tokens(page) == kept
+
+        # --- a long run with big trees (slow steps): live updates, Pause, Resume, Stop
+        set_field(page, "budget", 192)
+        set_field(page, "depth", 10)
+        set_field(page, "max-new-tokens", 480)
+        page.click("#run-btn")
+        _wait_status(page, "running", 60)
+        # Pause at once: a fast CPU finishes 480 tiny-model tokens in ~10 s, a repaint or two
+        page.click("#pause-btn")
+        _wait_status(page, "paused", 30)
+        page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Resume'",
+                               timeout=10_000)
+        paused_at = _settled_tokens(page)  # the text panel may repaint a moment after the status
+        time.sleep(2 * STREAM_INTERVAL_S)
+        assert _tokens(page) == paused_at  # nothing runs while paused
+        page.click("#pause-btn")  # Resume: the text grows while the run goes on (live updates) ...
+        page.wait_for_function(f"() => document.querySelectorAll('#colored-text .dt-tok').length > {paused_at}",
+                               timeout=60_000)
+        page.wait_for_function("() => document.querySelector('#pause-btn').innerText.trim() === 'Pause'",
+                               timeout=10_000)
+        assert "tree of" in _plot_title(page, "tree-plot")
+        page.click("#stop-btn")  # ... and Stop ends the run after its current step
+        _wait_status(page, "stopped", 60)
+        stopped_at = _settled_tokens(page)
+        assert paused_at < stopped_at < 480
+        time.sleep(2 * STREAM_INTERVAL_S)
+        assert _tokens(page) == stopped_at  # nothing runs after Stop
+
+        # --- the step slider goes back to an earlier step
+        box = page.locator("#step-slider input[type=number]").first
+        box.fill("0")
+        box.press("Tab")  # the slider's number box releases on blur
+        page.wait_for_function(
+            "() => document.querySelector('#tree-plot .gtitle').textContent.startsWith('step 0 ')",
+            timeout=30_000)
+
+        # --- JSON export of the StepTraces
+        page.click("#export")
+        page.click("#export-json")
+        page.wait_for_selector("#export-files a", timeout=30_000)
+        assert "steptraces.json" in (page.locator("#export-files a").first.get_attribute("href") or "")
+
+        # --- a file that is not an exported run: an inline error with its name, nothing lost
+        bogus = tmp_path / "notes.json"
+        bogus.write_text('{"hello": 1}')
+        page.set_input_files("#open-run input[type=file]", str(bogus))
+        page.wait_for_function(
+            "() => document.querySelector('#error-box').innerText.includes('not a DynTree run export')",
+            timeout=30_000)
+        assert "notes.json" in _error_line(page) and "/tmp" not in _error_line(page)
+        assert _tokens(page) == stopped_at
+
+        # --- compare mode: AR vs chain vs a tree method, same prompt/seed/length
+        set_field(page, "max-new-tokens", 12)
+        page.get_by_role("tab", name="Compare").click()
+        choose(page, "compare-method", "dyspec_greedy")
+        page.click("#compare-btn")
+        page.wait_for_function(
+            "() => document.querySelector('#compare-status').innerText.includes('done')", timeout=90_000)
+        for i in range(3):
+            assert page.locator(f"#compare-text-{i} .dt-tok").count() == 12
+            assert "tok/s" in page.inner_text(f"#compare-stats-{i}")
+        assert "autoregressive" in page.inner_text("#compare-stats-0")
+        assert "chain" in page.inner_text("#compare-stats-1")
+        # fourth column: transformers' own assisted generation on the same models
+        assert "transformers assisted" in page.inner_text("#compare-stats-3")
+        assert "tok/s" in page.inner_text("#compare-stats-3")
+        assert "assisted generation" in page.inner_text("#compare-text-3")
+        page.wait_for_selector("#compare-speed .main-svg", timeout=20_000)
+        assert page.locator("#compare-speed .scatterlayer .trace").count() >= 4
+        page.get_by_role("tab", name="Live").click()
+
+        # --- a bad model id shows an error and the app stays usable
+        page.click("#model-pair")
+        page.locator("#draft-model textarea, #draft-model input").first.fill("no/such-model")
+        set_field(page, "max-new-tokens", 8)
+        page.click("#run-btn")
+        page.wait_for_function(
+            "() => document.querySelector('#error-box').innerText.includes('Model loading failed')",
+            timeout=30_000)
+        page.locator("#draft-model textarea, #draft-model input").first.fill("tiny")
+        page.click("#with-baseline input")  # and overlay an AR baseline run on the charts
+        page.click("#run-btn")
+        _wait_status(page, "finished", 60)
+        assert _tokens(page) == 8
+        assert _error_line(page).strip() == ""
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#speed-plot .legendtext')]"
+            ".some(e => e.textContent.includes('autoregressive baseline'))", timeout=60_000)
+
+        # --- the verifier menu offers only lossless choices for method x temperature
+        box = page.locator("#temperature input[type=number]").first
+        box.fill("0.8")
+        box.press("Tab")
+        page.locator("#verifier input").first.click()
+        page.wait_for_function("() => document.querySelectorAll('ul[role=listbox] li').length === 4",
+                               timeout=20_000)
+        offered = " ".join(page.locator("ul[role=listbox] li").all_text_contents())
+        assert "traversal" in offered and "greedy" not in offered
+        page.keyboard.press("Escape")
+        page.screenshot(path=str(tmp_path / "final.png"), full_page=True)
+        assert (tmp_path / "final.png").stat().st_size > 10_000
 
 
 def test_first_screen_at_1280x800(app_url, tmp_path):
     """What a new user sees on a laptop screen: Run and the status line above the fold, the prompt's
     token count, and an export before any run is a notice, not an error."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(app_url, timeout=60_000)
-            _ready(page)
-            for elem in ("run-btn", "status"):
-                box = page.locator(f"#{elem}").bounding_box()
-                assert box is not None and box["y"] + box["height"] <= 800, (elem, box)
-            assert _prompt_info(page) == "5 tokens"
-            page.screenshot(path=str(tmp_path / "first_screen.png"))
-            page.click("#export")
-            page.click("#export-json")
-            page.wait_for_selector(".toast-item", timeout=30_000)  # the notice
-            time.sleep(2 * STREAM_INTERVAL_S)
-            assert _error_line(page).strip() == ""
-        finally:
-            browser.close()
+    with _opened(app_url, 1280, 800) as page:
+        for elem in ("run-btn", "status"):
+            box = page.locator(f"#{elem}").bounding_box()
+            assert box is not None and box["y"] + box["height"] <= 800, (elem, box)
+        assert _prompt_info(page) == "5 tokens"
+        page.screenshot(path=str(tmp_path / "first_screen.png"))
+        page.click("#export")
+        page.click("#export-json")
+        page.wait_for_selector(".toast-item", timeout=30_000)  # the notice
+        time.sleep(2 * STREAM_INTERVAL_S)
+        assert _error_line(page).strip() == ""
 

@@ -43,3 +43,49 @@ def test_build_app_only_wires_layout_to_the_controller():
     lines, _ = inspect.getsourcelines(app.build_app)
     assert len(lines) < 120, f"build_app has {len(lines)} lines"
     assert "def on_" not in "".join(lines)  # handlers live in ui/controller.py
+
+
+def test_the_app_imports_transformers_before_it_serves():
+    """transformers' lazy imports are not thread-safe: build_app resolves every name the project uses
+    first, so the page's concurrent first events never race on them."""
+    import ast
+
+    from dyntree_core.models.load import TRANSFORMERS_NAMES
+
+    used = set()
+    for path in [*(ROOT / "dyntree_core").rglob("*.py"), *(ROOT / "ui").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "transformers":
+                used |= {a.name for a in node.names}
+    assert used <= set(TRANSFORMERS_NAMES), sorted(used - set(TRANSFORMERS_NAMES))
+    code = ("import sys; from ui.app import build_app; from ui.tiny import TinyModelProvider; "
+            "build_app(TinyModelProvider()); import transformers; "
+            "print(all(n in transformers.__dict__ for n in "
+            "__import__('dyntree_core.models.load', fromlist=['x']).TRANSFORMERS_NAMES))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}).stdout
+    assert out.strip().endswith("True")
+
+
+def test_after_the_warm_up_concurrent_imports_of_transformers_names_never_fail():
+    """Six threads importing transformers names at once: without the warm-up this failed in 3 of 4
+    fresh processes (ImportError: cannot import name 'DynamicCache'); after it, never."""
+    code = """
+import threading
+from dyntree_core.models.load import TRANSFORMERS_NAMES, import_transformers
+import_transformers()
+errors, barrier = [], threading.Barrier(len(TRANSFORMERS_NAMES))
+def one(name):
+    barrier.wait()
+    try:
+        exec(f"from transformers import {name}")
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=one, args=(n,)) for n in TRANSFORMERS_NAMES]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(errors)
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}).stdout
+    assert out.strip().splitlines()[-1] == "[]", out

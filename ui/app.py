@@ -50,6 +50,9 @@ def _example_prompts() -> list[tuple[str, str]]:
 
 def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults()) -> gr.Blocks:
     """The whole UI; ``model_provider`` loads pairs lazily (on the first Run)."""
+    from dyntree_core.models.load import import_transformers
+
+    import_transformers()  # before any event thread can import it (not thread-safe); no model is built
     examples = _example_prompts()
     with gr.Blocks(title=defaults.title, fill_width=True) as demo:
         timer = gr.Timer(STREAM_INTERVAL_S)

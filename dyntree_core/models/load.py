@@ -560,3 +560,32 @@ def local_text_info(spec: str, role: str) -> Optional[tuple[Any, int]]:
     except (OSError, ValueError):
         return None
     return tok, int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+
+
+#: transformers' names the loaders and the engine import (``import_transformers``)
+TRANSFORMERS_NAMES: tuple[str, ...] = (
+    "AttentionInterface", "AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "DynamicCache", "GenerationConfig",
+    "GgufConfig", "LlamaConfig", "LlamaForCausalLM", "Qwen2Config", "Qwen2ForCausalLM", "StoppingCriteriaList")
+
+
+def import_transformers() -> None:
+    """Resolve the transformers names DynTree uses, once, in the calling thread. transformers imports
+    its submodules lazily, and not safely from two threads at once: the app's first page events
+    (the prompt line's tokenizer and a Run) failed with "ImportError: cannot import name
+    'AutoConfig' from 'transformers'" when they imported it together. A server calls this before
+    it serves."""
+    import importlib
+    import sys
+
+    # Importing some of its submodules puts a new module object in sys.modules["transformers"] (its
+    # lazily resolved names stay on the old one), so resolve on whatever sys.modules holds until the
+    # module stays the same and keeps every name: their modules are then all imported.
+    for _ in range(4):
+        for sub in ("transformers.integrations.sdpa_attention", "transformers.masking_utils", "transformers.utils"):
+            importlib.import_module(sub)
+        module = sys.modules["transformers"]
+        for name in TRANSFORMERS_NAMES:
+            getattr(module, name)
+        if sys.modules["transformers"] is module and all(n in module.__dict__ for n in TRANSFORMERS_NAMES):
+            return
+    raise RuntimeError("transformers kept replacing its module while its names were resolved")
