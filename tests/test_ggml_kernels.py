@@ -246,3 +246,13 @@ def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(
     with torch.inference_mode():
         loose = aten(ids).logits[0]
     assert (loose - expect).abs().max() > (got - expect).abs().max()  # bf16 scales and activations
+
+
+def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):
+    from dyntree_core.planning.machine_profile import profile_key
+
+    keys = set()
+    for policy in ("table", "aten", "native"):
+        monkeypatch.setenv("DYNTREE_KERNELS", policy)
+        keys.add(profile_key("embedded", "cpu"))
+    assert len(keys) == 3
