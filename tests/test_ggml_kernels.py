@@ -227,7 +227,7 @@ def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(
         expect = ref(ids).logits[0]
     monkeypatch.setenv("DYNTREE_KERNELS", "native")
     native = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")
-    assert _kinds(native) == {"GGMLLinear": 15}
+    assert _kinds(native) == {"GGMLLinear": 13} and native._dyntree_fused == {"rms_norm": 5, "gate_up": 2}
     with torch.inference_mode():
         got = native(ids).logits[0]
     assert (got - expect).abs().max().item() < 1e-4 * expect.abs().max().item()
@@ -256,3 +256,28 @@ def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):
         monkeypatch.setenv("DYNTREE_KERNELS", policy)
         keys.add(profile_key("embedded", "cpu"))
     assert len(keys) == 3
+
+
+def test_fused_norms_and_gate_up_give_the_same_logits(nk):
+    import copy
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from dyntree_core.quant.apply import set_submodule
+    from dyntree_core.quant.fused import FusedGateUp, fuse_forward
+
+    cfg = Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    for i, (name, mod) in enumerate(list(model.named_modules())):
+        if isinstance(mod, torch.nn.Linear):
+            shape = kt.LayerShape("Q4_K", mod.out_features, mod.in_features)
+            set_submodule(model, name, GGMLLinear("Q4_K", kt.synthetic_blocks(shape, seed=i), mod.in_features,
+                                                  mod.bias, kernels=nk))
+    fused = copy.deepcopy(model)
+    assert fuse_forward(fused) == {"rms_norm": 5, "gate_up": 2}
+    assert isinstance(fused.model.layers[0].mlp, FusedGateUp)
+    ids = torch.tensor([[1, 5, 9, 200, 7]])
+    with torch.inference_mode():
+        assert torch.equal(fused(ids).logits, model(ids).logits)

@@ -187,6 +187,96 @@ def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
     return out
 
 
+NARROW = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 64, "vocab_size": 1024, "pad_token_id": None}
+
+
+def narrow_twin(kind: str):
+    """The embedded target's depth (28 layers, its config otherwise) at width 256 (``NARROW``): a 1-token
+    forward costs what the real one costs outside the weight products. ``kind``: ``float32`` (nn.Linear),
+    ``aten`` (today's int4: ``Int4Linear`` + an ``Int8Linear`` head, bf16 casts around each), ``native``
+    (``GGMLLinear`` on synthetic Q4_K blocks, Q6_K head), ``native_fused`` (``native`` + ``fuse_forward``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..models.load import resolve_spec
+    from ..quant.apply import quantize_model, set_submodule
+    from ..quant.ggml_linear import GGMLLinear
+
+    cfg = AutoConfig.from_pretrained(resolve_spec("embedded", "target").location, local_files_only=True)
+    for k, v in NARROW.items():
+        setattr(cfg, k, v)
+    cfg.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    if kind == "aten":
+        quantize_model(model, "int4")
+    elif kind.startswith("native"):
+        head = model.get_output_embeddings()
+        for name, mod in list(model.named_modules()):
+            if isinstance(mod, torch.nn.Linear):
+                t = "Q6_K" if mod is head else "Q4_K"
+                shape = kt.LayerShape(t, mod.out_features, mod.in_features)
+                set_submodule(model, name, GGMLLinear(t, kt.synthetic_blocks(shape), mod.in_features, mod.bias))
+        if kind == "native_fused":
+            from ..quant.fused import fuse_forward
+
+            fuse_forward(model)
+    return model
+
+
+def forward_overhead(kinds: tuple[str, ...], say: Callable[[str], None]) -> dict:
+    """1-token forward ms (128-token prefix, best of 7) of the narrow twin per ``kind``."""
+    from ..planning.machine_profile import _Timer
+
+    out = {}
+    for kind in kinds:
+        model = narrow_twin(kind)
+        with torch.inference_mode():
+            timer = _Timer(model, 128)
+            timer.once(1)
+            out[kind] = timer.best(1, 7) * 1e3
+        say(f"  narrow twin ({len(model.model.layers)} layers, width 256) {kind}: {out[kind]:.2f} ms per 1-token forward")
+        del model, timer
+        gc.collect()
+    return out
+
+
+def profile_target(policy: str, fused: bool, top: int = 15) -> list[dict]:
+    """torch.profiler of 1-token int4 forwards of the real target under ``DYNTREE_KERNELS=policy``: the ops
+    with the most self CPU time (share of the profiled total)."""
+    from ..models.load import load_model, resolve_spec
+    from ..planning.machine_profile import _Timer
+
+    saved = os.environ.get("DYNTREE_KERNELS")
+    os.environ["DYNTREE_KERNELS"] = policy
+    try:
+        model = load_model(resolve_spec("embedded", "target"), precision="int4")
+    finally:
+        if saved is None:
+            os.environ.pop("DYNTREE_KERNELS", None)
+        else:
+            os.environ["DYNTREE_KERNELS"] = saved
+    if fused:
+        from ..quant.fused import fuse_forward
+
+        fuse_forward(model)
+    with torch.inference_mode():
+        timer = _Timer(model, 128)
+        for _ in range(2):
+            timer.once(1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                timer.once(1)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    del model, timer
+    gc.collect()
+    return [{"op": e.key, "self_ms_per_forward": e.self_cpu_time_total / 5e3, "share": e.self_cpu_time_total / total,
+             "calls_per_forward": e.count / 5} for e in events[:top]] + [
+        {"op": "(total)", "self_ms_per_forward": total / 5e3, "share": 1.0, "calls_per_forward": 0}]
+
+
 def llamacpp_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
     from ..models.load import resolve_spec
     from . import llamacpp as lc
@@ -211,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--forward-ns", type=int, nargs="*", default=[1, 16, 64],
                    help="t(n) of the target per kernel policy (none: skip)")
     p.add_argument("--no-llamacpp", action="store_true")
+    p.add_argument("--overhead", nargs="*", default=[], choices=("float32", "aten", "native", "native_fused"),
+                   help="1-token forward of a 28-layer, width-256 twin per kind (cost outside the weight products)")
+    p.add_argument("--profile", nargs="*", default=[], metavar="POLICY[+fused]",
+                   help="torch.profiler top ops of a 1-token int4 target forward per DYNTREE_KERNELS policy")
+    p.add_argument("--no-shapes", action="store_true", help="skip the per-shape kernel timings")
     p.add_argument("--json", type=Path, default=None)
     return p
 
@@ -244,7 +339,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             shapes.setdefault(s, []).append(role)
     inductor = {kt.LayerShape(t, int(n), int(k)) for t, n, k in (s.split() for s in args.inductor)}
     table = kt.ensure_shapes(shapes, say)
-    for s in sorted(shapes, key=lambda s: (s.type_name, s.n, s.k)):
+    for s in ([] if args.no_shapes else sorted(shapes, key=lambda s: (s.type_name, s.n, s.k))):
         say(f"  {s.label} ({', '.join(shapes[s])})")
         timings = measure_all(s, args.rows, tuple(args.extra), s in inductor, say)
         record["shapes"][s.label] = {"roles": shapes[s], "ms": timings,
@@ -252,6 +347,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         plan = table.plan_for(s)
         record["plans"][s.label] = {"kind": plan.kind, "mm_min_rows": plan.mm_min_rows, "why": plan.why,
                                     "winners": table.winners(s.label)}
+        save()
+    if args.overhead:
+        record["narrow_twin_1token_ms"] = forward_overhead(tuple(args.overhead), say)
+        save()
+    for spec in args.profile:
+        policy, _, fused = spec.partition("+")
+        record.setdefault("profiles", {})[spec] = profile_target(policy, fused == "fused")
+        say(f"  profile {spec}: " + "; ".join(f"{r['op']} {r['share']:.0%}" for r in record["profiles"][spec][:6]))
         save()
     if args.forward_ns:
         record["target_forward_ms"] = target_forward_times(args.forward_ns, say)
@@ -282,6 +385,13 @@ def print_tables(record: dict, out=None) -> None:
                 continue
             vals = [f"{ms[m]:.3f}" if isinstance(ms.get(m), float) else "—" for m in rows]
             print(f"| {cand} | " + " | ".join(vals) + " |", file=out)
+    for kind, ms in record.get("narrow_twin_1token_ms", {}).items():
+        print(f"narrow twin (28 layers, width 256), 1-token forward, {kind}: {ms:.2f} ms", file=out)
+    for spec, rows in record.get("profiles", {}).items():
+        print(f"\nprofile of a 1-token int4 target forward, {spec}:", file=out)
+        for r in rows:
+            print(f"  {r['op']:<45} {r['self_ms_per_forward']:8.2f} ms {r['share']:6.1%}  x{r['calls_per_forward']:.0f}",
+                  file=out)
     fwd = record.get("target_forward_ms")
     if fwd:
         ns = list(next(iter(fwd.values())))

@@ -150,6 +150,7 @@ def load_gguf_model(
     model = _build(model, gf, arch, config, precision, dense_dtype, say, t0, plans)
     if cached is not None:
         _save_packed(model, cached)
+    fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
     return model
 
@@ -211,8 +212,19 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
     if unexpected:
         raise GGUFModelError(f"packed cache has unknown tensors {unexpected[:5]}")
     _finish(model, precision)
+    fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
     return model
+
+
+def fuse_native(model) -> None:
+    """``quant.fused.fuse_forward`` on models with ``GGMLLinear`` layers (after any packed cache was written:
+    the cache keeps the unfused layout)."""
+    from ..quant.fused import fuse_forward
+    from ..quant.ggml_linear import GGMLLinear
+
+    if any(isinstance(m, GGMLLinear) for m in model.modules()):
+        fuse_forward(model)
 
 
 def _finish(model, precision: str) -> None:
@@ -300,6 +312,7 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
                 state[f"{module}.bias"] = torch.zeros(shape[0], dtype=dense_dtype)
     model.load_state_dict(state, strict=False, assign=True)
     _finish(model, precision)
+    fuse_native(model)
     model._dyntree_shape_twin = True
     return model
 

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.autograd import profiler as _profiler
 
 from .native import BLOCKS, NativeKernels, native_kernels
 
@@ -74,6 +75,17 @@ class GGMLLinear(nn.Module):
             raise RuntimeError("GGMLLinear needs the native kernels (quant.native.native_kernels())")
         self.mm_min_rows = 0
 
+    def __getstate__(self):  # copies and pickles: the ctypes library is this process's, found again on load
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["kernels"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if self.kernels is None:
+            self.kernels = native_kernels()
+
     def dequantized_weight(self) -> torch.Tensor:
         """``[N, K]`` float32, bit-identical to the gguf package's dequantization of the blocks."""
         return self.kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features)
@@ -101,10 +113,12 @@ class GGMLLinear(nn.Module):
             x2 = x2.float()
         if x2.stride(1) != 1 or x2.stride(0) != self.in_features:
             x2 = x2.contiguous()
-        if self.mm_min_rows and x2.shape[0] >= self.mm_min_rows:
-            y = self.dequant_mm(x2)
+        run = self.dequant_mm if self.mm_min_rows and x2.shape[0] >= self.mm_min_rows else self.rows
+        if _profiler._is_profiler_enabled:  # the kernels are ctypes calls: name them for torch.profiler
+            with torch.profiler.record_function(f"dyntree::ggml_{self.type_name}_{run.__name__}"):
+                y = run(x2)
         else:
-            y = self.rows(x2)
+            y = run(x2)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
