@@ -64,6 +64,29 @@ def test_both_ways_of_multiplying_agree_with_the_float64_product(nk, type_name):
     assert torch.equal(layer.rows(x)[4:5], layer.rows(x[4:5].clone()))
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_int8_activations_err_by_at_most_the_activation_rounding_and_rows_stay_independent(nk, type_name):
+    n, k = 48, 768
+    blocks = _blocks(type_name, n, k, seed=4)
+    w = _reference(type_name, blocks, n, k).double()
+    bias = torch.randn(n)
+    layer = GGMLLinear(type_name, blocks, k, bias, kernels=nk, int8_activations=True)
+    x = torch.randn(7, k)
+    x[2] = 0.0  # an all-zero row quantizes to zeros
+    got = layer(x)
+    expect = x.double() @ w.t() + bias.double()
+    # each activation moves by at most half its 256-block's step d = max|x| / 127
+    d = x.double().abs().reshape(7, -1, 256).amax(-1) / 127
+    bound = (w.abs().reshape(n, -1, 256).sum(-1) @ (d / 2).t()).t() + 1e-4 * (x.double().abs() @ w.abs().t())
+    assert ((got.double() - expect).abs() <= bound).all()
+    assert torch.equal(got[2], bias)
+    assert (got.double() - expect).abs().max() > 1e-6  # the activations really are rounded
+    for m in (1, 2, 3, 5):  # the same arithmetic for every batch size
+        assert torch.equal(layer(x[:m].clone())[m - 1], got[m - 1])
+    with pytest.raises(ValueError, match="int8 activations"):
+        GGMLLinear("Q8_0", _blocks("Q8_0", 4, 64), 64, kernels=nk, int8_activations=True)
+
+
 def test_forward_reshapes_casts_and_picks_dequant_mm_from_its_threshold(nk, monkeypatch):
     k, n = 256, 32
     layer = GGMLLinear("Q4_K", _blocks("Q4_K", n, k), k, kernels=nk)
@@ -113,6 +136,10 @@ def test_plan_takes_torchs_kernel_when_it_wins_at_one_row_and_dequant_mm_from_wh
     assert table.winners(s.label) == {"1": "aten", "4": "aten", "16": "aten", "64": "native_dequant_mm"}
     table.timings[s.label]["aten"] = {"1": 2.0, "4": 3.0, "16": 9.0, "64": 30.0}
     assert table.plan_for(s) == kt.LayerPlan("ggml", 16, table.plan_for(s).why)
+    # int8 activations fastest at one row: used at every M (no switch to the float32 GEMM)
+    table.timings[s.label]["native_q8"] = {"1": 0.8, "4": 2.5, "16": 7.0, "64": 25.0}
+    assert (table.plan_for(s).kind, table.plan_for(s).mm_min_rows, table.plan_for(s).int8_activations) == ("ggml", 0, True)
+    del table.timings[s.label]["native_q8"]
     # a win at 4 rows that is lost again at 16 does not count: the threshold is where it keeps winning
     table.timings[s.label]["native_dequant_mm"] = {"1": 5.0, "4": 1.5, "16": 7.0, "64": 8.0}
     assert table.plan_for(s).mm_min_rows == 64
@@ -123,6 +150,9 @@ def test_policies_force_a_kernel_and_unknown_ones_are_refused(monkeypatch, nk):
     monkeypatch.setenv("DYNTREE_KERNELS", "native_mm")
     got = kt.layer_plans(shapes)
     assert (got[shapes[0]].kind, got[shapes[0]].mm_min_rows, got[shapes[1]].kind) == ("ggml", 2, "aten")
+    monkeypatch.setenv("DYNTREE_KERNELS", "native_q8")
+    got = kt.layer_plans(shapes + [kt.LayerShape("Q8_0", 16, 256)])
+    assert [p.int8_activations for p in got.values()] == [True, False, False]
     monkeypatch.setenv("DYNTREE_KERNELS", "aten")
     assert {p.kind for p in kt.layer_plans(shapes).values()} == {"aten"}
     assert "-aten-" in kt.table_identity()
@@ -138,7 +168,7 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES):
         measured.append(shape.label)
         return {"aten": {str(m): 2.0 * m for m in ms}, "native_rows": {str(m): 1.0 * m for m in ms},
-                "native_dequant_mm": {str(m): 50.0 for m in ms}}
+                "native_dequant_mm": {str(m): 50.0 for m in ms}, "native_q8": {str(m): None for m in ms}}
 
     monkeypatch.setattr(kt, "measure_shape", fake_measure)
     s = kt.LayerShape("Q4_K", 16, 256)
@@ -150,9 +180,11 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
 
 
 def test_measure_shape_times_every_candidate(nk):
-    got = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1, 3))
+    got = kt.measure_shape(kt.LayerShape("Q4_K", 16, 256), ms=(1, 3))
     assert set(got) == set(kt.RUNTIME_CANDIDATES)
     assert all(v is not None and v > 0 for c in got.values() for v in c.values())
+    q8_0 = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1,))
+    assert q8_0["native_q8"] == {"1": None} and q8_0["native_rows"]["1"] > 0  # no int8-activation kernel
 
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels
@@ -252,10 +284,10 @@ def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):
     from dyntree_core.planning.machine_profile import profile_key
 
     keys = set()
-    for policy in ("table", "aten", "native"):
+    for policy in ("table", "aten", "native", "native_q8"):
         monkeypatch.setenv("DYNTREE_KERNELS", policy)
         keys.add(profile_key("embedded", "cpu"))
-    assert len(keys) == 3
+    assert len(keys) == 4
 
 
 def test_fused_norms_and_gate_up_give_the_same_logits(nk):

@@ -110,7 +110,7 @@ def plans_tag(plans: dict) -> str:
     """Short digest of which shapes run the file's blocks ("" when none does: the cache name of old)."""
     import hashlib
 
-    ggml = sorted(s.label for s, p in plans.items() if p.kind == "ggml")
+    ggml = sorted(s.label + ("/q8" if p.int8_activations else "") for s, p in plans.items() if p.kind == "ggml")
     return hashlib.sha256("|".join(ggml).encode()).hexdigest()[:8] if ggml else ""
 
 
@@ -195,8 +195,10 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
     by_label = {s.label: p for s, p in plans.items()}
     for mod, (type_name, k) in ggml.items():
         blocks = sd.pop(f"{mod}.blocks")
-        layer = GGMLLinear(type_name, blocks, int(k), sd.pop(f"{mod}.bias", None))
-        layer.mm_min_rows = by_label[f"{type_name} [{layer.out_features}, {k}]"].mm_min_rows
+        plan = by_label[f"{type_name} [{int(blocks.shape[0])}, {k}]"]
+        layer = GGMLLinear(type_name, blocks, int(k), sd.pop(f"{mod}.bias", None),
+                           int8_activations=plan.int8_activations)
+        layer.mm_min_rows = plan.mm_min_rows
         set_submodule(model, mod, layer)
     for key in [k for k in sd if k.endswith(".packed")]:
         mod = key.removesuffix(".packed")
@@ -249,7 +251,7 @@ def linear_precision(module: str, type_name: str, n_rows: int, n_cols: int, prec
 def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
     from ..quant.ggml_linear import GGMLLinear
 
-    layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias)
+    layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias, int8_activations=plan.int8_activations)
     layer.mm_min_rows = plan.mm_min_rows
     return layer
 

@@ -39,7 +39,8 @@ class FusedGateUp(nn.Module):
         super().__init__()
         g, u = mlp.gate_proj, mlp.up_proj
         self.intermediate = g.out_features
-        self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels)
+        self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels,
+                                  g.int8_activations)
         self.gate_up.mm_min_rows = g.mm_min_rows
         self.down_proj = mlp.down_proj
         self.act_fn = mlp.act_fn
@@ -53,7 +54,7 @@ def _fusable_mlp(mod: nn.Module) -> bool:
     g, u = getattr(mod, "gate_proj", None), getattr(mod, "up_proj", None)
     return (isinstance(g, GGMLLinear) and isinstance(u, GGMLLinear) and g.type_name == u.type_name
             and g.in_features == u.in_features and g.bias is None and u.bias is None
-            and g.mm_min_rows == u.mm_min_rows and hasattr(mod, "down_proj") and hasattr(mod, "act_fn"))
+            and g.mm_min_rows == u.mm_min_rows and g.int8_activations == u.int8_activations and hasattr(mod, "down_proj") and hasattr(mod, "act_fn"))
 
 
 def fuse_forward(model: nn.Module) -> dict[str, int]:

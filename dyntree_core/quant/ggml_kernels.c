@@ -340,3 +340,203 @@ int dyntree_ggml_matmul(int type, const float *x, int64_t ldx, const uint8_t *w,
     free(sumx);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * int8 activations (llama.cpp's way on x86: Q8_K): each activation row quantized per 256 values to int8 with
+ * one float scale (d = max|x| / 127, q = round(x / d)), then integer dot products with the weight's integers
+ * (vpmaddubsw: 32 multiply-adds per instruction) and one float multiply per 256 weights. Faster than the float
+ * kernels where they are compute-bound, at the price of the activation rounding (|error| <= d/2 per value);
+ * every M uses the same arithmetic, and rows stay independent.
+ * --------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int8_t *q;      /* [M, K] */
+    float *d;       /* [M, K/256] */
+    int16_t *bsums; /* [M, K/16] */
+} q8k_rows;
+
+static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int16_t *bsums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / 256; b++) {
+        const float *xb = x + 256 * b;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < 256; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m);
+        int8_t *qb = q + 256 * b;
+        if (mx == 0.0f) {
+            memset(qb, 0, 256);
+            d[b] = 0.0f;
+            for (int j = 0; j < 16; j++) bsums[16 * b + j] = 0;
+            continue;
+        }
+        const __m256 is = _mm256_set1_ps(127.0f / mx);
+        for (int i = 0; i < 256; i += 32) {
+            __m256i v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), is),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            /* pack 32 int32 -> 32 int8 in order */
+            __m256i p01 = _mm256_packs_epi32(v[0], v[1]), p23 = _mm256_packs_epi32(v[2], v[3]);
+            __m256i p = _mm256_packs_epi16(p01, p23);
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qb + i), p);
+        }
+        d[b] = mx / 127.0f;
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += qb[16 * j + i];
+            bsums[16 * b + j] = (int16_t)s;
+        }
+    }
+}
+
+static inline float hsum_i32(__m256i v) { return hsum(_mm256_cvtepi32_ps(v)); }
+
+#define Q4K_Q8_ROWS(R)                                                                                     \
+    static void q4k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
+                                const int16_t *bs, int64_t K, float *out) {                                  \
+        __m256 tot[R];                                                                                       \
+        float off[R];                                                                                        \
+        for (int r = 0; r < R; r++) {                                                                        \
+            tot[r] = _mm256_setzero_ps();                                                                    \
+            off[r] = 0.0f;                                                                                   \
+        }                                                                                                    \
+        const __m256i mask = _mm256_set1_epi8(0x0F);                                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * 144;                                                               \
+            const float d = f16(blk), dmin = f16(blk + 2);                                                   \
+            int sc[8], mn[8];                                                                                \
+            for (int j = 0; j < 8; j++) scale_min_k4(j, blk + 4, &sc[j], &mn[j]);                           \
+            __m256i acc[R];                                                                                  \
+            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                     \
+            for (int j = 0; j < 4; j++) {                                                                    \
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));             \
+                const __m256i lo = _mm256_and_si256(bytes, mask);                                            \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                      \
+                const __m256i s1 = _mm256_set1_epi16((int16_t)sc[2 * j]);                                   \
+                const __m256i s2 = _mm256_set1_epi16((int16_t)sc[2 * j + 1]);                               \
+                for (int r = 0; r < R; r++) {                                                                \
+                    const int8_t *qr = q8 + r * K + b * 256 + 64 * j;                                        \
+                    __m256i p1 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qr));           \
+                    __m256i p2 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qr + 32)));    \
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p1, s1));                            \
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p2, s2));                            \
+                }                                                                                            \
+            }                                                                                                \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const float dx = d8[r * (K / 256) + b];                                                      \
+                const int16_t *br = bs + r * (K / 16) + b * 16;                                              \
+                int msum = 0;                                                                                \
+                for (int j = 0; j < 8; j++) msum += mn[j] * (br[2 * j] + br[2 * j + 1]);                     \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
+                off[r] += dmin * dx * (float)msum;                                                           \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]) - off[r];                                          \
+    }
+Q4K_Q8_ROWS(1)
+Q4K_Q8_ROWS(2)
+Q4K_Q8_ROWS(4)
+
+#define Q6K_Q8_ROWS(R)                                                                                     \
+    static void q6k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
+                                const int16_t *bs, int64_t K, float *out) {                                  \
+        __m256 tot[R];                                                                                       \
+        for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();                                            \
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);                              \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * 210;                                                               \
+            const int8_t *sc = (const int8_t *)(blk + 192);                                                  \
+            const float d = f16(blk + 208);                                                                  \
+            __m256i acc[R];                                                                                  \
+            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                     \
+            for (int half = 0; half < 2; half++) {                                                           \
+                const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;                            \
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));                               \
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));                          \
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));                                \
+                __m256i u[4];                                                                                \
+                u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)); \
+                u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),                                             \
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)); \
+                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),                       \
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)); \
+                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                       \
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)); \
+                for (int g = 0; g < 4; g++) {                                                                \
+                    const int8_t *s = sc + 8 * half + 2 * g;                                                 \
+                    const __m256i sv = _mm256_setr_epi16(s[0], s[0], s[0], s[0], s[0], s[0], s[0], s[0],     \
+                                                         s[1], s[1], s[1], s[1], s[1], s[1], s[1], s[1]);    \
+                    for (int r = 0; r < R; r++) {                                                            \
+                        const __m256i qv = _mm256_loadu_si256(                                               \
+                            (const __m256i *)(q8 + r * K + b * 256 + 128 * half + 32 * g));                  \
+                        const __m256i p = _mm256_maddubs_epi16(u[g], qv);                                    \
+                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, sv));                         \
+                    }                                                                                        \
+                }                                                                                            \
+            }                                                                                                \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const float dx = d8[r * (K / 256) + b];                                                      \
+                const int16_t *br = bs + r * (K / 16) + b * 16;                                              \
+                int corr = 0; /* the -32 of every q6: 32 * sum_j sc_j * sum(q8 of group j) */                \
+                for (int j = 0; j < 16; j++) corr += sc[j] * br[j];                                          \
+                const __m256i c = _mm256_setr_epi32(-32 * corr, 0, 0, 0, 0, 0, 0, 0);                        \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc[r], c)),                    \
+                                         _mm256_set1_ps(d * dx), tot[r]);                                    \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
+    }
+Q6K_Q8_ROWS(1)
+Q6K_Q8_ROWS(2)
+Q6K_Q8_ROWS(4)
+
+/* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized per 256 values to int8 (Q4_K and Q6_K weights) */
+int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
+                           int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    int be, bb;
+    if ((type != T_Q4_K && type != T_Q6_K) || block_info(type, &be, &bb) || K % 256) return -1;
+    const int64_t nb = K / be, row_bytes = nb * bb;
+    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)(M * K + 64));
+    float *d8 = (float *)malloc((size_t)(M * (K / 256)) * sizeof(float));
+    int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
+    if (!q8 || !d8 || !bs) {
+        free(q8);
+        free(d8);
+        free(bs);
+        return -2;
+    }
+#pragma omp parallel for schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * (K / 256), bs + m * (K / 16));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *wr = w + n * row_bytes;
+        const float bn = bias ? bias[n] : 0.0f;
+        for (int64_t m0 = 0; m0 < M;) {
+            const int64_t left = M - m0;
+            const int R = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
+            float out[4];
+            const int8_t *qm = q8 + m0 * K;
+            const float *dm = d8 + m0 * (K / 256);
+            const int16_t *bm = bs + m0 * (K / 16);
+            if (type == T_Q4_K) {
+                if (R == 4) q4k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                else if (R == 2) q4k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
+                else q4k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
+            } else {
+                if (R == 4) q6k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                else if (R == 2) q6k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
+                else q6k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
+            }
+            for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + bn;
+            m0 += R;
+        }
+    }
+    free(q8);
+    free(d8);
+    free(bs);
+    return 0;
+}

@@ -4,13 +4,17 @@ added in the kernel.
 
 Two ways to run it, both from the same bytes (no extra memory kept):
 
-* ``rows``: the row kernel (every weight row read once per call, each activation row against it);
+* ``rows``: the row kernel (every weight row read once per call, each activation row against it); with
+  ``int8_activations`` (Q4_K/Q6_K) each activation row is first quantized to int8 per 256 values and the
+  products are integer dot products, as llama.cpp does on x86 (faster where the float kernel is
+  compute-bound; the activations' rounding is the price);
 * ``dequant_mm``: the weight dequantized to float32 a chunk of rows at a time into a reused buffer, then
   torch's float32 GEMM (``torch.mm``); wins once enough rows share each dequantized weight.
 
-``mm_min_rows`` (from the kernel table) picks ``dequant_mm`` from that many input rows on (0: never). Both
-use the float32 weight the gguf package's dequantization gives, so they agree with each other and with
-the float32 model up to the order of float32 sums.
+``mm_min_rows`` (from the kernel table) picks ``dequant_mm`` from that many input rows on (0: never; always 0
+with ``int8_activations``, so every M rounds the same way). Without ``int8_activations`` both use the float32
+weight the gguf package's dequantization gives, so they agree with each other and with the float32 model up to
+the order of float32 sums.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _profiler
 
-from .native import BLOCKS, NativeKernels, native_kernels
+from .native import BLOCKS, INT8_ACTIVATION_TYPES, NativeKernels, native_kernels
 
 #: floats of float32 weight dequantized per ``dequant_mm`` chunk (16 MiB): fits in L3, bounds the buffer
 CHUNK_FLOATS = 1 << 22
@@ -58,7 +62,7 @@ class GGMLLinear(nn.Module):
     precision = "ggml"
 
     def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: Optional[torch.Tensor] = None,
-                 kernels: Optional[NativeKernels] = None):
+                 kernels: Optional[NativeKernels] = None, int8_activations: bool = False):
         super().__init__()
         if type_name not in BLOCKS:
             raise ValueError(f"GGMLLinear takes {', '.join(BLOCKS)}, got {type_name}")
@@ -73,6 +77,9 @@ class GGMLLinear(nn.Module):
         self.kernels = kernels or native_kernels()
         if self.kernels is None:
             raise RuntimeError("GGMLLinear needs the native kernels (quant.native.native_kernels())")
+        if int8_activations and type_name not in INT8_ACTIVATION_TYPES:
+            raise ValueError(f"int8 activations are for {', '.join(INT8_ACTIVATION_TYPES)}, not {type_name}")
+        self.int8_activations = bool(int8_activations)
         self.mm_min_rows = 0
 
     def __getstate__(self):  # copies and pickles: the ctypes library is this process's, found again on load
@@ -92,7 +99,8 @@ class GGMLLinear(nn.Module):
 
     def rows(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 ``[M, K]`` -> ``[M, N]`` on the row kernel."""
-        return self.kernels.matmul(self.type_name, x2, self.blocks, self.out_features, self.in_features, self.bias)
+        return self.kernels.matmul(self.type_name, x2, self.blocks, self.out_features, self.in_features, self.bias,
+                                   self.int8_activations)
 
     def dequant_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 ``[M, K]`` -> ``[M, N]``: chunks of the weight dequantized into a shared buffer, then GEMMs."""
@@ -123,4 +131,4 @@ class GGMLLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks, "
-                f"dequant_mm from {self.mm_min_rows or 'never'} rows")
+                + ("int8 activations" if self.int8_activations else f"dequant_mm from {self.mm_min_rows or 'never'} rows"))

@@ -5,11 +5,14 @@ For a layer shape (GGML type, N, K) and M input rows the runtime candidates are:
 * ``aten``: torch's weight-only kernel on a re-pack of the weight (``Int4Linear`` for Q4_K: bf16 scales
   and zeros; ``Int8Linear`` for the other types: per-channel int8 requantized from the exact weight);
 * ``native_rows``: ``GGMLLinear``'s row kernel on the file's own blocks (``native``);
-* ``native_dequant_mm``: ``GGMLLinear`` dequantizing chunks of the weight to float32 for torch's GEMM.
+* ``native_dequant_mm``: ``GGMLLinear`` dequantizing chunks of the weight to float32 for torch's GEMM;
+* ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K; llama.cpp's arithmetic).
 
-``plan_for(shape)`` turns the timings into a layer: ``aten`` if it is faster at one row (then that layer is
-today's ``Int4Linear``/``Int8Linear`` at every M), else ``GGMLLinear`` with ``mm_min_rows``: the smallest
-measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M.
+``plan_for(shape)`` turns the timings into a layer by the fastest at one row, keeping one arithmetic at every
+M: ``aten`` (today's ``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8
+activations at every M), or ``native_rows`` (``GGMLLinear`` in float32, with ``mm_min_rows``: the smallest
+measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M; the two agree
+to float32 rounding).
 
 The table is cached as JSON under ``$DYNTREE_CACHE/kernels/``, keyed by the machine (CPU model and flags,
 threads), the torch version, the native kernels' digest and ``TABLE_VERSION``; shapes not yet in it are
@@ -31,9 +34,9 @@ import torch
 
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: native_q8
 DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
-RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm")
+RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8")
 #: a candidate slower than this (ms) at some M is not timed at larger M
 SLOW_MS = 3000.0
 
@@ -60,11 +63,12 @@ class LayerShape:
 @dataclass(frozen=True)
 class LayerPlan:
     """What a layer of one shape runs: ``kind`` ``aten`` or ``ggml``; for ``ggml`` the row count from which it
-    dequantizes for torch's GEMM (0: never)."""
+    dequantizes for torch's GEMM (0: never) and whether it quantizes activations to int8."""
 
     kind: str
     mm_min_rows: int = 0
     why: str = ""
+    int8_activations: bool = False
 
 
 def synthetic_blocks(shape: LayerShape, seed: int = 0) -> torch.Tensor:
@@ -112,6 +116,7 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
     """``{candidate: {str(M): ms or None}}`` for one shape (None: not run, e.g. slower than ``SLOW_MS`` at a
     smaller M, or no native kernels here)."""
     from .ggml_linear import GGMLLinear
+    from .native import INT8_ACTIVATION_TYPES
 
     blocks = synthetic_blocks(shape)
     nk = native_kernels()
@@ -119,6 +124,9 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
     for c in candidates:
         if c == "aten":
             layers[c] = _aten_layer(shape, blocks)
+        elif c == "native_q8":
+            if nk is not None and shape.type_name in INT8_ACTIVATION_TYPES:
+                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
         elif c.startswith("native") and nk is not None:
             layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
     out: dict[str, dict[str, Optional[float]]] = {c: {} for c in candidates}
@@ -132,8 +140,8 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
                     out[c][str(m)] = None
                     continue
                 x = torch.randn(m, shape.k, generator=gen)
-                fn = {"native_rows": lambda: layer.rows(x), "native_dequant_mm": lambda: layer.dequant_mm(x)}.get(
-                    c, lambda: layer(x))
+                fn = {"native_rows": lambda: layer.rows(x), "native_q8": lambda: layer.rows(x),
+                      "native_dequant_mm": lambda: layer.dequant_mm(x)}.get(c, lambda: layer(x))
                 t = median_ms(fn)
                 out[c][str(m)] = t
                 slow = t > SLOW_MS
@@ -192,8 +200,14 @@ class KernelTable:
         one = str(self.ms[0])
         if rows.get(one) is None:
             return LayerPlan("aten", 0, f"no native kernels ({self.native_unavailable})")
-        if aten.get(one) is not None and aten[one] < rows[one]:
+        q8 = t.get("native_q8", {})
+        best = min((v, c) for c, v in (("aten", aten.get(one)), ("native_rows", rows[one]), ("native_q8", q8.get(one)))
+                   if v is not None)[1]
+        if best == "aten":
             return LayerPlan("aten", 0, f"torch's kernel {aten[one]:.3f} ms < native {rows[one]:.3f} ms at {one} row")
+        if best == "native_q8":
+            return LayerPlan("ggml", 0, f"int8-activation kernel {q8[one]:.3f} ms < float32 {rows[one]:.3f} ms at "
+                                        f"{one} row (used at every M)", int8_activations=True)
         mm = t.get("native_dequant_mm", {})
         threshold = 0
         for m in reversed(self.ms):
@@ -248,8 +262,9 @@ def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str
 
 
 #: ``DYNTREE_KERNELS``: ``table`` (default: the measured winners), ``aten`` (torch's kernels everywhere, as
-#: before the table), ``native`` (the row kernel at every M), ``native_mm`` (dequant + GEMM at every M > 1)
-POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm")
+#: before the table), ``native`` (the float32 row kernel at every M), ``native_mm`` (dequant + GEMM at every
+#: M > 1), ``native_q8`` (int8 activations at every M where the type has them, else ``native``)
+POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm", "native_q8")
 
 
 def kernel_policy() -> str:
@@ -267,10 +282,13 @@ def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str],
     if policy == "aten" or native_kernels() is None:
         why = "DYNTREE_KERNELS=aten" if policy == "aten" else f"no native kernels ({native_unavailable_reason()})"
         return {s: LayerPlan("aten", 0, why) for s in shapes}
-    if policy in ("native", "native_mm"):
-        rows = 0 if policy == "native" else 2
-        return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}") if s.type_name in BLOCKS
-                    else LayerPlan("aten", 0, "type without a native kernel")) for s in shapes}
+    if policy in ("native", "native_mm", "native_q8"):
+        from .native import INT8_ACTIVATION_TYPES
+
+        rows = 2 if policy == "native_mm" else 0
+        return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}",
+                              policy == "native_q8" and s.type_name in INT8_ACTIVATION_TYPES)
+                    if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel")) for s in shapes}
     table = ensure_shapes(shapes, progress)
     return {s: (table.plan_for(s) if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel"))
             for s in shapes}

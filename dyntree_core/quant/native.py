@@ -26,6 +26,8 @@ SOURCE = Path(__file__).with_name("ggml_kernels.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
+#: types with an int8-activation kernel (``matmul(..., int8_activations=True)``)
+INT8_ACTIVATION_TYPES = ("Q4_K", "Q6_K")
 #: GGML type ids (``gguf.GGMLQuantizationType``) the kernels read, with (block elements, block bytes)
 BLOCKS: dict[str, tuple[int, int, int]] = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210),
                                            "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34)}
@@ -44,16 +46,18 @@ class NativeKernels:
     digest: str
 
     def matmul(self, type_name: str, x: torch.Tensor, blocks: torch.Tensor, n: int, k: int,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+               bias: Optional[torch.Tensor] = None, int8_activations: bool = False) -> torch.Tensor:
         """``x`` float32 ``[M, K]`` (rows contiguous) @ the ``[N, K]`` weight in ``blocks`` (uint8, GGML rows)
-        ``^T`` (+ ``bias`` float32 ``[N]``) -> float32 ``[M, N]``."""
+        ``^T`` (+ ``bias`` float32 ``[N]``) -> float32 ``[M, N]``. ``int8_activations`` (Q4_K/Q6_K only): each
+        row of ``x`` quantized to int8 per 256 values first and integer dot products (llama.cpp's Q8_K way)."""
         m = x.shape[0]
         if x.dtype != torch.float32 or x.stride(1) != 1 or not blocks.is_contiguous() or x.shape[1] != k:
             raise NativeKernelError(f"matmul needs float32 [M, {k}] rows with unit stride and contiguous blocks")
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() != n):
             raise NativeKernelError(f"bias must be contiguous float32 [{n}]")
         y = torch.empty(m, n, dtype=torch.float32)
-        rc = self.lib.dyntree_ggml_matmul(
+        fn = self.lib.dyntree_ggml_matmul_q8 if int8_activations else self.lib.dyntree_ggml_matmul
+        rc = fn(
             BLOCKS[type_name][0], x.data_ptr(), x.stride(0), blocks.data_ptr(),
             bias.data_ptr() if bias is not None else None, y.data_ptr(), n, m, n, k)
         if rc:
@@ -123,6 +127,8 @@ def _load(path: Path, digest: str) -> NativeKernels:
     i64, vp = ctypes.c_int64, ctypes.c_void_p
     lib.dyntree_ggml_matmul.argtypes = [ctypes.c_int, vp, i64, vp, vp, vp, i64, i64, i64, i64]
     lib.dyntree_ggml_matmul.restype = ctypes.c_int
+    lib.dyntree_ggml_matmul_q8.argtypes = lib.dyntree_ggml_matmul.argtypes
+    lib.dyntree_ggml_matmul_q8.restype = ctypes.c_int
     lib.dyntree_ggml_dequantize.argtypes = [ctypes.c_int, vp, vp, i64, i64]
     lib.dyntree_ggml_dequantize.restype = ctypes.c_int
     return NativeKernels(lib, path, digest)
