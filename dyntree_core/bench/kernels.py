@@ -14,11 +14,11 @@ kernel table this machine uses, and t(n) of the target per kernel choice (ours a
    * ``inductor_int8`` (``--inductor``): ``torch.compile(mode="max-autotune")`` with freezing of an int8
      weight-only linear (the pattern inductor's CPU weight-only GEMM templates match), on the shapes named.
 
-   The runtime table (``quant.kernel_table``) is measured and cached as the models use it; its per-shape
-   plan is printed beside the full timings.
+   The runtime candidates' timings of this run become this machine's kernel table (``quant.kernel_table``,
+   what the models use from then on); each shape's plan is recorded beside the full timings.
 2. t(1), t(16), t(64) of the target (128-token prefix, logits of every row; the machine profile's timer) at
    int4 for each ``DYNTREE_KERNELS`` policy (``aten``, ``aten`` with the bf16 split from 16 rows, ``native``,
-   ``native_mm``, ``table``), and llama.cpp's ``Llama.eval`` of the same counts where llama-cpp-python is
+   ``native_mm``, ``native_q8``, ``table``), and llama.cpp's ``Llama.eval`` of the same counts where llama-cpp-python is
    installed (``bench.llamacpp.forward_times``).
 
 The JSON (``--json``, default ``bench/results/kernels_<machine label>.json``) records the machine
@@ -42,7 +42,7 @@ from ..planning.machine import machine_info
 from ..quant import kernel_table as kt
 
 EXTRA_CANDIDATES = ("aten_int8", "dense_bf16_split", "dense_fp32", "torchao_int4")
-POLICY_ROWS = (("aten", 0), ("aten", 16), ("native", 0), ("native_mm", 0), ("table", 0))
+POLICY_ROWS = (("aten", 0), ("aten", 16), ("native", 0), ("native_mm", 0), ("native_q8", 0), ("table", 0))
 
 
 def torchao_status() -> dict:
@@ -241,9 +241,10 @@ def forward_overhead(kinds: tuple[str, ...], say: Callable[[str], None]) -> dict
     return out
 
 
-def profile_target(policy: str, fused: bool, top: int = 15) -> list[dict]:
-    """torch.profiler of 1-token int4 forwards of the real target under ``DYNTREE_KERNELS=policy``: the ops
-    with the most self CPU time (share of the profiled total)."""
+def profile_target(policy: str, top: int = 15) -> list[dict]:
+    """torch.profiler of 1-token int4 forwards of the real target under ``DYNTREE_KERNELS=policy`` (``GGMLLinear``
+    models come fused: ``models.gguf_model.fuse_native``): the ops with the most self CPU time (share of the
+    profiled total)."""
     from ..models.load import load_model, resolve_spec
     from ..planning.machine_profile import _Timer
 
@@ -256,10 +257,6 @@ def profile_target(policy: str, fused: bool, top: int = 15) -> list[dict]:
             os.environ.pop("DYNTREE_KERNELS", None)
         else:
             os.environ["DYNTREE_KERNELS"] = saved
-    if fused:
-        from ..quant.fused import fuse_forward
-
-        fuse_forward(model)
     with torch.inference_mode():
         timer = _Timer(model, 128)
         for _ in range(2):
@@ -303,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--overhead", nargs="*", default=[], choices=("float32", "aten", "native", "native_fused"),
                    help="1-token forward of a 28-layer, width-256 twin per kind (cost outside the weight products)")
-    p.add_argument("--profile", nargs="*", default=[], metavar="POLICY[+fused]",
+    p.add_argument("--profile", nargs="*", default=[], metavar="POLICY",
                    help="torch.profiler top ops of a 1-token int4 target forward per DYNTREE_KERNELS policy")
     p.add_argument("--no-shapes", action="store_true", help="skip the per-shape kernel timings")
     p.add_argument("--json", type=Path, default=None)
@@ -338,22 +335,26 @@ def main(argv: Optional[list[str]] = None) -> int:
         for s in set(linear_shapes(read_gguf(resolve_spec("embedded", role).gguf)).values()):
             shapes.setdefault(s, []).append(role)
     inductor = {kt.LayerShape(t, int(n), int(k)) for t, n, k in (s.split() for s in args.inductor)}
-    table = kt.ensure_shapes(shapes, say)
+    table = kt.load_table()
     for s in ([] if args.no_shapes else sorted(shapes, key=lambda s: (s.type_name, s.n, s.k))):
         say(f"  {s.label} ({', '.join(shapes[s])})")
         timings = measure_all(s, args.rows, tuple(args.extra), s in inductor, say)
-        record["shapes"][s.label] = {"roles": shapes[s], "ms": timings,
-                                     "runtime_table": table.timings.get(s.label)}
+        record["shapes"][s.label] = {"roles": shapes[s], "ms": timings}
+        if [str(m) for m in table.ms] == list(timings["aten"]):  # this run's timings become the runtime table's
+            table.timings[s.label] = {c: timings[c] for c in kt.RUNTIME_CANDIDATES}
+            table.save(kt.table_path(table.key))
+    table = kt.ensure_shapes(shapes, say)
+    for s in sorted(shapes, key=lambda s: (s.type_name, s.n, s.k)):
         plan = table.plan_for(s)
         record["plans"][s.label] = {"kind": plan.kind, "mm_min_rows": plan.mm_min_rows, "why": plan.why,
-                                    "winners": table.winners(s.label)}
-        save()
+                                    "int8_activations": plan.int8_activations, "winners": table.winners(s.label),
+                                    "runtime_table_ms": table.timings[s.label]}
+    save()
     if args.overhead:
         record["narrow_twin_1token_ms"] = forward_overhead(tuple(args.overhead), say)
         save()
     for spec in args.profile:
-        policy, _, fused = spec.partition("+")
-        record.setdefault("profiles", {})[spec] = profile_target(policy, fused == "fused")
+        record.setdefault("profiles", {})[spec] = profile_target(spec)
         say(f"  profile {spec}: " + "; ".join(f"{r['op']} {r['share']:.0%}" for r in record["profiles"][spec][:6]))
         save()
     if args.forward_ns:
