@@ -395,47 +395,70 @@ static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int
 
 static inline float hsum_i32(__m256i v) { return hsum(_mm256_cvtepi32_ps(v)); }
 
+/* the 8 six-bit scales and mins of a Q4_K block as 16 int16 (scales 0..7, then mins 0..7), llama.cpp's way */
+static inline __m256i q4k_scales_mins(const uint8_t *sc12) {
+    uint32_t u[4];
+    memcpy(u, sc12, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+}
+
+/* shuffle controls: int16 lane i broadcast to all 8 lanes of a 128-bit half */
+static inline __m256i bcast16(__m256i v16x2, int i) {
+    const __m256i ctl = _mm256_set1_epi16((int16_t)((2 * i) | ((2 * i + 1) << 8)));
+    return _mm256_shuffle_epi8(v16x2, ctl);
+}
+
 #define Q4K_Q8_ROWS(R)                                                                                     \
     static void q4k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
                                 const int16_t *bs, int64_t K, float *out) {                                  \
         __m256 tot[R];                                                                                       \
-        float off[R];                                                                                        \
+        __m128 mins_acc[R];                                                                                  \
         for (int r = 0; r < R; r++) {                                                                        \
             tot[r] = _mm256_setzero_ps();                                                                    \
-            off[r] = 0.0f;                                                                                   \
+            mins_acc[r] = _mm_setzero_ps();                                                                  \
         }                                                                                                    \
         const __m256i mask = _mm256_set1_epi8(0x0F);                                                         \
         for (int64_t b = 0; b < nb; b++) {                                                                   \
             const uint8_t *blk = wr + b * 144;                                                               \
             const float d = f16(blk), dmin = f16(blk + 2);                                                   \
-            int sc[8], mn[8];                                                                                \
-            for (int j = 0; j < 8; j++) scale_min_k4(j, blk + 4, &sc[j], &mn[j]);                           \
+            const __m256i sm = q4k_scales_mins(blk + 4);                                                     \
+            const __m128i mins = _mm256_extracti128_si256(sm, 1);                                            \
+            const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00); /* scales in both halves */         \
             __m256i acc[R];                                                                                  \
             for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                     \
             for (int j = 0; j < 4; j++) {                                                                    \
                 const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));             \
                 const __m256i lo = _mm256_and_si256(bytes, mask);                                            \
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                      \
-                const __m256i s1 = _mm256_set1_epi16((int16_t)sc[2 * j]);                                   \
-                const __m256i s2 = _mm256_set1_epi16((int16_t)sc[2 * j + 1]);                               \
+                const __m256i s1 = bcast16(sc, 2 * j), s2 = bcast16(sc, 2 * j + 1);                          \
                 for (int r = 0; r < R; r++) {                                                                \
                     const int8_t *qr = q8 + r * K + b * 256 + 64 * j;                                        \
                     __m256i p1 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qr));           \
                     __m256i p2 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qr + 32)));    \
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p1, s1));                            \
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p2, s2));                            \
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p1, s1),           \
+                                                                       _mm256_madd_epi16(p2, s2)));          \
                 }                                                                                            \
             }                                                                                                \
             for (int r = 0; r < R; r++) {                                                                    \
                 const float dx = d8[r * (K / 256) + b];                                                      \
-                const int16_t *br = bs + r * (K / 16) + b * 16;                                              \
-                int msum = 0;                                                                                \
-                for (int j = 0; j < 8; j++) msum += mn[j] * (br[2 * j] + br[2 * j + 1]);                     \
+                const __m256i b16 = _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16));      \
+                const __m128i b32 = _mm_hadd_epi16(_mm256_castsi256_si128(b16), _mm256_extracti128_si256(b16, 1)); \
+                const __m128i pm = _mm_madd_epi16(mins, b32);                                                \
+                mins_acc[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(pm), mins_acc[r]);         \
                 tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
-                off[r] += dmin * dx * (float)msum;                                                           \
             }                                                                                                \
         }                                                                                                    \
-        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]) - off[r];                                          \
+        for (int r = 0; r < R; r++) {                                                                        \
+            __m128 m = _mm_add_ps(mins_acc[r], _mm_movehl_ps(mins_acc[r], mins_acc[r]));                     \
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));                                                           \
+            out[r] = hsum(tot[r]) - _mm_cvtss_f32(m);                                                        \
+        }                                                                                                    \
     }
 Q4K_Q8_ROWS(1)
 Q4K_Q8_ROWS(2)
@@ -449,10 +472,15 @@ Q4K_Q8_ROWS(4)
         const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);                              \
         for (int64_t b = 0; b < nb; b++) {                                                                   \
             const uint8_t *blk = wr + b * 210;                                                               \
-            const int8_t *sc = (const int8_t *)(blk + 192);                                                  \
             const float d = f16(blk + 208);                                                                  \
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));                              \
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */                         \
             __m256i acc[R];                                                                                  \
-            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                     \
+            for (int r = 0; r < R; r++) {                                                                    \
+                /* the -32 of every q6: -32 * sum_j sc_j * (sum of group j's activations) */                 \
+                const __m256i b16 = _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16));      \
+                acc[r] = _mm256_mullo_epi32(_mm256_madd_epi16(sc16, b16), _mm256_set1_epi32(-32));            \
+            }                                                                                                \
             for (int half = 0; half < 2; half++) {                                                           \
                 const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;                            \
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));                               \
@@ -467,25 +495,19 @@ Q4K_Q8_ROWS(4)
                 u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                       \
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)); \
                 for (int g = 0; g < 4; g++) {                                                                \
-                    const int8_t *s = sc + 8 * half + 2 * g;                                                 \
-                    const __m256i sv = _mm256_setr_epi16(s[0], s[0], s[0], s[0], s[0], s[0], s[0], s[0],     \
-                                                         s[1], s[1], s[1], s[1], s[1], s[1], s[1], s[1]);    \
+                    const int i = 8 * half + 2 * g;                                                          \
+                    const __m256i sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(                                 \
+                        sc8, _mm_set_epi64x(0x0101010101010101LL * (i + 1), 0x0101010101010101LL * i)));    \
                     for (int r = 0; r < R; r++) {                                                            \
                         const __m256i qv = _mm256_loadu_si256(                                               \
                             (const __m256i *)(q8 + r * K + b * 256 + 128 * half + 32 * g));                  \
-                        const __m256i p = _mm256_maddubs_epi16(u[g], qv);                                    \
-                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, sv));                         \
+                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[g], qv), sv)); \
                     }                                                                                        \
                 }                                                                                            \
             }                                                                                                \
             for (int r = 0; r < R; r++) {                                                                    \
                 const float dx = d8[r * (K / 256) + b];                                                      \
-                const int16_t *br = bs + r * (K / 16) + b * 16;                                              \
-                int corr = 0; /* the -32 of every q6: 32 * sum_j sc_j * sum(q8 of group j) */                \
-                for (int j = 0; j < 16; j++) corr += sc[j] * br[j];                                          \
-                const __m256i c = _mm256_setr_epi32(-32 * corr, 0, 0, 0, 0, 0, 0, 0);                        \
-                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc[r], c)),                    \
-                                         _mm256_set1_ps(d * dx), tot[r]);                                    \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
             }                                                                                                \
         }                                                                                                    \
         for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
