@@ -516,14 +516,81 @@ Q6K_Q8_ROWS(1)
 Q6K_Q8_ROWS(2)
 Q6K_Q8_ROWS(4)
 
-/* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized per 256 values to int8 (Q4_K and Q6_K weights) */
+/* Q5_0 / Q8_0 weights against activations quantized per 32 values (llama.cpp's Q8_0 activations) */
+static void quantize_row_q8_0(const float *x, int64_t K, int8_t *q, float *d) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m);
+        d[b] = mx / 127.0f;
+        const __m256 is = _mm256_set1_ps(mx == 0.0f ? 0.0f : 127.0f / mx);
+        __m256i v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), is),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), p);
+    }
+}
+
+static inline __m256i bytes_from_bits_32(const uint8_t *x) {
+    uint32_t x32;
+    memcpy(&x32, x, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* 32 signed int8 weights of one block */
+static inline __m256i q32_weights(int type, const uint8_t *blk) {
+    if (type == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    const __m256i hi = _mm256_andnot_si256(bytes_from_bits_32(blk + 2), _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(v, hi); /* q5 - 16 */
+}
+
+#define Q32_Q8_ROWS(R)                                                                                     \
+    static void q32_q8_rows_##R(int type, int bb, const uint8_t *wr, int64_t nb, const int8_t *q8,            \
+                                const float *d8, int64_t K, float *out) {                                    \
+        __m256 tot[R];                                                                                       \
+        for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();                                            \
+        const __m256i ones = _mm256_set1_epi16(1);                                                           \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * bb;                                                                \
+            const float d = f16(blk);                                                                        \
+            const __m256i w = q32_weights(type, blk);                                                        \
+            const __m256i aw = _mm256_sign_epi8(w, w);                                                       \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + r * K + 32 * b));               \
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones); \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r * (K / 32) + b]), tot[r]); \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
+    }
+Q32_Q8_ROWS(1)
+Q32_Q8_ROWS(2)
+Q32_Q8_ROWS(4)
+
+/* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized to int8 per 256 values (Q4_K, Q6_K weights) or per 32
+ * (Q5_0, Q8_0) */
 int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                            int64_t ldy, int64_t M, int64_t N, int64_t K) {
     int be, bb;
-    if ((type != T_Q4_K && type != T_Q6_K) || block_info(type, &be, &bb) || K % 256) return -1;
-    const int64_t nb = K / be, row_bytes = nb * bb;
-    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)(M * K + 64));
-    float *d8 = (float *)malloc((size_t)(M * (K / 256)) * sizeof(float));
+    const int kq = type == T_Q4_K || type == T_Q6_K; /* activations per 256 (Q8_K), else per 32 (Q8_0) */
+    if (block_info(type, &be, &bb) || K % (kq ? 256 : 32)) return -1;
+    const int64_t nb = K / be, row_bytes = nb * bb, nd = kq ? K / 256 : K / 32;
+    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64 + 64));
+    float *d8 = (float *)malloc((size_t)(M * nd) * sizeof(float));
     int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
     if (!q8 || !d8 || !bs) {
         free(q8);
@@ -532,7 +599,10 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
         return -2;
     }
 #pragma omp parallel for schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * (K / 256), bs + m * (K / 16));
+    for (int64_t m = 0; m < M; m++) {
+        if (kq) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nd, bs + m * (K / 16));
+        else quantize_row_q8_0(x + m * ldx, K, q8 + m * K, d8 + m * nd);
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * row_bytes;
@@ -542,9 +612,13 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
             const int R = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
             float out[4];
             const int8_t *qm = q8 + m0 * K;
-            const float *dm = d8 + m0 * (K / 256);
+            const float *dm = d8 + m0 * nd;
             const int16_t *bm = bs + m0 * (K / 16);
-            if (type == T_Q4_K) {
+            if (!kq) {
+                if (R == 4) q32_q8_rows_4(type, bb, wr, nb, qm, dm, K, out);
+                else if (R == 2) q32_q8_rows_2(type, bb, wr, nb, qm, dm, K, out);
+                else q32_q8_rows_1(type, bb, wr, nb, qm, dm, K, out);
+            } else if (type == T_Q4_K) {
                 if (R == 4) q4k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
                 else if (R == 2) q4k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
                 else q4k_q8_rows_1(wr, nb, qm, dm, bm, K, out);

@@ -27,7 +27,7 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-s
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 #: types with an int8-activation kernel (``matmul(..., int8_activations=True)``)
-INT8_ACTIVATION_TYPES = ("Q4_K", "Q6_K")
+INT8_ACTIVATION_TYPES = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
 #: GGML type ids (``gguf.GGMLQuantizationType``) the kernels read, with (block elements, block bytes)
 BLOCKS: dict[str, tuple[int, int, int]] = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210),
                                            "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34)}
@@ -48,8 +48,9 @@ class NativeKernels:
     def matmul(self, type_name: str, x: torch.Tensor, blocks: torch.Tensor, n: int, k: int,
                bias: Optional[torch.Tensor] = None, int8_activations: bool = False) -> torch.Tensor:
         """``x`` float32 ``[M, K]`` (rows contiguous) @ the ``[N, K]`` weight in ``blocks`` (uint8, GGML rows)
-        ``^T`` (+ ``bias`` float32 ``[N]``) -> float32 ``[M, N]``. ``int8_activations`` (Q4_K/Q6_K only): each
-        row of ``x`` quantized to int8 per 256 values first and integer dot products (llama.cpp's Q8_K way)."""
+        ``^T`` (+ ``bias`` float32 ``[N]``) -> float32 ``[M, N]``. ``int8_activations``: each row of ``x``
+        quantized to int8 first (per 256 values for Q4_K/Q6_K, llama.cpp's Q8_K; per 32 for Q5_0/Q8_0, its Q8_0)
+        and integer dot products."""
         m = x.shape[0]
         if x.dtype != torch.float32 or x.stride(1) != 1 or not blocks.is_contiguous() or x.shape[1] != k:
             raise NativeKernelError(f"matmul needs float32 [M, {k}] rows with unit stride and contiguous blocks")
