@@ -98,8 +98,18 @@ def test_forward_reshapes_casts_and_picks_dequant_mm_from_its_threshold(nk, monk
     assert y.shape == (1, 3, n) and y.dtype == torch.bfloat16
     layer(torch.randn(2, 2, k))
     layer.mm_min_rows = 0
-    layer(torch.randn(64, k))
+    layer(torch.randn(k, 64).t())  # not contiguous: made so, then the row kernel
     assert calls == [("rows", 3), ("mm", 4), ("rows", 64)]
+
+
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_the_fast_path_is_the_row_kernel(nk, int8_activations):
+    k, n = 512, 48
+    layer = GGMLLinear("Q4_K", _blocks("Q4_K", n, k, seed=7), k, torch.randn(n), kernels=nk,
+                       int8_activations=int8_activations)
+    x = torch.randn(2, 3, k)
+    got = layer(x)  # float32, contiguous: one direct C call
+    assert got.shape == (2, 3, n) and torch.equal(got, layer.rows(x.reshape(6, k)).reshape(2, 3, n))
 
 
 def test_bad_shapes_and_types_are_refused(nk):

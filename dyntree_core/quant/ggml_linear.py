@@ -81,17 +81,25 @@ class GGMLLinear(nn.Module):
             raise ValueError(f"int8 activations are for {', '.join(INT8_ACTIVATION_TYPES)}, not {type_name}")
         self.int8_activations = bool(int8_activations)
         self.mm_min_rows = 0
+        self._bind()
+
+    def _bind(self) -> None:
+        """The C entry point and type id the fast path of ``forward`` calls directly."""
+        lib = self.kernels.lib
+        self._entry = lib.dyntree_ggml_matmul_q8 if self.int8_activations else lib.dyntree_ggml_matmul
+        self._type_id = BLOCKS[self.type_name][0]
 
     def __getstate__(self):  # copies and pickles: the ctypes library is this process's, found again on load
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
-        state["kernels"] = None
+        state["kernels"] = state["_entry"] = None
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
         if self.kernels is None:
             self.kernels = native_kernels()
+        self._bind()
 
     def dequantized_weight(self) -> torch.Tensor:
         """``[N, K]`` float32, bit-identical to the gguf package's dequantization of the blocks."""
@@ -116,6 +124,17 @@ class GGMLLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.in_features, self.out_features
+        if x.dtype is torch.float32 and x.is_contiguous() and not _profiler._is_profiler_enabled:
+            m = x.numel() // k
+            if not (self.mm_min_rows and m >= self.mm_min_rows):
+                # the decode path: one C call, no reshapes or checks (float32 rows, contiguous buffers)
+                y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
+                bias = self.bias
+                if self._entry(self._type_id, x.data_ptr(), k, self.blocks.data_ptr(),
+                               None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k):
+                    raise ValueError(f"{self.type_name} kernel refused [{m}, {k}] x [{n}, {k}]")
+                return y
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
             x2 = x2.float()
