@@ -16,7 +16,7 @@ kernel table this machine uses, and t(n) of the target per kernel choice (ours a
 
    The runtime candidates' timings of this run become this machine's kernel table (``quant.kernel_table``,
    what the models use from then on); each shape's plan is recorded beside the full timings.
-2. t(1), t(16), t(64) of the target (128-token prefix, logits of every row; the machine profile's timer) at
+2. t(1), t(16), t(64) of the target (128-token prefix, logits of every row; the machine profile's ``ForwardTimer``) at
    int4 for each ``DYNTREE_KERNELS`` policy (``aten``, ``aten`` with the bf16 split from 16 rows, ``native``,
    ``native_mm``, ``native_q8``, ``table``), and llama.cpp's ``Llama.eval`` of the same counts where llama-cpp-python is
    installed (``bench.llamacpp.forward_times``).
@@ -159,7 +159,7 @@ def measure_all(shape: kt.LayerShape, rows: list[int], extra: tuple[str, ...], i
 def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
     """t(n) ms of the embedded target at int4 under each kernel policy (one model loaded at a time)."""
     from ..models.load import load_model, resolve_spec
-    from ..planning.machine_profile import _Timer
+    from ..planning.machine_profile import ForwardTimer
     from ..quant.linear import enable_dense_rows
 
     src = resolve_spec("embedded", "target")
@@ -173,7 +173,7 @@ def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
             if dense_rows:
                 enable_dense_rows(model, dense_rows)
             with torch.inference_mode():
-                timer = _Timer(model, 128)
+                timer = ForwardTimer(model, 128, max(ns))
                 timer.once(1)
                 out[label] = {str(n): timer.best(n, 3 if n <= 4 else 2) * 1e3 for n in ns}
             say(f"  target t(n) {label}: " + ", ".join(f"t({n}) {v:.1f} ms" for n, v in out[label].items()))
@@ -226,13 +226,13 @@ def narrow_twin(kind: str):
 
 def forward_overhead(kinds: tuple[str, ...], say: Callable[[str], None]) -> dict:
     """1-token forward ms (128-token prefix, best of 7) of the narrow twin per ``kind``."""
-    from ..planning.machine_profile import _Timer
+    from ..planning.machine_profile import ForwardTimer
 
     out = {}
     for kind in kinds:
         model = narrow_twin(kind)
         with torch.inference_mode():
-            timer = _Timer(model, 128)
+            timer = ForwardTimer(model, 128, 1)
             timer.once(1)
             out[kind] = timer.best(1, 7) * 1e3
         say(f"  narrow twin ({len(model.model.layers)} layers, width 256) {kind}: {out[kind]:.2f} ms per 1-token forward")
@@ -246,7 +246,7 @@ def profile_target(policy: str, top: int = 15) -> list[dict]:
     models come fused: ``models.gguf_model.fuse_native``): the ops with the most self CPU time (share of the
     profiled total)."""
     from ..models.load import load_model, resolve_spec
-    from ..planning.machine_profile import _Timer
+    from ..planning.machine_profile import ForwardTimer
 
     saved = os.environ.get("DYNTREE_KERNELS")
     os.environ["DYNTREE_KERNELS"] = policy
@@ -258,7 +258,7 @@ def profile_target(policy: str, top: int = 15) -> list[dict]:
         else:
             os.environ["DYNTREE_KERNELS"] = saved
     with torch.inference_mode():
-        timer = _Timer(model, 128)
+        timer = ForwardTimer(model, 128, 1)
         for _ in range(2):
             timer.once(1)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
