@@ -184,9 +184,26 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     s = kt.LayerShape("Q4_K", 16, 256)
     first = kt.layer_plans([s])
     again = kt.layer_plans([s])
-    assert measured == [s.label] and first == again and first[s].kind == "ggml" and first[s].mm_min_rows == 64
+    # one row for every candidate, then the other rows for the float32 row kernel (it won at one row)
+    assert measured == [s.label, s.label] and first == again
+    assert first[s].kind == "ggml" and first[s].mm_min_rows == 64
     saved = json.loads(kt.table_path().read_text())
     assert saved["key"] == kt.table_key() and s.label in saved["timings"] and saved["machine"]["cpu_model"]
+
+
+def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
+    calls = []
+
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES):
+        calls.append((tuple(ms), tuple(candidates)))
+        fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}
+        return {c: {str(m): fast[c] * m for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt, "measure_shape", fake)
+    got = kt.measure_for_plan(kt.LayerShape("Q4_K", 8, 256), (1, 4, 16))
+    assert calls == [((1,), kt.RUNTIME_CANDIDATES)]  # int8 activations won at one row: nothing more to time
+    assert got["native_q8"] == {"1": 1.0, "4": None, "16": None}
+    assert _table({"Q4_K [8, 256]": got}).plan_for(kt.LayerShape("Q4_K", 8, 256)).int8_activations
 
 
 def test_measure_shape_times_every_candidate(nk):

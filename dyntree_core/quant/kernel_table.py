@@ -16,7 +16,8 @@ to float32 rounding).
 
 The table is cached as JSON under ``$DYNTREE_CACHE/kernels/``, keyed by the machine (CPU model and flags,
 threads), the torch version, the native kernels' digest and ``TABLE_VERSION``; shapes not yet in it are
-measured when first asked for (about a second per shape here; the 150k-row output heads take longest).
+measured when first asked for (``measure_for_plan``: one row for every candidate, more rows only where the
+float32 row kernel wins; about a second per shape here) or all of them by ``bench kernels``.
 ``table_identity()`` names all of that for the machine profile's cache key.
 """
 
@@ -148,6 +149,21 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
     return out
 
 
+def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[str, dict[str, Optional[float]]]:
+    """What ``plan_for`` needs, quickly: every candidate at the first M; the other Ms only where the float32 row
+    kernel wins there (they set its switch to ``native_dequant_mm``; the other plans use one kernel at every M).
+    Unmeasured entries are None. ``bench kernels`` measures everything."""
+    ms = list(ms)
+    first = measure_shape(shape, ms[:1])
+    out = {c: {**first.get(c, {}), **{str(m): None for m in ms[1:]}} for c in RUNTIME_CANDIDATES}
+    got = {c: v[str(ms[0])] for c, v in first.items() if v.get(str(ms[0])) is not None}
+    if got and min(got, key=got.get) == "native_rows" and len(ms) > 1:
+        rest = measure_shape(shape, ms[1:], ("native_rows", "native_dequant_mm"))
+        for c, v in rest.items():
+            out[c].update(v)
+    return out
+
+
 def table_key() -> str:
     from ..planning.machine import machine_info
 
@@ -255,7 +271,7 @@ def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str
     for s in missing:
         if progress:
             progress(f"  measuring kernels for {s.label} (once per machine)")
-        table.timings[s.label] = measure_shape(s, table.ms)
+        table.timings[s.label] = measure_for_plan(s, table.ms)
     if missing:
         table.save(table_path(table.key))
     return table
