@@ -175,7 +175,7 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     measured = []
 
-    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES):
+    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
         measured.append(shape.label)
         return {"aten": {str(m): 2.0 * m for m in ms}, "native_rows": {str(m): 1.0 * m for m in ms},
                 "native_dequant_mm": {str(m): 50.0 for m in ms}, "native_q8": {str(m): None for m in ms}}
@@ -194,14 +194,14 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
 def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES):
-        calls.append((tuple(ms), tuple(candidates)))
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+        calls.append((tuple(ms), tuple(candidates), stat))
         fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}
         return {c: {str(m): fast[c] * m for m in ms} for c in candidates}
 
     monkeypatch.setattr(kt, "measure_shape", fake)
     got = kt.measure_for_plan(kt.LayerShape("Q4_K", 8, 256), (1, 4, 16))
-    assert calls == [((1,), kt.RUNTIME_CANDIDATES)]  # int8 activations won at one row: nothing more to time
+    assert calls == [((1,), kt.RUNTIME_CANDIDATES, "min")]  # int8 activations won at one row: nothing more
     assert got["native_q8"] == {"1": 1.0, "4": None, "16": None}
     assert _table({"Q4_K [8, 256]": got}).plan_for(kt.LayerShape("Q4_K", 8, 256)).int8_activations
 

@@ -35,7 +35,7 @@ import torch
 
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 
-TABLE_VERSION = 2  # 2: native_q8
+TABLE_VERSION = 3  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan)
 DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
 RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8")
 #: a candidate slower than this (ms) at some M is not timed at larger M
@@ -98,8 +98,9 @@ def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
     return Int8Linear.from_dense(dense)
 
 
-def median_ms(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0) -> float:
-    """Median wall time of ``fn`` after one warm-up call; fewer repeats when one call is slow."""
+def median_ms(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0, stat: str = "median") -> float:
+    """Median (or ``stat="min"``) wall time of ``fn`` after one warm-up call; fewer repeats when one call is
+    slow."""
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
@@ -109,13 +110,13 @@ def median_ms(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0)
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return (min(times) if stat == "min" else sorted(times)[len(times) // 2]) * 1e3
 
 
 def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
-                  candidates: Iterable[str] = RUNTIME_CANDIDATES) -> dict[str, dict[str, Optional[float]]]:
+                  candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median") -> dict[str, dict[str, Optional[float]]]:
     """``{candidate: {str(M): ms or None}}`` for one shape (None: not run, e.g. slower than ``SLOW_MS`` at a
-    smaller M, or no native kernels here)."""
+    smaller M, or no native kernels here); ``stat``: ``median`` or ``min`` of the timed calls."""
     from .ggml_linear import GGMLLinear
     from .native import INT8_ACTIVATION_TYPES
 
@@ -143,7 +144,7 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
                 x = torch.randn(m, shape.k, generator=gen)
                 fn = {"native_rows": lambda: layer.rows(x), "native_q8": lambda: layer.rows(x),
                       "native_dequant_mm": lambda: layer.dequant_mm(x)}.get(c, lambda: layer(x))
-                t = median_ms(fn)
+                t = median_ms(fn, 7 if stat == "min" else 5, stat=stat)
                 out[c][str(m)] = t
                 slow = t > SLOW_MS
     return out
@@ -154,11 +155,12 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
     kernel wins there (they set its switch to ``native_dequant_mm``; the other plans use one kernel at every M).
     Unmeasured entries are None. ``bench kernels`` measures everything."""
     ms = list(ms)
-    first = measure_shape(shape, ms[:1])
+    # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
+    first = measure_shape(shape, ms[:1], RUNTIME_CANDIDATES, "min")
     out = {c: {**first.get(c, {}), **{str(m): None for m in ms[1:]}} for c in RUNTIME_CANDIDATES}
     got = {c: v[str(ms[0])] for c, v in first.items() if v.get(str(ms[0])) is not None}
     if got and min(got, key=got.get) == "native_rows" and len(ms) > 1:
-        rest = measure_shape(shape, ms[1:], ("native_rows", "native_dequant_mm"))
+        rest = measure_shape(shape, ms[1:], ("native_rows", "native_dequant_mm"), "min")
         for c, v in rest.items():
             out[c].update(v)
     return out
