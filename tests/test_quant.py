@@ -250,7 +250,9 @@ def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree
         m = load_model(resolve_spec("embedded", "target"), precision="int4")
         assert model_precision(m) == "int4"
         kinds = {type(mod).__name__ for mod in m.modules()}
-        assert {"Int4Linear", "Int8Linear"} <= kinds  # Q4_K layers int4, Q6_K layers and the head int8
+        # this machine's kernel table decides: the file's own blocks (GGMLLinear) or torch's kernels
+        # (Q4_K layers int4, Q6_K layers and the head int8)
+        assert "GGMLLinear" in kinds or {"Int4Linear", "Int8Linear"} <= kinds, kinds
         out = m(x).logits[0]
         agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
         assert agree >= 0.85, agree

@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "table": Subcommand("dyntree_core.bench.results_table", False,
                         "Markdown table of committed latency results (bench/results/latency_*.json)"),
     "speed": Subcommand("dyntree_core.bench.speed", False,
-                        "ms/token: autoregressive per precision, auto, transformers generate / assisted"),
+                        "ms/token: autoregressive per precision, auto, transformers and llama.cpp peers"),
     "exactness": Subcommand("dyntree_core.bench.exactness", False,
                             "greedy token-identity of every method vs the target, tokens/s per dtype"),
     "profile": Subcommand("dyntree_core.bench.profile", False,
@@ -40,6 +40,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                               "step time by phase and the share outside the two forwards, by budget"),
     "gpu": Subcommand("dyntree_core.bench.gpu", False,
                       "every GPU check and benchmark in one run (<= 20 min on one H100/H200); --dry-run on CPU"),
+    "kernels": Subcommand("dyntree_core.bench.kernels", False,
+                          "every weight-only kernel per layer shape and M, the kernel table, t(n) per kernel choice"),
     "exact-acceptance": Subcommand("dyntree_core.bench.exact_acceptance", False,
                                    "exact expected accepted tokens of every verifier on the same trees"),
 }

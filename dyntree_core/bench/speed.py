@@ -11,7 +11,10 @@ Rows (each over the same prompts, same new-token count, decode time only: prefil
 * ``hf_prompt_lookup``: transformers' prompt-lookup decoding (``--hf-prompt-lookup K`` candidates
   copied after an n-gram match in the prompt/output; no draft model), same target precision;
 * ``fixed: chain k=4`` and any ``--fixed`` configs, at ``auto``'s precisions (a Sequoia tree with the
-  acceptance vector ``auto`` measured).
+  acceptance vector ``auto`` measured);
+* ``llama.cpp plain`` / ``llama.cpp draft`` / ``llama.cpp ngram`` (T=0 only; ``bench.llamacpp``): llama.cpp on
+  the same GGUF files and prompt token ids with the same thread count, when ``llama-cpp-python`` is installed
+  (the ``llamacpp`` extra; absent, the bench says how to get it and records why the rows are missing).
 
 ``auto`` chooses among ``--auto-precisions`` (default: every precision it prices on the device),
 independently of the precisions of the autoregressive rows.
@@ -97,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fixed", nargs="*", default=["chain:4"],
                    help="fixed tree configs at auto's precisions: method:depth, method:budget:depth or "
                         "method:budget:depth:spec_factor (suffix / hybrid match-length cap; 'none' = no cap)")
+    p.add_argument("--llamacpp-rows", nargs="*", default=["plain", "draft", "ngram"],
+                   choices=("plain", "draft", "ngram"),
+                   help="llama.cpp peer rows at T=0 (none: no llama.cpp rows); need llama-cpp-python")
+    p.add_argument("--llamacpp-draft-max", type=int, default=16, help="llama.cpp draft row: most draft tokens")
+    p.add_argument("--llamacpp-draft-p-min", type=float, default=0.75,
+                   help="llama.cpp draft row: stop drafting below this draft probability")
+    p.add_argument("--llamacpp-ngram", type=int, default=10, metavar="K",
+                   help="llama.cpp n-gram row: tokens copied after a match (LlamaPromptLookupDecoding)")
+    p.add_argument("--no-ours", action="store_true",
+                   help="skip our rows and transformers' (only llama.cpp's; plans are still made for the prompts)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -135,8 +148,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         models = PairCache(d or "embedded", t or d or "embedded", keep=2)
     mi = machine_info()
     out_path = args.json or Path("bench/results") / f"precision_{mi.short_label()}.json"
+    from ..quant.kernel_table import table_identity
+
     record: dict = {"bench": "speed", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
                     "machine_info": mi.to_dict(), "torch": torch.__version__, "pair": args.pair,
+                    "kernels": table_identity(), "threads": torch.get_num_threads(),
                     "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "plans": {}, "cells": []}
     cells: list[Cell] = []
 
@@ -179,6 +195,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     for temp in args.temperatures:
         plan = plans[temp]
         dp = plan.best.draft_precision or plan.fastest_draft_precision
+        if temp == 0 and args.llamacpp_rows:
+            llamacpp_rows(args, record, prompts, eos, run_rows, say)
+        if args.no_ours:
+            continue
         # autoregressive at each precision (target only: the draft is not used)
         for prec in args.precisions:
             if temp != 0 and not args.all_ar_temperatures and prec != plan.best_autoregressive.target_precision:
@@ -221,6 +241,60 @@ def main(argv: Optional[list[str]] = None) -> int:
     print_table(record, sys.stdout)
     say(f"wrote {out_path}")
     return 0
+
+
+def _gguf_paths(pair: str) -> tuple[Optional[str], Optional[str], str]:
+    """(draft GGUF, target GGUF, why not) for a pair spec; llama.cpp needs GGUF files."""
+    from ..models.load import resolve_spec
+
+    if pair == "tiny":
+        return None, None, "the tiny test pair has no GGUF"
+    d, _, t = pair.partition(",")
+    try:
+        ds, ts = resolve_spec(d or "embedded", "draft"), resolve_spec(t or d or "embedded", "target")
+    except Exception as e:  # an unknown spec was already refused when the pair loaded; be safe
+        return None, None, str(e)
+    paths = [s.gguf if s.kind == "preset" else (s.location if s.kind == "gguf" else None) for s in (ds, ts)]
+    if None in paths:
+        return None, None, "llama.cpp needs GGUF files for both models"
+    return paths[0], paths[1], ""
+
+
+def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -> None:
+    """llama.cpp's plain, draft-model and n-gram rows on the same prompts (T=0), or the reason there are none."""
+    from . import llamacpp as lc
+
+    status = lc.llama_cpp_status()
+    record["llama_cpp"] = status.to_dict()
+    draft_path, target_path, why = _gguf_paths(args.pair)
+    if not status.available or why:
+        msg = status.message if not status.available else f"llama.cpp rows skipped: {why}"
+        record["llama_cpp"]["skipped"] = msg
+        say(msg)
+        return
+    threads = torch.get_num_threads()
+    record["llama_cpp"].update(threads=threads, target=target_path, draft=draft_path,
+                               draft_max=args.llamacpp_draft_max, draft_p_min=args.llamacpp_draft_p_min,
+                               ngram_tokens=args.llamacpp_ngram)
+    eos_set = set(eos)
+    if "plain" in args.llamacpp_rows:
+        llm = lc.open_llama(target_path, threads)
+        run_rows("llama.cpp plain", 0.0, lambda ids, seed: lc.plain_decode(llm, ids, args.new_tokens, eos_set))
+        del llm
+    if "draft" in args.llamacpp_rows:
+        dl = lc.DraftLlama(lc.open_llama(draft_path, threads), args.llamacpp_draft_max, args.llamacpp_draft_p_min)
+        llm = lc.open_llama(target_path, threads, draft_model=dl)
+        run_rows(f"llama.cpp draft (n_max {args.llamacpp_draft_max}, p_min {args.llamacpp_draft_p_min})", 0.0,
+                 lambda ids, seed: lc.generate_decode(llm, ids, args.new_tokens, eos_set, draft=dl))
+        del llm, dl
+    if "ngram" in args.llamacpp_rows:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        llm = lc.open_llama(target_path, threads,
+                            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=args.llamacpp_ngram))
+        run_rows(f"llama.cpp ngram k={args.llamacpp_ngram}", 0.0,
+                 lambda ids, seed: lc.generate_decode(llm, ids, args.new_tokens, eos_set))
+        del llm
 
 
 def print_table(record: dict, out=None) -> None:

@@ -3,12 +3,15 @@
 No float32 copy is written anywhere: the skeleton is built on the meta device from the config in
 the preset's metadata directory, then every tensor is read from the (memory-mapped) GGUF:
 
-* ``int4``: 4-bit GGML blocks (Q4_0/Q4_1/Q4_K) go onto ``Int4Linear`` exactly (``quant.ggml``);
-  tensors the file keeps above 4 bits (Q5_0, Q6_K, Q8_0, F16, ...) go onto ``Int8Linear``: a
-  Q5_0 draft requantized to int4 drifted from its own float weights by KL 0.30 nats on a short
-  code prompt (int8: 0.004), so "int4" never drops below the precision the file ships.
-* ``int8``: every linear is dequantized and requantized per output channel.
-* the output head is int8 under both (``quant.apply.head_precision``).
+* ``int4``: the file's own blocks where this machine's kernel table (``quant.kernel_table``) says the
+  native kernels are fastest: Q4_K/Q6_K/Q5_0/Q8_0 tensors, output head included, stay as they are on
+  ``GGMLLinear`` (every weight exactly the float32 model's). Elsewhere torch's kernels: 4-bit GGML blocks
+  (Q4_0/Q4_1/Q4_K) go onto ``Int4Linear`` exactly (``quant.ggml``; only the bf16 rounding of scales and
+  zeros changes a weight); tensors the file keeps above 4 bits (Q5_0, Q6_K, Q8_0, F16, ...) go onto
+  ``Int8Linear``: a Q5_0 draft requantized to int4 drifted from its own float weights by KL 0.30 nats on
+  a short code prompt (int8: 0.004), so "int4" never drops below the precision the file ships; the
+  output head is int8 (``quant.apply.head_precision``).
+* ``int8``: every linear is dequantized and requantized per output channel, the head included.
 * ``float32`` / ``bfloat16``: dense, dequantized by the gguf package's reference code.
 
 Supported architectures: ``qwen2`` and ``llama`` (llama.cpp stores llama's Q/K rows permuted for
@@ -30,7 +33,7 @@ from ..quant.gguf_file import read_gguf
 from ..quant.linear import Int4Linear, Int8Linear, cpu_aligned, int4_shape_ok
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: GGMLLinear layers (the file's blocks) where the kernel table chooses them
 
 _LAYER_MAP = {
     "attn_q": "self_attn.q_proj",
@@ -72,11 +75,43 @@ def _unpermute_rows(n_rows: int, n_head: int) -> torch.Tensor:
     return idx
 
 
-def quant_cache_path(cache_dir: Path | str, precision: str) -> Path:
+def quant_cache_path(cache_dir: Path | str, precision: str, plan_tag: str = "") -> Path:
     """Where the packed ``precision`` weights of a GGUF model are kept (keyed by torch version:
-    the int4 pack layout is torch's own)."""
+    the int4 pack layout is torch's own; and by ``plan_tag``, which layers are on which kernel)."""
     tv = torch.__version__.split("+")[0]
-    return Path(cache_dir) / f"packed-{precision}-torch{tv}-v{CACHE_FORMAT}.safetensors"
+    tag = f"-{plan_tag}" if plan_tag else ""
+    return Path(cache_dir) / f"packed-{precision}-torch{tv}-v{CACHE_FORMAT}{tag}.safetensors"
+
+
+def linear_shapes(gf) -> dict[str, "LayerShape"]:
+    """GGUF tensor name -> ``LayerShape`` of every 2-D weight (the head: ``output.weight``, or the embedding
+    standing in for a tied head)."""
+    from ..quant.kernel_table import LayerShape
+
+    tensors = dict(gf.tensors)
+    if "output.weight" not in tensors:
+        tensors["output.weight"] = tensors["token_embd.weight"]
+    return {name: LayerShape(t.type_name, int(t.shape[0]), int(t.shape[1]))
+            for name, t in tensors.items() if len(t.shape) == 2 and name != "token_embd.weight"}
+
+
+def kernel_plans(gf, precision: str, say=None) -> dict:
+    """``LayerShape -> LayerPlan`` for a model built at ``precision`` (only ``int4`` uses the table: ``int8``
+    means torch's per-channel int8 kernel everywhere)."""
+    from ..quant.kernel_table import LayerPlan, layer_plans
+
+    shapes = set(linear_shapes(gf).values())
+    if precision != "int4":
+        return {s: LayerPlan("aten", 0, f"precision {precision}") for s in shapes}
+    return layer_plans(shapes, say)
+
+
+def plans_tag(plans: dict) -> str:
+    """Short digest of which shapes run the file's blocks ("" when none does: the cache name of old)."""
+    import hashlib
+
+    ggml = sorted(s.label + ("/q8" if p.int8_activations else "") for s, p in plans.items() if p.kind == "ggml")
+    return hashlib.sha256("|".join(ggml).encode()).hexdigest()[:8] if ggml else ""
 
 
 def load_gguf_model(
@@ -99,10 +134,12 @@ def load_gguf_model(
     say = progress or (lambda _m: None)
     gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision)
     arch = gf.architecture
-    cached = quant_cache_path(cache_dir, precision) if cache_dir is not None and precision in QUANT_PRECISIONS else None
+    plans = kernel_plans(gf, precision, say) if precision in QUANT_PRECISIONS else {}
+    cached = (quant_cache_path(cache_dir, precision, plans_tag(plans))
+              if cache_dir is not None and precision in QUANT_PRECISIONS else None)
     if cached is not None and cached.is_file():
         try:
-            return _load_packed(model, gf, cached, precision, t0)
+            return _load_packed(model, gf, cached, precision, t0, plans)
         except Exception as e:  # a damaged cache file is rebuilt, not fatal
             say(f"  packed cache {cached.name} unusable ({type(e).__name__}: {e}); rebuilding")
             cached.unlink(missing_ok=True)
@@ -110,9 +147,10 @@ def load_gguf_model(
                 model = AutoModelForCausalLM.from_config(config, dtype=dense_dtype, attn_implementation="sdpa")
     say(f"  building {precision} weights from {Path(gguf_path).name} (once; later loads read the packed cache)"
         if cached is not None else f"  reading {Path(gguf_path).name} at {precision}")
-    model = _build(model, gf, arch, config, precision, dense_dtype, say, t0)
+    model = _build(model, gf, arch, config, precision, dense_dtype, say, t0, plans)
     if cached is not None:
         _save_packed(model, cached)
+    fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
     return model
 
@@ -124,9 +162,15 @@ def _save_packed(model, path: Path) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    import json
+
+    from ..quant.ggml_linear import GGMLLinear
+
     sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != _EMBED}
+    ggml = {name: [m.type_name, m.in_features] for name, m in model.named_modules() if isinstance(m, GGMLLinear)}
     tmp = path.with_name(path.name + ".partial")
-    save_file(sd, str(tmp), metadata={"precision": getattr(model, PRECISION_ATTR), "torch": torch.__version__})
+    save_file(sd, str(tmp), metadata={"precision": getattr(model, PRECISION_ATTR), "torch": torch.__version__,
+                                      "ggml": json.dumps(ggml)})
     tmp.replace(path)
 
 
@@ -138,8 +182,24 @@ def read_packed(path: Path) -> dict[str, torch.Tensor]:
     return {k: cpu_aligned(v) for k, v in load_file(str(path)).items()}
 
 
-def _load_packed(model, gf, path: Path, precision: str, t0: float):
+def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
+    import json
+
+    from safetensors import safe_open
+
+    from ..quant.ggml_linear import GGMLLinear
+
+    with safe_open(str(path), "pt") as f:
+        ggml = json.loads((f.metadata() or {}).get("ggml", "{}"))
     sd = read_packed(path)
+    by_label = {s.label: p for s, p in plans.items()}
+    for mod, (type_name, k) in ggml.items():
+        blocks = sd.pop(f"{mod}.blocks")
+        plan = by_label[f"{type_name} [{int(blocks.shape[0])}, {k}]"]
+        layer = GGMLLinear(type_name, blocks, int(k), sd.pop(f"{mod}.bias", None),
+                           int8_activations=plan.int8_activations)
+        layer.mm_min_rows = plan.mm_min_rows
+        set_submodule(model, mod, layer)
     for key in [k for k in sd if k.endswith(".packed")]:
         mod = key.removesuffix(".packed")
         set_submodule(model, mod, Int4Linear.from_buffers(
@@ -154,8 +214,19 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float):
     if unexpected:
         raise GGUFModelError(f"packed cache has unknown tensors {unexpected[:5]}")
     _finish(model, precision)
+    fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
     return model
+
+
+def fuse_native(model) -> None:
+    """``quant.fused.fuse_forward`` on models with ``GGMLLinear`` layers (after any packed cache was written:
+    the cache keeps the unfused layout)."""
+    from ..quant.fused import fuse_forward
+    from ..quant.ggml_linear import GGMLLinear
+
+    if any(isinstance(m, GGMLLinear) for m in model.modules()):
+        fuse_forward(model)
 
 
 def _finish(model, precision: str) -> None:
@@ -175,6 +246,14 @@ def linear_precision(module: str, type_name: str, n_rows: int, n_cols: int, prec
     else ``int8``; the head follows ``head_precision``."""
     p = head_precision(precision) if module == "lm_head" else precision
     return "int4" if (p == "int4" and type_name in FOUR_BIT_TYPES and int4_shape_ok(n_rows, n_cols)) else "int8"
+
+
+def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
+    from ..quant.ggml_linear import GGMLLinear
+
+    layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias, int8_activations=plan.int8_activations)
+    layer.mm_min_rows = plan.mm_min_rows
+    return layer
 
 
 def _skeleton(gguf_path: Path | str, config_dir: Path | str, precision: str):
@@ -200,8 +279,12 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
     machine profile times these instead of loading every precision of both models. Its outputs
     are meaningless. Carries ``_dyntree_precision`` and ``_dyntree_shape_twin = True``.
     """
+    from ..quant.kernel_table import LayerShape
+    from ..quant.ggml_linear import row_bytes
+
     check_precision(precision, "cpu")
     gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision)
+    plans = kernel_plans(gf, precision) if precision in QUANT_PRECISIONS else {}
     tensors = dict(gf.tensors)
     if "output.weight" not in tensors:
         tensors = {**tensors, "output.weight": tensors["token_embd.weight"]}
@@ -216,7 +299,10 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
         if module in linears and precision in QUANT_PRECISIONS:
             n, k = shape
             bias = torch.zeros(n) if has_bias else None
-            if linear_precision(module, t.type_name, n, k, precision) == "int4":
+            plan = plans.get(LayerShape(t.type_name, n, k))
+            if plan is not None and plan.kind == "ggml":
+                new = _ggml_layer(t.type_name, torch.zeros(n, row_bytes(t.type_name, k), dtype=torch.uint8), k, bias, plan)
+            elif linear_precision(module, t.type_name, n, k, precision) == "int4":
                 new = Int4Linear.from_buffers(torch.zeros(n, k // 2, dtype=torch.uint8),
                                               torch.zeros(k // 32, n, 2, dtype=torch.bfloat16), bias)
             else:
@@ -228,11 +314,14 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
                 state[f"{module}.bias"] = torch.zeros(shape[0], dtype=dense_dtype)
     model.load_state_dict(state, strict=False, assign=True)
     _finish(model, precision)
+    fuse_native(model)
     model._dyntree_shape_twin = True
     return model
 
 
-def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: float):
+def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: float, plans: dict):
+    from ..quant.kernel_table import LayerShape
+
     tensors = dict(gf.tensors)
     n_head, n_kv = int(config.num_attention_heads), int(config.num_key_value_heads)
     if "output.weight" not in tensors:  # tied head: the embedding serves both
@@ -265,7 +354,12 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
             bias = dense(bias_t, module) if bias_t is not None else None
             type_name = t.type_name
             n_rows, n_cols = t.shape
-            if linear_precision(module, type_name, n_rows, n_cols, precision) == "int4":
+            plan = plans.get(LayerShape(type_name, n_rows, n_cols))
+            if plan is not None and plan.kind == "ggml":
+                blocks = torch.from_numpy(t.data.copy())  # rows of whole blocks: llama's Q/K un-permute moves rows
+                fix = rows_fix(module, n_rows)
+                new = _ggml_layer(type_name, blocks[fix] if fix is not None else blocks, n_cols, bias, plan)
+            elif linear_precision(module, type_name, n_rows, n_cols, precision) == "int4":
                 g = decode_4bit(t.data, type_name, n_rows, n_cols)
                 fix = rows_fix(module, n_rows)
                 if fix is not None:

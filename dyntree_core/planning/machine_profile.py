@@ -130,8 +130,10 @@ class MachineProfile:
 def profile_key(pair_name: str, device: str) -> str:
     mi = machine_info()
     hw = mi.gpu if (device.startswith("cuda") and mi.gpu) else f"{mi.cpu_model}|{','.join(mi.cpu_flags)}"
+    from ..quant.kernel_table import table_identity  # the kernels each int4 layer runs (issue 30)
+
     raw = "|".join([hw, f"threads={torch.get_num_threads()}", torch.__version__, pair_name, device,
-                    f"v{PROFILE_VERSION}"])
+                    f"v{PROFILE_VERSION}", table_identity()])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

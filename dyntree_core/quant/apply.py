@@ -101,8 +101,10 @@ def quantize_model(model: nn.Module, precision: str) -> nn.Module:
 
 def output_dim(model: nn.Module) -> int:
     """Number of output logits, for dense and quantized heads alike."""
+    from .ggml_linear import GGMLLinear
+
     head = model.get_output_embeddings()
-    if isinstance(head, (Int8Linear, Int4Linear)):
+    if isinstance(head, (Int8Linear, Int4Linear, GGMLLinear)):
         return int(head.out_features)
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])

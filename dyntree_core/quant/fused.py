@@ -1,0 +1,73 @@
+"""Fewer, larger ops around the weight products of a model on ``GGMLLinear`` layers.
+
+``fuse_forward(model)``, in place:
+
+* every ``*RMSNorm`` module (HF: cast, pow, mean, add, rsqrt, mul, cast, mul) runs ``torch.nn.functional.rms_norm``
+  (one op; on the CPU it gave bit-identical float32 outputs on the target's width);
+* every gated MLP whose ``gate_proj`` and ``up_proj`` are ``GGMLLinear`` of one type and input width, without
+  bias, runs them as one ``GGMLLinear`` of both weights' rows (one kernel call over ``2 * intermediate`` rows;
+  each output is computed exactly as before, rows do not interact), then ``act(gate) * up``.
+
+The casts and the bias add around each quantized linear are already gone on ``GGMLLinear`` (float32 in and out,
+bias in the kernel). Returns what was fused.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ggml_linear import GGMLLinear
+
+
+def _rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    x = hidden_states if hidden_states.dtype == torch.float32 else hidden_states.float()
+    y = F.rms_norm(x, (x.shape[-1],), self.weight if self.weight.dtype == torch.float32 else None,
+                   self.variance_epsilon)
+    if self.weight.dtype != torch.float32:
+        return self.weight * y.to(hidden_states.dtype)
+    return y.to(hidden_states.dtype)
+
+
+class FusedGateUp(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with ``gate`` and ``up`` as one ``GGMLLinear`` (``gate_up``: gate rows first)."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        g, u = mlp.gate_proj, mlp.up_proj
+        self.intermediate = g.out_features
+        self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels,
+                                  g.int8_activations)
+        self.gate_up.mm_min_rows = g.mm_min_rows
+        self.down_proj = mlp.down_proj
+        self.act_fn = mlp.act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu = self.gate_up(x)
+        return self.down_proj(self.act_fn(gu[..., :self.intermediate]) * gu[..., self.intermediate:])
+
+
+def _fusable_mlp(mod: nn.Module) -> bool:
+    g, u = getattr(mod, "gate_proj", None), getattr(mod, "up_proj", None)
+    return (isinstance(g, GGMLLinear) and isinstance(u, GGMLLinear) and g.type_name == u.type_name
+            and g.in_features == u.in_features and g.bias is None and u.bias is None
+            and g.mm_min_rows == u.mm_min_rows and g.int8_activations == u.int8_activations and hasattr(mod, "down_proj") and hasattr(mod, "act_fn"))
+
+
+def fuse_forward(model: nn.Module) -> dict[str, int]:
+    """Fuse in place (see the module docstring); ``{"rms_norm": n, "gate_up": n}``."""
+    from .apply import set_submodule
+
+    done = {"rms_norm": 0, "gate_up": 0}
+    for name, mod in list(model.named_modules()):
+        if type(mod).__name__.endswith("RMSNorm") and hasattr(mod, "variance_epsilon") and hasattr(mod, "weight"):
+            mod.forward = types.MethodType(_rms_forward, mod)
+            done["rms_norm"] += 1
+        elif _fusable_mlp(mod):
+            set_submodule(model, name, FusedGateUp(mod))
+            done["gate_up"] += 1
+    model._dyntree_fused = done
+    return done

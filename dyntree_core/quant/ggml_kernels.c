@@ -1,0 +1,638 @@
+/* GGML weight blocks (Q4_K, Q6_K, Q5_0, Q8_0) times float32 activations, on AVX2 + FMA + F16C.
+ *
+ * dyntree_ggml_dequantize gives every weight exactly the float32 value of the gguf package's reference
+ * code (Q4_K: fma(q, d*sc, -dmin*m) with d*sc, q*d*sc and dmin*m exact in float32: one rounding, like
+ * numpy's (d*sc)*q - dmin*m; Q6_K, Q5_0, Q8_0: products of at most 24 significant bits, exact).
+ * dyntree_ggml_matmul multiplies float32 activations by the same weights with float32 sums, grouped the
+ * way the blocks are (sum(w x) over a group of one scale = s * sum(q x) - o * sum(x)): it agrees with the
+ * float32 model's product to float32 rounding. Rows of x are independent (no activation quantization).
+ *
+ * Weights: row-major [N, K] as the GGUF stores them (row n = K / block_elems blocks).
+ * Threads: OpenMP, linked against the libgomp torch already loaded (one thread pool).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+
+enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8 };
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 8 unsigned bytes -> 8 floats */
+static inline __m256 u8x8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static inline __m256 i8x8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+/* Q4_K: 144 bytes -> 256 floats */
+static inline void deq_q4_k(const uint8_t *b, float *y) {
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *sc = b + 4, *qs = b + 16;
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        int s1, m1, s2, m2;
+        scale_min_k4(2 * j, sc, &s1, &m1);
+        scale_min_k4(2 * j + 1, sc, &s2, &m2);
+        const __m256 d1 = _mm256_set1_ps(d * (float)s1), o1 = _mm256_set1_ps(dmin * (float)m1);
+        const __m256 d2 = _mm256_set1_ps(d * (float)s2), o2 = _mm256_set1_ps(dmin * (float)m2);
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        uint8_t lo[32], hi[32];
+        _mm256_storeu_si256((__m256i *)lo, _mm256_and_si256(bytes, mask));
+        _mm256_storeu_si256((__m256i *)hi, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask));
+        float *y1 = y + 64 * j, *y2 = y1 + 32;
+        for (int k = 0; k < 4; k++) {
+            _mm256_storeu_ps(y1 + 8 * k, _mm256_fmsub_ps(u8x8(lo + 8 * k), d1, o1));
+            _mm256_storeu_ps(y2 + 8 * k, _mm256_fmsub_ps(u8x8(hi + 8 * k), d2, o2));
+        }
+    }
+}
+
+/* Q6_K: 210 bytes (ql[128], qh[64], scales[16] int8, d fp16) -> 256 floats */
+static inline void deq_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = f16(b + 208);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+    for (int half = 0; half < 2; half++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));
+        int8_t q[4][32];
+        __m256i v;
+        v = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+        _mm256_storeu_si256((__m256i *)q[0], _mm256_sub_epi8(v, off));
+        v = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+        _mm256_storeu_si256((__m256i *)q[1], _mm256_sub_epi8(v, off));
+        v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+        _mm256_storeu_si256((__m256i *)q[2], _mm256_sub_epi8(v, off));
+        v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+        _mm256_storeu_si256((__m256i *)q[3], _mm256_sub_epi8(v, off));
+        for (int g = 0; g < 4; g++) {          /* 32 values, 2 scales of 16 each */
+            for (int s = 0; s < 2; s++) {
+                const __m256 ds = _mm256_set1_ps(d * (float)sc[2 * g + s]);
+                for (int k = 0; k < 2; k++) {
+                    const int i = 16 * s + 8 * k;
+                    _mm256_storeu_ps(y + 32 * g + i, _mm256_mul_ps(ds, i8x8(q[g] + i)));
+                }
+            }
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+/* Q5_0: 22 bytes (d fp16, qh[4], qs[16]) -> 32 floats: d * (q - 16) */
+static inline void deq_q5_0(const uint8_t *b, float *y) {
+    const float d = f16(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const uint8_t *qs = b + 6;
+    int8_t q[32];
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(((qs[j] & 0x0F) | (((qh >> j) & 1) << 4)) - 16);
+        q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+    const __m256 vd = _mm256_set1_ps(d);
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(vd, i8x8(q + 8 * k)));
+}
+
+/* Q8_0: 34 bytes (d fp16, qs[32] int8) -> 32 floats */
+static inline void deq_q8_0(const uint8_t *b, float *y) {
+    const __m256 vd = _mm256_set1_ps(f16(b));
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(vd, i8x8(q + 8 * k)));
+}
+
+static int block_info(int type, int *elems, int *bytes) {
+    switch (type) {
+    case T_Q4_K: *elems = 256; *bytes = 144; return 0;
+    case T_Q6_K: *elems = 256; *bytes = 210; return 0;
+    case T_Q5_0: *elems = 32; *bytes = 22; return 0;
+    case T_Q8_0: *elems = 32; *bytes = 34; return 0;
+    default: return -1;
+    }
+}
+
+static inline void deq_block(int type, const uint8_t *b, float *y) {
+    switch (type) {
+    case T_Q4_K: deq_q4_k(b, y); break;
+    case T_Q6_K: deq_q6_k(b, y); break;
+    case T_Q5_0: deq_q5_0(b, y); break;
+    default: deq_q8_0(b, y); break;
+    }
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+int dyntree_ggml_block_info(int type, int *elems, int *bytes) { return block_info(type, elems, bytes); }
+
+/* w [n_rows, K] in blocks -> out [n_rows, K] float32 */
+int dyntree_ggml_dequantize(int type, const uint8_t *w, float *out, int64_t n_rows, int64_t K) {
+    int be, bb;
+    if (block_info(type, &be, &bb) || K % be) return -1;
+    const int64_t nb = K / be;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < n_rows; n++)
+        for (int64_t b = 0; b < nb; b++) deq_block(type, w + (n * nb + b) * bb, out + n * K + b * be);
+    return 0;
+}
+
+/* Row kernels: R activation rows against one weight row, the block's integers converted to float once
+ * and multiplied by each row; per group sum(q * x) is scaled once (w = s*q - o => sum(w x) = s*sum(q x) -
+ * o*sum(x)). Sums of x per 32 values (``sumx``, [R][K/32]) are computed once per call. */
+
+#define Q4K_ROWS(R)                                                                                        \
+    static void q4k_rows_##R(const uint8_t *wr, int64_t nb, const float *x, int64_t ldx, const float *sumx, \
+                             int64_t ng, float *out) {                                                       \
+        __m256 tot[R];                                                                                       \
+        float off[R];                                                                                        \
+        for (int r = 0; r < R; r++) {                                                                        \
+            tot[r] = _mm256_setzero_ps();                                                                    \
+            off[r] = 0.0f;                                                                                   \
+        }                                                                                                    \
+        const __m256i mask = _mm256_set1_epi8(0x0F);                                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * 144;                                                               \
+            const float d = f16(blk), dmin = f16(blk + 2);                                                   \
+            const uint8_t *sc = blk + 4, *qs = blk + 16;                                                     \
+            for (int j = 0; j < 4; j++) {                                                                    \
+                int s1, m1, s2, m2;                                                                          \
+                scale_min_k4(2 * j, sc, &s1, &m1);                                                           \
+                scale_min_k4(2 * j + 1, sc, &s2, &m2);                                                       \
+                const __m256 d1 = _mm256_set1_ps(d * (float)s1), d2 = _mm256_set1_ps(d * (float)s2);         \
+                const float o1 = dmin * (float)m1, o2 = dmin * (float)m2;                                    \
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));                    \
+                const __m256i lo = _mm256_and_si256(bytes, mask);                                            \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                      \
+                const __m128i l0 = _mm256_castsi256_si128(lo), l1 = _mm256_extracti128_si256(lo, 1);        \
+                const __m128i h0 = _mm256_castsi256_si128(hi), h1 = _mm256_extracti128_si256(hi, 1);        \
+                const __m256 ql0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l0));                            \
+                const __m256 ql1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l0, 8)));         \
+                const __m256 ql2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l1));                            \
+                const __m256 ql3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l1, 8)));         \
+                const __m256 qh0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h0));                            \
+                const __m256 qh1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h0, 8)));         \
+                const __m256 qh2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h1));                            \
+                const __m256 qh3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h1, 8)));         \
+                const int64_t g = b * 8 + 2 * j;                                                             \
+                for (int r = 0; r < R; r++) {                                                                \
+                    const float *xr = x + r * ldx + b * 256 + 64 * j;                                        \
+                    __m256 a = _mm256_mul_ps(ql0, _mm256_loadu_ps(xr));                                      \
+                    a = _mm256_fmadd_ps(ql1, _mm256_loadu_ps(xr + 8), a);                                    \
+                    a = _mm256_fmadd_ps(ql2, _mm256_loadu_ps(xr + 16), a);                                   \
+                    a = _mm256_fmadd_ps(ql3, _mm256_loadu_ps(xr + 24), a);                                   \
+                    tot[r] = _mm256_fmadd_ps(a, d1, tot[r]);                                                 \
+                    a = _mm256_mul_ps(qh0, _mm256_loadu_ps(xr + 32));                                        \
+                    a = _mm256_fmadd_ps(qh1, _mm256_loadu_ps(xr + 40), a);                                   \
+                    a = _mm256_fmadd_ps(qh2, _mm256_loadu_ps(xr + 48), a);                                   \
+                    a = _mm256_fmadd_ps(qh3, _mm256_loadu_ps(xr + 56), a);                                   \
+                    tot[r] = _mm256_fmadd_ps(a, d2, tot[r]);                                                 \
+                    off[r] += o1 * sumx[r * ng + g] + o2 * sumx[r * ng + g + 1];                             \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]) - off[r];                                          \
+    }
+Q4K_ROWS(1)
+Q4K_ROWS(2)
+Q4K_ROWS(4)
+
+static inline void q6k_unpack(const uint8_t *ql, const uint8_t *qh, int8_t q[4][32]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));
+    __m256i v;
+    v = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+    _mm256_storeu_si256((__m256i *)q[0], _mm256_sub_epi8(v, off));
+    v = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+    _mm256_storeu_si256((__m256i *)q[1], _mm256_sub_epi8(v, off));
+    v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+    _mm256_storeu_si256((__m256i *)q[2], _mm256_sub_epi8(v, off));
+    v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+    _mm256_storeu_si256((__m256i *)q[3], _mm256_sub_epi8(v, off));
+}
+
+#define Q6K_ROWS(R)                                                                                        \
+    static void q6k_rows_##R(const uint8_t *wr, int64_t nb, const float *x, int64_t ldx, float *out) {      \
+        __m256 tot[R];                                                                                       \
+        for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();                                            \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * 210;                                                               \
+            const int8_t *sc = (const int8_t *)(blk + 192);                                                  \
+            const float d = f16(blk + 208);                                                                  \
+            for (int half = 0; half < 2; half++) {                                                           \
+                int8_t q[4][32];                                                                             \
+                q6k_unpack(blk + 64 * half, blk + 128 + 32 * half, q);                                       \
+                for (int g = 0; g < 8; g++) {                                                                \
+                    const __m256 ds = _mm256_set1_ps(d * (float)sc[8 * half + g]);                           \
+                    const __m256 q0 = i8x8(q[g >> 1] + 16 * (g & 1));                                        \
+                    const __m256 q1 = i8x8(q[g >> 1] + 16 * (g & 1) + 8);                                    \
+                    for (int r = 0; r < R; r++) {                                                            \
+                        const float *xr = x + r * ldx + b * 256 + 128 * half + 16 * g;                       \
+                        __m256 a = _mm256_mul_ps(q0, _mm256_loadu_ps(xr));                                   \
+                        a = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xr + 8), a);                                 \
+                        tot[r] = _mm256_fmadd_ps(a, ds, tot[r]);                                             \
+                    }                                                                                        \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
+    }
+Q6K_ROWS(1)
+Q6K_ROWS(2)
+Q6K_ROWS(4)
+
+/* other types: the block dequantized to float, then multiplied by each row */
+static void deq_rows(int type, int be, int bb, const uint8_t *wr, int64_t nb, const float *x, int64_t ldx, int R,
+                     float *buf, float *out) {
+    __m256 tot[4];
+    for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        deq_block(type, wr + b * bb, buf);
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + r * ldx + b * be;
+            for (int i = 0; i < be; i += 8)
+                tot[r] = _mm256_fmadd_ps(_mm256_load_ps(buf + i), _mm256_loadu_ps(xr + i), tot[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);
+}
+
+/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) @ W^T (+ bias [N]) */
+int dyntree_ggml_matmul(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
+                        int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    int be, bb;
+    if (block_info(type, &be, &bb) || K % be) return -1;
+    const int64_t nb = K / be, ng = K / 32;
+    const int64_t row_bytes = nb * bb;
+    float *sumx = NULL;
+    if (type == T_Q4_K) {
+        sumx = (float *)malloc((size_t)(M * ng) * sizeof(float));
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t g = 0; g < ng; g++) {
+                __m256 s = _mm256_loadu_ps(x + m * ldx + 32 * g);
+                s = _mm256_add_ps(s, _mm256_loadu_ps(x + m * ldx + 32 * g + 8));
+                s = _mm256_add_ps(s, _mm256_loadu_ps(x + m * ldx + 32 * g + 16));
+                s = _mm256_add_ps(s, _mm256_loadu_ps(x + m * ldx + 32 * g + 24));
+                sumx[m * ng + g] = hsum(s);
+            }
+    }
+#pragma omp parallel
+    {
+        float buf[256] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *wr = w + n * row_bytes;
+            const float bn = bias ? bias[n] : 0.0f;
+            for (int64_t m0 = 0; m0 < M;) {
+                const int64_t left = M - m0;
+                const int R = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
+                float out[4];
+                const float *xm = x + m0 * ldx;
+                if (type == T_Q4_K) {
+                    const float *sm = sumx + m0 * ng;
+                    if (R == 4) q4k_rows_4(wr, nb, xm, ldx, sm, ng, out);
+                    else if (R == 2) q4k_rows_2(wr, nb, xm, ldx, sm, ng, out);
+                    else q4k_rows_1(wr, nb, xm, ldx, sm, ng, out);
+                } else if (type == T_Q6_K) {
+                    if (R == 4) q6k_rows_4(wr, nb, xm, ldx, out);
+                    else if (R == 2) q6k_rows_2(wr, nb, xm, ldx, out);
+                    else q6k_rows_1(wr, nb, xm, ldx, out);
+                } else {
+                    deq_rows(type, be, bb, wr, nb, xm, ldx, R, buf, out);
+                }
+                for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + bn;
+                m0 += R;
+            }
+        }
+    }
+    free(sumx);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * int8 activations (llama.cpp's way on x86: Q8_K): each activation row quantized per 256 values to int8 with
+ * one float scale (d = max|x| / 127, q = round(x / d)), then integer dot products with the weight's integers
+ * (vpmaddubsw: 32 multiply-adds per instruction) and one float multiply per 256 weights. Faster than the float
+ * kernels where they are compute-bound, at the price of the activation rounding (|error| <= d/2 per value);
+ * every M uses the same arithmetic, and rows stay independent.
+ * --------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int8_t *q;      /* [M, K] */
+    float *d;       /* [M, K/256] */
+    int16_t *bsums; /* [M, K/16] */
+} q8k_rows;
+
+static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int16_t *bsums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / 256; b++) {
+        const float *xb = x + 256 * b;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < 256; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m);
+        int8_t *qb = q + 256 * b;
+        if (mx == 0.0f) {
+            memset(qb, 0, 256);
+            d[b] = 0.0f;
+            for (int j = 0; j < 16; j++) bsums[16 * b + j] = 0;
+            continue;
+        }
+        const __m256 is = _mm256_set1_ps(127.0f / mx);
+        for (int i = 0; i < 256; i += 32) {
+            __m256i v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), is),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            /* pack 32 int32 -> 32 int8 in order */
+            __m256i p01 = _mm256_packs_epi32(v[0], v[1]), p23 = _mm256_packs_epi32(v[2], v[3]);
+            __m256i p = _mm256_packs_epi16(p01, p23);
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qb + i), p);
+        }
+        d[b] = mx / 127.0f;
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += qb[16 * j + i];
+            bsums[16 * b + j] = (int16_t)s;
+        }
+    }
+}
+
+static inline float hsum_i32(__m256i v) { return hsum(_mm256_cvtepi32_ps(v)); }
+
+/* the 8 six-bit scales and mins of a Q4_K block as 16 int16 (scales 0..7, then mins 0..7), llama.cpp's way */
+static inline __m256i q4k_scales_mins(const uint8_t *sc12) {
+    uint32_t u[4];
+    memcpy(u, sc12, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+}
+
+/* shuffle controls: int16 lane i broadcast to all 8 lanes of a 128-bit half */
+static inline __m256i bcast16(__m256i v16x2, int i) {
+    const __m256i ctl = _mm256_set1_epi16((int16_t)((2 * i) | ((2 * i + 1) << 8)));
+    return _mm256_shuffle_epi8(v16x2, ctl);
+}
+
+#define Q4K_Q8_ROWS(R)                                                                                     \
+    static void q4k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
+                                const int16_t *bs, int64_t K, float *out) {                                  \
+        __m256 tot[R];                                                                                       \
+        __m128 mins_acc[R];                                                                                  \
+        for (int r = 0; r < R; r++) {                                                                        \
+            tot[r] = _mm256_setzero_ps();                                                                    \
+            mins_acc[r] = _mm_setzero_ps();                                                                  \
+        }                                                                                                    \
+        const __m256i mask = _mm256_set1_epi8(0x0F);                                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * 144;                                                               \
+            const float d = f16(blk), dmin = f16(blk + 2);                                                   \
+            const __m256i sm = q4k_scales_mins(blk + 4);                                                     \
+            const __m128i mins = _mm256_extracti128_si256(sm, 1);                                            \
+            const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00); /* scales in both halves */         \
+            __m256i acc[R];                                                                                  \
+            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                     \
+            for (int j = 0; j < 4; j++) {                                                                    \
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));             \
+                const __m256i lo = _mm256_and_si256(bytes, mask);                                            \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                      \
+                const __m256i s1 = bcast16(sc, 2 * j), s2 = bcast16(sc, 2 * j + 1);                          \
+                for (int r = 0; r < R; r++) {                                                                \
+                    const int8_t *qr = q8 + r * K + b * 256 + 64 * j;                                        \
+                    __m256i p1 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qr));           \
+                    __m256i p2 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qr + 32)));    \
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p1, s1),           \
+                                                                       _mm256_madd_epi16(p2, s2)));          \
+                }                                                                                            \
+            }                                                                                                \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const float dx = d8[r * (K / 256) + b];                                                      \
+                const __m256i b16 = _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16));      \
+                const __m128i b32 = _mm_hadd_epi16(_mm256_castsi256_si128(b16), _mm256_extracti128_si256(b16, 1)); \
+                const __m128i pm = _mm_madd_epi16(mins, b32);                                                \
+                mins_acc[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(pm), mins_acc[r]);         \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) {                                                                        \
+            __m128 m = _mm_add_ps(mins_acc[r], _mm_movehl_ps(mins_acc[r], mins_acc[r]));                     \
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));                                                           \
+            out[r] = hsum(tot[r]) - _mm_cvtss_f32(m);                                                        \
+        }                                                                                                    \
+    }
+Q4K_Q8_ROWS(1)
+Q4K_Q8_ROWS(2)
+Q4K_Q8_ROWS(4)
+
+#define Q6K_Q8_ROWS(R)                                                                                     \
+    static void q6k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
+                                const int16_t *bs, int64_t K, float *out) {                                  \
+        __m256 tot[R];                                                                                       \
+        for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();                                            \
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);                              \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * 210;                                                               \
+            const float d = f16(blk + 208);                                                                  \
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));                              \
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */                         \
+            __m256i acc[R];                                                                                  \
+            for (int r = 0; r < R; r++) {                                                                    \
+                /* the -32 of every q6: -32 * sum_j sc_j * (sum of group j's activations) */                 \
+                const __m256i b16 = _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16));      \
+                acc[r] = _mm256_mullo_epi32(_mm256_madd_epi16(sc16, b16), _mm256_set1_epi32(-32));            \
+            }                                                                                                \
+            for (int half = 0; half < 2; half++) {                                                           \
+                const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;                            \
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));                               \
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));                          \
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));                                \
+                __m256i u[4];                                                                                \
+                u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)); \
+                u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),                                             \
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)); \
+                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),                       \
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)); \
+                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                       \
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)); \
+                for (int g = 0; g < 4; g++) {                                                                \
+                    const int i = 8 * half + 2 * g;                                                          \
+                    const __m256i sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(                                 \
+                        sc8, _mm_set_epi64x(0x0101010101010101LL * (i + 1), 0x0101010101010101LL * i)));    \
+                    for (int r = 0; r < R; r++) {                                                            \
+                        const __m256i qv = _mm256_loadu_si256(                                               \
+                            (const __m256i *)(q8 + r * K + b * 256 + 128 * half + 32 * g));                  \
+                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[g], qv), sv)); \
+                    }                                                                                        \
+                }                                                                                            \
+            }                                                                                                \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const float dx = d8[r * (K / 256) + b];                                                      \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
+    }
+Q6K_Q8_ROWS(1)
+Q6K_Q8_ROWS(2)
+Q6K_Q8_ROWS(4)
+
+/* Q5_0 / Q8_0 weights against activations quantized per 32 values (llama.cpp's Q8_0 activations) */
+static void quantize_row_q8_0(const float *x, int64_t K, int8_t *q, float *d) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m);
+        d[b] = mx / 127.0f;
+        const __m256 is = _mm256_set1_ps(mx == 0.0f ? 0.0f : 127.0f / mx);
+        __m256i v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), is),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), p);
+    }
+}
+
+static inline __m256i bytes_from_bits_32(const uint8_t *x) {
+    uint32_t x32;
+    memcpy(&x32, x, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* 32 signed int8 weights of one block */
+static inline __m256i q32_weights(int type, const uint8_t *blk) {
+    if (type == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    const __m256i hi = _mm256_andnot_si256(bytes_from_bits_32(blk + 2), _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(v, hi); /* q5 - 16 */
+}
+
+#define Q32_Q8_ROWS(R)                                                                                     \
+    static void q32_q8_rows_##R(int type, int bb, const uint8_t *wr, int64_t nb, const int8_t *q8,            \
+                                const float *d8, int64_t K, float *out) {                                    \
+        __m256 tot[R];                                                                                       \
+        for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();                                            \
+        const __m256i ones = _mm256_set1_epi16(1);                                                           \
+        for (int64_t b = 0; b < nb; b++) {                                                                   \
+            const uint8_t *blk = wr + b * bb;                                                                \
+            const float d = f16(blk);                                                                        \
+            const __m256i w = q32_weights(type, blk);                                                        \
+            const __m256i aw = _mm256_sign_epi8(w, w);                                                       \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + r * K + 32 * b));               \
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones); \
+                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r * (K / 32) + b]), tot[r]); \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
+    }
+Q32_Q8_ROWS(1)
+Q32_Q8_ROWS(2)
+Q32_Q8_ROWS(4)
+
+/* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized to int8 per 256 values (Q4_K, Q6_K weights) or per 32
+ * (Q5_0, Q8_0) */
+int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
+                           int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    int be, bb;
+    const int kq = type == T_Q4_K || type == T_Q6_K; /* activations per 256 (Q8_K), else per 32 (Q8_0) */
+    if (block_info(type, &be, &bb) || K % (kq ? 256 : 32)) return -1;
+    const int64_t nb = K / be, row_bytes = nb * bb, nd = kq ? K / 256 : K / 32;
+    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64 + 64));
+    float *d8 = (float *)malloc((size_t)(M * nd) * sizeof(float));
+    int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
+    if (!q8 || !d8 || !bs) {
+        free(q8);
+        free(d8);
+        free(bs);
+        return -2;
+    }
+#pragma omp parallel for schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) {
+        if (kq) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nd, bs + m * (K / 16));
+        else quantize_row_q8_0(x + m * ldx, K, q8 + m * K, d8 + m * nd);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *wr = w + n * row_bytes;
+        const float bn = bias ? bias[n] : 0.0f;
+        for (int64_t m0 = 0; m0 < M;) {
+            const int64_t left = M - m0;
+            const int R = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
+            float out[4];
+            const int8_t *qm = q8 + m0 * K;
+            const float *dm = d8 + m0 * nd;
+            const int16_t *bm = bs + m0 * (K / 16);
+            if (!kq) {
+                if (R == 4) q32_q8_rows_4(type, bb, wr, nb, qm, dm, K, out);
+                else if (R == 2) q32_q8_rows_2(type, bb, wr, nb, qm, dm, K, out);
+                else q32_q8_rows_1(type, bb, wr, nb, qm, dm, K, out);
+            } else if (type == T_Q4_K) {
+                if (R == 4) q4k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                else if (R == 2) q4k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
+                else q4k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
+            } else {
+                if (R == 4) q6k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                else if (R == 2) q6k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
+                else q6k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
+            }
+            for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + bn;
+            m0 += R;
+        }
+    }
+    free(q8);
+    free(d8);
+    free(bs);
+    return 0;
+}

@@ -1,0 +1,153 @@
+"""``GGMLLinear``: a linear layer that keeps a GGUF tensor's own blocks (Q4_K, Q6_K, Q5_0, Q8_0) and multiplies
+float32 activations by them (``native.NativeKernels``), with no re-pack, no activation cast and the bias
+added in the kernel.
+
+Two ways to run it, both from the same bytes (no extra memory kept):
+
+* ``rows``: the row kernel (every weight row read once per call, each activation row against it); with
+  ``int8_activations`` (Q4_K/Q6_K) each activation row is first quantized to int8 per 256 values and the
+  products are integer dot products, as llama.cpp does on x86 (faster where the float kernel is
+  compute-bound; the activations' rounding is the price);
+* ``dequant_mm``: the weight dequantized to float32 a chunk of rows at a time into a reused buffer, then
+  torch's float32 GEMM (``torch.mm``); wins once enough rows share each dequantized weight.
+
+``mm_min_rows`` (from the kernel table) picks ``dequant_mm`` from that many input rows on (0: never; always 0
+with ``int8_activations``, so every M rounds the same way). Without ``int8_activations`` both use the float32
+weight the gguf package's dequantization gives, so they agree with each other and with the float32 model up to
+the order of float32 sums.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.autograd import profiler as _profiler
+
+from .native import BLOCKS, INT8_ACTIVATION_TYPES, NativeKernels, native_kernels
+
+#: floats of float32 weight dequantized per ``dequant_mm`` chunk (16 MiB): fits in L3, bounds the buffer
+CHUNK_FLOATS = 1 << 22
+_SCRATCH: dict[str, torch.Tensor] = {}
+
+
+def _scratch(n: int) -> torch.Tensor:
+    buf = _SCRATCH.get("buf")
+    if buf is None or buf.numel() < n:
+        buf = torch.empty(max(n, CHUNK_FLOATS), dtype=torch.float32)
+        _SCRATCH["buf"] = buf
+    return buf[:n]
+
+
+def release_scratch() -> None:
+    """Free the shared ``dequant_mm`` buffer (it is re-made on the next use)."""
+    _SCRATCH.clear()
+
+
+def row_bytes(type_name: str, k: int) -> int:
+    _, elems, nbytes = BLOCKS[type_name]
+    if k % elems:
+        raise ValueError(f"{type_name} rows need K % {elems} == 0, got K={k}")
+    return k // elems * nbytes
+
+
+class GGMLLinear(nn.Module):
+    """``y = x @ W^T + b`` with ``W`` ``[N, K]`` in GGML blocks.
+
+    Buffers: ``blocks`` uint8 ``[N, row_bytes]`` (the GGUF's bytes of each row), ``bias`` float32 ``[N]`` or
+    None. ``type_name``: ``Q4_K``, ``Q6_K``, ``Q5_0`` or ``Q8_0``.
+    """
+
+    precision = "ggml"
+
+    def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: Optional[torch.Tensor] = None,
+                 kernels: Optional[NativeKernels] = None, int8_activations: bool = False):
+        super().__init__()
+        if type_name not in BLOCKS:
+            raise ValueError(f"GGMLLinear takes {', '.join(BLOCKS)}, got {type_name}")
+        n = int(blocks.shape[0])
+        if blocks.dtype != torch.uint8 or blocks.ndim != 2 or blocks.shape[1] != row_bytes(type_name, in_features):
+            raise ValueError(f"{type_name} blocks of [{n}, {in_features}] must be uint8 "
+                             f"[{n}, {row_bytes(type_name, in_features)}], got {tuple(blocks.shape)} {blocks.dtype}")
+        self.type_name = type_name
+        self.out_features, self.in_features = n, int(in_features)
+        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self.kernels = kernels or native_kernels()
+        if self.kernels is None:
+            raise RuntimeError("GGMLLinear needs the native kernels (quant.native.native_kernels())")
+        if int8_activations and type_name not in INT8_ACTIVATION_TYPES:
+            raise ValueError(f"int8 activations are for {', '.join(INT8_ACTIVATION_TYPES)}, not {type_name}")
+        self.int8_activations = bool(int8_activations)
+        self.mm_min_rows = 0
+        self._bind()
+
+    def _bind(self) -> None:
+        """The C entry point and type id the fast path of ``forward`` calls directly."""
+        lib = self.kernels.lib
+        self._entry = lib.dyntree_ggml_matmul_q8 if self.int8_activations else lib.dyntree_ggml_matmul
+        self._type_id = BLOCKS[self.type_name][0]
+
+    def __getstate__(self):  # copies and pickles: the ctypes library is this process's, found again on load
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["kernels"] = state["_entry"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if self.kernels is None:
+            self.kernels = native_kernels()
+        self._bind()
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """``[N, K]`` float32, bit-identical to the gguf package's dequantization of the blocks."""
+        return self.kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features)
+
+    def rows(self, x2: torch.Tensor) -> torch.Tensor:
+        """float32 ``[M, K]`` -> ``[M, N]`` on the row kernel."""
+        return self.kernels.matmul(self.type_name, x2, self.blocks, self.out_features, self.in_features, self.bias,
+                                   self.int8_activations)
+
+    def dequant_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """float32 ``[M, K]`` -> ``[M, N]``: chunks of the weight dequantized into a shared buffer, then GEMMs."""
+        n, k = self.out_features, self.in_features
+        out = torch.empty(n, x2.shape[0], dtype=torch.float32)
+        chunk = max(1, min(n, CHUNK_FLOATS // k))
+        xt = x2.t()
+        for n0 in range(0, n, chunk):
+            n1 = min(n, n0 + chunk)
+            w = self.kernels.dequantize(self.type_name, self.blocks[n0:n1], n1 - n0, k, out=_scratch((n1 - n0) * k))
+            torch.mm(w.view(n1 - n0, k), xt, out=out[n0:n1])
+        y = out.t()
+        return y + self.bias if self.bias is not None else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.in_features, self.out_features
+        if x.dtype is torch.float32 and x.is_contiguous() and not _profiler._is_profiler_enabled:
+            m = x.numel() // k
+            if not (self.mm_min_rows and m >= self.mm_min_rows):
+                # the decode path: one C call, no reshapes or checks (float32 rows, contiguous buffers)
+                y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
+                bias = self.bias
+                if self._entry(self._type_id, x.data_ptr(), k, self.blocks.data_ptr(),
+                               None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k):
+                    raise ValueError(f"{self.type_name} kernel refused [{m}, {k}] x [{n}, {k}]")
+                return y
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32:
+            x2 = x2.float()
+        if x2.stride(1) != 1 or x2.stride(0) != self.in_features:
+            x2 = x2.contiguous()
+        run = self.dequant_mm if self.mm_min_rows and x2.shape[0] >= self.mm_min_rows else self.rows
+        if _profiler._is_profiler_enabled:  # the kernels are ctypes calls: name them for torch.profiler
+            with torch.profiler.record_function(f"dyntree::ggml_{self.type_name}_{run.__name__}"):
+                y = run(x2)
+        else:
+            y = run(x2)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks, "
+                + ("int8 activations" if self.int8_activations else f"dequant_mm from {self.mm_min_rows or 'never'} rows"))

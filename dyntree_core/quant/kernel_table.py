@@ -1,0 +1,312 @@
+"""Which kernel runs each GGUF layer shape at each row count, measured once per machine.
+
+For a layer shape (GGML type, N, K) and M input rows the runtime candidates are:
+
+* ``aten``: torch's weight-only kernel on a re-pack of the weight (``Int4Linear`` for Q4_K: bf16 scales
+  and zeros; ``Int8Linear`` for the other types: per-channel int8 requantized from the exact weight);
+* ``native_rows``: ``GGMLLinear``'s row kernel on the file's own blocks (``native``);
+* ``native_dequant_mm``: ``GGMLLinear`` dequantizing chunks of the weight to float32 for torch's GEMM;
+* ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K; llama.cpp's arithmetic).
+
+``plan_for(shape)`` turns the timings into a layer by the fastest at one row, keeping one arithmetic at every
+M: ``aten`` (today's ``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8
+activations at every M), or ``native_rows`` (``GGMLLinear`` in float32, with ``mm_min_rows``: the smallest
+measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M; the two agree
+to float32 rounding).
+
+The table is cached as JSON under ``$DYNTREE_CACHE/kernels/``, keyed by the machine (CPU model and flags,
+threads), the torch version, the native kernels' digest and ``TABLE_VERSION``; shapes not yet in it are
+measured when first asked for (``measure_for_plan``: one row for every candidate, more rows only where the
+float32 row kernel wins; about a second per shape here) or all of them by ``bench kernels``.
+``table_identity()`` names all of that for the machine profile's cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from .native import BLOCKS, native_kernels, native_unavailable_reason
+
+TABLE_VERSION = 3  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan)
+DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
+RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8")
+#: a candidate slower than this (ms) at some M is not timed at larger M
+SLOW_MS = 3000.0
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """A GGUF linear: GGML ``type_name`` and the torch weight shape ``[n, k]``."""
+
+    type_name: str
+    n: int
+    k: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.type_name} [{self.n}, {self.k}]"
+
+    @classmethod
+    def parse(cls, label: str) -> "LayerShape":
+        t, _, rest = label.partition(" ")
+        n, k = (int(v) for v in rest.strip("[]").split(","))
+        return cls(t, n, k)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What a layer of one shape runs: ``kind`` ``aten`` or ``ggml``; for ``ggml`` the row count from which it
+    dequantizes for torch's GEMM (0: never) and whether it quantizes activations to int8."""
+
+    kind: str
+    mm_min_rows: int = 0
+    why: str = ""
+    int8_activations: bool = False
+
+
+def synthetic_blocks(shape: LayerShape, seed: int = 0) -> torch.Tensor:
+    """uint8 ``[N, row_bytes]`` of random GGML blocks with small finite fp16 scales (timing needs no real
+    values; a NaN or denormal scale would)."""
+    from .ggml_linear import row_bytes
+
+    _, elems, nbytes = BLOCKS[shape.type_name]
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (shape.n, row_bytes(shape.type_name, shape.k)), dtype=torch.uint8, generator=gen)
+    blocks = raw.view(shape.n, -1, nbytes)
+    half = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+    where = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q8_0": (0,)}[shape.type_name]
+    for off in where:
+        blocks[:, :, off:off + 2] = half
+    return raw
+
+
+def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
+    from .ggml_linear import GGMLLinear
+    from .linear import Int4Linear, Int8Linear, int4_shape_ok
+
+    dense = GGMLLinear(shape.type_name, blocks, shape.k).dequantized_weight()
+    if shape.type_name == "Q4_K" and int4_shape_ok(shape.n, shape.k):
+        return Int4Linear.from_dense(dense)
+    return Int8Linear.from_dense(dense)
+
+
+def median_ms(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0, stat: str = "median") -> float:
+    """Median (or ``stat="min"``) wall time of ``fn`` after one warm-up call; fewer repeats when one call is
+    slow."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    repeats = max(1, min(repeats, int(budget_s / max(first, 1e-6))))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return (min(times) if stat == "min" else sorted(times)[len(times) // 2]) * 1e3
+
+
+def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
+                  candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median") -> dict[str, dict[str, Optional[float]]]:
+    """``{candidate: {str(M): ms or None}}`` for one shape (None: not run, e.g. slower than ``SLOW_MS`` at a
+    smaller M, or no native kernels here); ``stat``: ``median`` or ``min`` of the timed calls."""
+    from .ggml_linear import GGMLLinear
+    from .native import INT8_ACTIVATION_TYPES
+
+    blocks = synthetic_blocks(shape)
+    nk = native_kernels()
+    layers: dict[str, object] = {}
+    for c in candidates:
+        if c == "aten":
+            layers[c] = _aten_layer(shape, blocks)
+        elif c == "native_q8":
+            if nk is not None and shape.type_name in INT8_ACTIVATION_TYPES:
+                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
+        elif c.startswith("native") and nk is not None:
+            layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
+    out: dict[str, dict[str, Optional[float]]] = {c: {} for c in candidates}
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for c in candidates:
+            layer = layers.get(c)
+            slow = False
+            for m in ms:
+                if layer is None or slow:
+                    out[c][str(m)] = None
+                    continue
+                x = torch.randn(m, shape.k, generator=gen)
+                fn = {"native_rows": lambda: layer.rows(x), "native_q8": lambda: layer.rows(x),
+                      "native_dequant_mm": lambda: layer.dequant_mm(x)}.get(c, lambda: layer(x))
+                t = median_ms(fn, 7 if stat == "min" else 5, stat=stat)
+                out[c][str(m)] = t
+                slow = t > SLOW_MS
+    return out
+
+
+def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[str, dict[str, Optional[float]]]:
+    """What ``plan_for`` needs, quickly: every candidate at the first M; the other Ms only where the float32 row
+    kernel wins there (they set its switch to ``native_dequant_mm``; the other plans use one kernel at every M).
+    Unmeasured entries are None. ``bench kernels`` measures everything."""
+    ms = list(ms)
+    # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
+    first = measure_shape(shape, ms[:1], RUNTIME_CANDIDATES, "min")
+    out = {c: {**first.get(c, {}), **{str(m): None for m in ms[1:]}} for c in RUNTIME_CANDIDATES}
+    got = {c: v[str(ms[0])] for c, v in first.items() if v.get(str(ms[0])) is not None}
+    if got and min(got, key=got.get) == "native_rows" and len(ms) > 1:
+        rest = measure_shape(shape, ms[1:], ("native_rows", "native_dequant_mm"), "min")
+        for c, v in rest.items():
+            out[c].update(v)
+    return out
+
+
+def table_key() -> str:
+    from ..planning.machine import machine_info
+
+    mi = machine_info()
+    nk = native_kernels()
+    raw = "|".join([mi.cpu_model, ",".join(mi.cpu_flags), f"threads={torch.get_num_threads()}", torch.__version__,
+                    nk.digest if nk is not None else "no-native", f"v{TABLE_VERSION}"])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def table_identity() -> str:
+    """What the kernels chosen here depend on, for caches of measurements that run them (the machine
+    profile): table version, native kernels' digest (or why there are none) and the table key."""
+    nk = native_kernels()
+    return f"kt{TABLE_VERSION}-{kernel_policy()}-{nk.digest if nk is not None else 'none'}-{table_key()}"
+
+
+def table_path(key: Optional[str] = None) -> Path:
+    from ..paths import cache_root
+
+    return cache_root() / "kernels" / f"table-{key or table_key()}.json"
+
+
+@dataclass
+class KernelTable:
+    """Per layer shape (``LayerShape.label``): candidate -> {M: ms}."""
+
+    key: str
+    machine: dict
+    torch: str
+    native: Optional[str]
+    native_unavailable: Optional[str]
+    ms: list[int]
+    timings: dict[str, dict[str, dict[str, Optional[float]]]] = field(default_factory=dict)
+    version: int = TABLE_VERSION
+
+    def winners(self, label: str) -> dict[str, Optional[str]]:
+        """``{str(M): fastest runtime candidate}`` for one measured shape."""
+        t = self.timings[label]
+        out = {}
+        for m in map(str, self.ms):
+            got = {c: t[c][m] for c in RUNTIME_CANDIDATES if c in t and t[c].get(m) is not None}
+            out[m] = min(got, key=got.get) if got else None
+        return out
+
+    def plan_for(self, shape: LayerShape) -> LayerPlan:
+        t = self.timings[shape.label]
+        rows = t.get("native_rows", {})
+        aten = t.get("aten", {})
+        one = str(self.ms[0])
+        if rows.get(one) is None:
+            return LayerPlan("aten", 0, f"no native kernels ({self.native_unavailable})")
+        q8 = t.get("native_q8", {})
+        best = min((v, c) for c, v in (("aten", aten.get(one)), ("native_rows", rows[one]), ("native_q8", q8.get(one)))
+                   if v is not None)[1]
+        if best == "aten":
+            return LayerPlan("aten", 0, f"torch's kernel {aten[one]:.3f} ms < native {rows[one]:.3f} ms at {one} row")
+        if best == "native_q8":
+            return LayerPlan("ggml", 0, f"int8-activation kernel {q8[one]:.3f} ms < float32 {rows[one]:.3f} ms at "
+                                        f"{one} row (used at every M)", int8_activations=True)
+        mm = t.get("native_dequant_mm", {})
+        threshold = 0
+        for m in reversed(self.ms):
+            a, b = mm.get(str(m)), rows.get(str(m))
+            if a is None or b is None or a >= b:
+                break
+            threshold = m
+        return LayerPlan("ggml", threshold, f"native {rows[one]:.3f} ms at {one} row"
+                         + (f"; dequant+GEMM from {threshold} rows" if threshold else ""))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+
+def _new_table(key: str) -> KernelTable:
+    from ..planning.machine import machine_info
+
+    nk = native_kernels()
+    return KernelTable(key, machine_info().to_dict(), torch.__version__, nk.digest if nk is not None else None,
+                       native_unavailable_reason(), list(DEFAULT_MS))
+
+
+def load_table() -> KernelTable:
+    """This machine's cached table (an empty one when none is cached or the cache is unreadable)."""
+    key = table_key()
+    path = table_path(key)
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("version") == TABLE_VERSION and data.get("key") == key:
+                return KernelTable(**data)
+        except (OSError, ValueError, TypeError):
+            pass
+    return _new_table(key)
+
+
+def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None) -> KernelTable:
+    """The table with every shape in ``shapes`` measured (missing ones are measured now and cached)."""
+    table = load_table()
+    missing = sorted({s for s in shapes if s.type_name in BLOCKS and s.label not in table.timings},
+                     key=lambda s: s.label)
+    for s in missing:
+        if progress:
+            progress(f"  measuring kernels for {s.label} (once per machine)")
+        table.timings[s.label] = measure_for_plan(s, table.ms)
+    if missing:
+        table.save(table_path(table.key))
+    return table
+
+
+#: ``DYNTREE_KERNELS``: ``table`` (default: the measured winners), ``aten`` (torch's kernels everywhere, as
+#: before the table), ``native`` (the float32 row kernel at every M), ``native_mm`` (dequant + GEMM at every
+#: M > 1), ``native_q8`` (int8 activations at every M where the type has them, else ``native``)
+POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm", "native_q8")
+
+
+def kernel_policy() -> str:
+    policy = os.environ.get("DYNTREE_KERNELS", "table")
+    if policy not in POLICIES:
+        raise ValueError(f"DYNTREE_KERNELS must be one of {', '.join(POLICIES)}, got {policy!r}")
+    return policy
+
+
+def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None) -> dict[LayerShape, LayerPlan]:
+    """``plan_for`` of each shape (measuring those not yet in this machine's table) under ``kernel_policy()``.
+    Without native kernels every shape is ``aten`` and nothing is measured."""
+    shapes = list(shapes)
+    policy = kernel_policy()
+    if policy == "aten" or native_kernels() is None:
+        why = "DYNTREE_KERNELS=aten" if policy == "aten" else f"no native kernels ({native_unavailable_reason()})"
+        return {s: LayerPlan("aten", 0, why) for s in shapes}
+    if policy in ("native", "native_mm", "native_q8"):
+        from .native import INT8_ACTIVATION_TYPES
+
+        rows = 2 if policy == "native_mm" else 0
+        return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}",
+                              policy == "native_q8" and s.type_name in INT8_ACTIVATION_TYPES)
+                    if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel")) for s in shapes}
+    table = ensure_shapes(shapes, progress)
+    return {s: (table.plan_for(s) if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel"))
+            for s in shapes}

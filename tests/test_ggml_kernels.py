@@ -1,0 +1,342 @@
+"""The native GGML block kernels (``quant.native``), ``GGMLLinear``, the kernel table and a tiny GGUF model
+built on them: every weight is the gguf package's dequantization, products agree with float32 up to the
+order of sums, and the loader puts each layer on the kernel the table chose."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dyntree_core.quant import kernel_table as kt
+from dyntree_core.quant.ggml_linear import GGMLLinear, row_bytes
+from dyntree_core.quant.native import BLOCKS, native_kernels, native_unavailable_reason, reset_native_kernels
+
+TYPES = tuple(BLOCKS)
+
+
+@pytest.fixture(scope="module")
+def nk():
+    got = native_kernels()
+    if got is None:  # the project's machines have AVX2 and gcc; say so loudly where they do not
+        pytest.fail(f"native kernels unavailable: {native_unavailable_reason()}")
+    return got
+
+
+def _blocks(type_name: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return kt.synthetic_blocks(kt.LayerShape(type_name, n, k), seed)
+
+
+def _reference(type_name: str, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float32))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantize_is_bit_identical_to_the_gguf_package(nk, type_name):
+    n, k = 24, 512
+    blocks = _blocks(type_name, n, k, seed=1)
+    ref = _reference(type_name, blocks, n, k)
+    assert torch.isfinite(ref).all() and ref.abs().max() > 0
+    assert torch.equal(nk.dequantize(type_name, blocks, n, k), ref)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_both_ways_of_multiplying_agree_with_the_float64_product(nk, type_name):
+    n, k = 40, 768
+    blocks = _blocks(type_name, n, k, seed=2)
+    w = _reference(type_name, blocks, n, k).double()
+    bias = torch.randn(n)
+    layer = GGMLLinear(type_name, blocks, k, bias, kernels=nk)
+    for m in (1, 2, 3, 5, 9):  # row blocks of 4, 2 and 1
+        x = torch.randn(m, k)
+        expect = x.double() @ w.t() + bias.double()
+        tol = 1e-5 * (x.double().abs() @ w.abs().t()).max().item()
+        for got in (layer.rows(x), layer.dequant_mm(x), layer(x)):
+            assert got.shape == (m, n) and got.dtype == torch.float32
+            assert (got.double() - expect).abs().max().item() <= tol
+    # rows do not see each other: a row's output is the same alone and in a batch
+    x = torch.randn(6, k)
+    assert torch.equal(layer.rows(x)[4:5], layer.rows(x[4:5].clone()))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_int8_activations_err_by_at_most_the_activation_rounding_and_rows_stay_independent(nk, type_name):
+    n, k = 50, 768  # 50: decoding takes weight rows four at a time, and two are left over
+    blocks = _blocks(type_name, n, k, seed=4)
+    w = _reference(type_name, blocks, n, k).double()
+    bias = torch.randn(n)
+    layer = GGMLLinear(type_name, blocks, k, bias, kernels=nk, int8_activations=True)
+    x = torch.randn(7, k)
+    x[2] = 0.0  # an all-zero row quantizes to zeros
+    got = layer(x)
+    expect = x.double() @ w.t() + bias.double()
+    # each activation moves by at most half its block's step d = max|x| / 127 (blocks of 256 for the K-quants,
+    # of 32 for Q5_0/Q8_0)
+    blk = 256 if type_name.endswith("_K") else 32
+    d = x.double().abs().reshape(7, -1, blk).amax(-1) / 127
+    bound = (w.abs().reshape(n, -1, blk).sum(-1) @ (d / 2).t()).t() + 1e-4 * (x.double().abs() @ w.abs().t())
+    assert ((got.double() - expect).abs() <= bound).all()
+    assert torch.equal(got[2], bias)
+    assert (got.double() - expect).abs().max() > 1e-6  # the activations really are rounded
+    for m in (1, 2, 3, 5):  # the same arithmetic for every batch size
+        assert torch.equal(layer(x[:m].clone())[m - 1], got[m - 1])
+
+
+def test_forward_reshapes_casts_and_picks_dequant_mm_from_its_threshold(nk, monkeypatch):
+    k, n = 256, 32
+    layer = GGMLLinear("Q4_K", _blocks("Q4_K", n, k), k, kernels=nk)
+    calls = []
+    monkeypatch.setattr(layer, "rows", lambda x2: calls.append(("rows", x2.shape[0])) or torch.zeros(x2.shape[0], n))
+    monkeypatch.setattr(layer, "dequant_mm", lambda x2: calls.append(("mm", x2.shape[0])) or torch.zeros(x2.shape[0], n))
+    layer.mm_min_rows = 4
+    y = layer(torch.randn(1, 3, k, dtype=torch.bfloat16))
+    assert y.shape == (1, 3, n) and y.dtype == torch.bfloat16
+    layer(torch.randn(2, 2, k))
+    layer.mm_min_rows = 0
+    layer(torch.randn(k, 64).t())  # not contiguous: made so, then the row kernel
+    assert calls == [("rows", 3), ("mm", 4), ("rows", 64)]
+
+
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_the_fast_path_is_the_row_kernel(nk, int8_activations):
+    k, n = 512, 48
+    layer = GGMLLinear("Q4_K", _blocks("Q4_K", n, k, seed=7), k, torch.randn(n), kernels=nk,
+                       int8_activations=int8_activations)
+    x = torch.randn(2, 3, k)
+    got = layer(x)  # float32, contiguous: one direct C call
+    assert got.shape == (2, 3, n) and torch.equal(got, layer.rows(x.reshape(6, k)).reshape(2, 3, n))
+
+
+def test_bad_shapes_and_types_are_refused(nk):
+    with pytest.raises(ValueError, match="Q4_K rows need"):
+        row_bytes("Q4_K", 100)
+    with pytest.raises(ValueError, match="must be uint8"):
+        GGMLLinear("Q4_K", torch.zeros(4, 10, dtype=torch.uint8), 256, kernels=nk)
+    with pytest.raises(ValueError, match="takes"):
+        GGMLLinear("Q2_K", torch.zeros(4, 10, dtype=torch.uint8), 256, kernels=nk)
+
+
+def test_native_kernels_can_be_turned_off_and_then_every_layer_stays_on_torch(monkeypatch):
+    monkeypatch.setenv("DYNTREE_NATIVE_KERNELS", "0")
+    reset_native_kernels()
+    try:
+        assert native_kernels() is None and "DYNTREE_NATIVE_KERNELS=0" in native_unavailable_reason()
+        plans = kt.layer_plans([kt.LayerShape("Q4_K", 32, 256)])
+        assert [p.kind for p in plans.values()] == ["aten"]
+    finally:
+        monkeypatch.delenv("DYNTREE_NATIVE_KERNELS")
+        reset_native_kernels()
+
+
+def _table(timings: dict) -> kt.KernelTable:
+    return kt.KernelTable("k", {}, torch.__version__, "d", None, [1, 4, 16, 64], timings)
+
+
+def test_plan_takes_torchs_kernel_when_it_wins_at_one_row_and_dequant_mm_from_where_it_keeps_winning():
+    s = kt.LayerShape("Q4_K", 8, 256)
+    rows = {"1": 1.0, "4": 2.0, "16": 6.0, "64": 20.0}
+    table = _table({s.label: {"aten": {"1": 0.5, "4": 1.0, "16": 3.0, "64": 9.0}, "native_rows": rows,
+                              "native_dequant_mm": {"1": 5.0, "4": 5.0, "16": 5.5, "64": 8.0}}})
+    assert table.plan_for(s).kind == "aten"
+    assert table.winners(s.label) == {"1": "aten", "4": "aten", "16": "aten", "64": "native_dequant_mm"}
+    table.timings[s.label]["aten"] = {"1": 2.0, "4": 3.0, "16": 9.0, "64": 30.0}
+    assert table.plan_for(s) == kt.LayerPlan("ggml", 16, table.plan_for(s).why)
+    # int8 activations fastest at one row: used at every M (no switch to the float32 GEMM)
+    table.timings[s.label]["native_q8"] = {"1": 0.8, "4": 2.5, "16": 7.0, "64": 25.0}
+    assert (table.plan_for(s).kind, table.plan_for(s).mm_min_rows, table.plan_for(s).int8_activations) == ("ggml", 0, True)
+    del table.timings[s.label]["native_q8"]
+    # a win at 4 rows that is lost again at 16 does not count: the threshold is where it keeps winning
+    table.timings[s.label]["native_dequant_mm"] = {"1": 5.0, "4": 1.5, "16": 7.0, "64": 8.0}
+    assert table.plan_for(s).mm_min_rows == 64
+
+
+def test_policies_force_a_kernel_and_unknown_ones_are_refused(monkeypatch, nk):
+    shapes = [kt.LayerShape("Q6_K", 16, 256), kt.LayerShape("F16", 16, 256)]
+    monkeypatch.setenv("DYNTREE_KERNELS", "native_mm")
+    got = kt.layer_plans(shapes)
+    assert (got[shapes[0]].kind, got[shapes[0]].mm_min_rows, got[shapes[1]].kind) == ("ggml", 2, "aten")
+    monkeypatch.setenv("DYNTREE_KERNELS", "native_q8")
+    got = kt.layer_plans(shapes + [kt.LayerShape("Q8_0", 16, 256)])
+    assert [p.int8_activations for p in got.values()] == [True, False, True]
+    monkeypatch.setenv("DYNTREE_KERNELS", "aten")
+    assert {p.kind for p in kt.layer_plans(shapes).values()} == {"aten"}
+    assert "-aten-" in kt.table_identity()
+    monkeypatch.setenv("DYNTREE_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="DYNTREE_KERNELS"):
+        kt.layer_plans(shapes)
+
+
+def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tmp_path, nk):
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    measured = []
+
+    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+        measured.append(shape.label)
+        return {"aten": {str(m): 2.0 * m for m in ms}, "native_rows": {str(m): 1.0 * m for m in ms},
+                "native_dequant_mm": {str(m): 50.0 for m in ms}, "native_q8": {str(m): None for m in ms}}
+
+    monkeypatch.setattr(kt, "measure_shape", fake_measure)
+    s = kt.LayerShape("Q4_K", 16, 256)
+    first = kt.layer_plans([s])
+    again = kt.layer_plans([s])
+    # one row for every candidate, then the other rows for the float32 row kernel (it won at one row)
+    assert measured == [s.label, s.label] and first == again
+    assert first[s].kind == "ggml" and first[s].mm_min_rows == 64
+    saved = json.loads(kt.table_path().read_text())
+    assert saved["key"] == kt.table_key() and s.label in saved["timings"] and saved["machine"]["cpu_model"]
+
+
+def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
+    calls = []
+
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+        calls.append((tuple(ms), tuple(candidates), stat))
+        fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}
+        return {c: {str(m): fast[c] * m for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt, "measure_shape", fake)
+    got = kt.measure_for_plan(kt.LayerShape("Q4_K", 8, 256), (1, 4, 16))
+    assert calls == [((1,), kt.RUNTIME_CANDIDATES, "min")]  # int8 activations won at one row: nothing more
+    assert got["native_q8"] == {"1": 1.0, "4": None, "16": None}
+    assert _table({"Q4_K [8, 256]": got}).plan_for(kt.LayerShape("Q4_K", 8, 256)).int8_activations
+
+
+def test_measure_shape_times_every_candidate(nk):
+    got = kt.measure_shape(kt.LayerShape("Q4_K", 16, 256), ms=(1, 3))
+    assert set(got) == set(kt.RUNTIME_CANDIDATES)
+    assert all(v is not None and v > 0 for c in got.values() for v in c.values())
+    q8_0 = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1,))
+    assert all(q8_0[c]["1"] > 0 for c in kt.RUNTIME_CANDIDATES)
+
+
+# ------------------------------------------------------------------ a tiny GGUF model on these kernels
+
+def _write_tiny_qwen2(tmp_path):
+    """A 2-layer qwen2 GGUF (hidden 256, Q4_K projections, Q6_K down/head, F32 norms and biases) and its
+    config directory."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from transformers import Qwen2Config
+
+    h, inter, vocab, heads, kv = 256, 512, 320, 4, 2
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=2, num_attention_heads=heads,
+                      num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    cfg.save_pretrained(tmp_path / "cfg")
+    path = tmp_path / "tiny.gguf"
+    w = GGUFWriter(str(path), "qwen2")
+    rng = np.random.default_rng(0)
+    seed = iter(range(100))
+
+    def quant(name, type_name, n, k):
+        raw = _blocks(type_name, n, k, seed=next(seed)).numpy()
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType[type_name])
+
+    def dense(name, *shape, scale=0.1):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    dense("token_embd.weight", vocab, h, scale=0.5)
+    dense("output_norm.weight", h, scale=1.0)
+    quant("output.weight", "Q6_K", vocab, h)
+    hd = h // heads
+    for i in range(2):
+        p = f"blk.{i}."
+        quant(p + "attn_q.weight", "Q4_K", h, h)
+        quant(p + "attn_k.weight", "Q4_K", kv * hd, h)
+        quant(p + "attn_v.weight", "Q6_K" if i else "Q4_K", kv * hd, h)
+        quant(p + "attn_output.weight", "Q4_K", h, h)
+        quant(p + "ffn_gate.weight", "Q4_K", inter, h)
+        quant(p + "ffn_up.weight", "Q4_K", inter, h)
+        quant(p + "ffn_down.weight", "Q6_K", h, inter)
+        for b, n in (("attn_q", h), ("attn_k", kv * hd), ("attn_v", kv * hd)):
+            dense(p + b + ".bias", n)
+        dense(p + "attn_norm.weight", h, scale=1.0)
+        dense(p + "ffn_norm.weight", h, scale=1.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, tmp_path / "cfg"
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return _write_tiny_qwen2(tmp_path_factory.mktemp("tiny_gguf"))
+
+
+def _kinds(model) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if "Linear" in type(m).__name__:
+            out[type(m).__name__] = out.get(type(m).__name__, 0) + 1
+    return out
+
+
+def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(tiny_gguf, tmp_path, monkeypatch, nk):
+    from dyntree_core.models.gguf_model import load_gguf_model, shape_twin
+
+    path, cfg = tiny_gguf
+    ids = torch.tensor([[3, 17, 99, 5, 250, 31, 8]])
+    ref = load_gguf_model(path, cfg, "float32")
+    with torch.inference_mode():
+        expect = ref(ids).logits[0]
+    monkeypatch.setenv("DYNTREE_KERNELS", "native")
+    native = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")
+    assert _kinds(native) == {"GGMLLinear": 13} and native._dyntree_fused == {"rms_norm": 5, "gate_up": 2}
+    with torch.inference_mode():
+        got = native(ids).logits[0]
+    assert (got - expect).abs().max().item() < 1e-4 * expect.abs().max().item()
+    # the packed cache holds the blocks and gives the same model back
+    again = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")
+    with torch.inference_mode():
+        assert torch.equal(again(ids).logits[0], got)
+
+    def layout(model):
+        return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+    assert layout(shape_twin(path, cfg, "int4")) == layout(native)
+    monkeypatch.setenv("DYNTREE_KERNELS", "aten")
+    aten = load_gguf_model(path, cfg, "int4")
+    assert _kinds(aten) == {"Int4Linear": 11, "Int8Linear": 4}  # Q6_K layers and the head on int8
+    with torch.inference_mode():
+        loose = aten(ids).logits[0]
+    assert (loose - expect).abs().max() > (got - expect).abs().max()  # bf16 scales and activations
+
+
+def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):
+    from dyntree_core.planning.machine_profile import profile_key
+
+    keys = set()
+    for policy in ("table", "aten", "native", "native_q8"):
+        monkeypatch.setenv("DYNTREE_KERNELS", policy)
+        keys.add(profile_key("embedded", "cpu"))
+    assert len(keys) == 4
+
+
+def test_fused_norms_and_gate_up_give_the_same_logits(nk):
+    import copy
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from dyntree_core.quant.apply import set_submodule
+    from dyntree_core.quant.fused import FusedGateUp, fuse_forward
+
+    cfg = Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    for i, (name, mod) in enumerate(list(model.named_modules())):
+        if isinstance(mod, torch.nn.Linear):
+            shape = kt.LayerShape("Q4_K", mod.out_features, mod.in_features)
+            set_submodule(model, name, GGMLLinear("Q4_K", kt.synthetic_blocks(shape, seed=i), mod.in_features,
+                                                  mod.bias, kernels=nk))
+    fused = copy.deepcopy(model)
+    assert fuse_forward(fused) == {"rms_norm": 5, "gate_up": 2}
+    assert isinstance(fused.model.layers[0].mlp, FusedGateUp)
+    ids = torch.tensor([[1, 5, 9, 200, 7]])
+    with torch.inference_mode():
+        assert torch.equal(fused(ids).logits, model(ids).logits)
