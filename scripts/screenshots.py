@@ -57,6 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def wait_for_run(page, method: str, timeout_s: float) -> None:
+    """Until the status line says a run of ``method`` (any, if empty) finished or stopped (the
+    previous run's status says so too, hence the method), then a refresh or two more."""
+    page.wait_for_function(
+        "m => { const s = document.querySelector('#status').innerText; "
+        "return /finished|stopped/.test(s) && s.includes(m); }", arg=method, timeout=timeout_s * 1000)
+    time.sleep(2)
+
+
 def take_screenshots(args, url: str) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
@@ -71,10 +80,7 @@ def take_screenshots(args, url: str) -> list[Path]:
             page.wait_for_selector("#run-btn", timeout=120_000)
             # what a new user sees: Run with the app's defaults on a 1280x800 screen
             page.click("#run-btn")
-            page.wait_for_function(
-                "() => /finished|stopped/.test(document.querySelector('#status').innerText)",
-                timeout=args.load_timeout * 1000)
-            time.sleep(2)
+            wait_for_run(page, "", args.load_timeout)
             first = args.shots / "first_screen.png"
             page.screenshot(path=str(first))
             out.append(first)
@@ -96,10 +102,7 @@ def take_screenshots(args, url: str) -> list[Path]:
                 box.fill(str(args.temperature))
                 box.press("Tab")
             page.click("#run-btn")
-            page.wait_for_function(
-                "() => /finished|stopped/.test(document.querySelector('#status').innerText)",
-                timeout=args.load_timeout * 1000)
-            time.sleep(2)
+            wait_for_run(page, args.method, args.load_timeout)
             box = page.locator("#step-slider input[type=number]").first
             box.fill(str(args.step))
             box.press("Tab")

@@ -340,3 +340,12 @@ def test_fused_norms_and_gate_up_give_the_same_logits(nk):
     ids = torch.tensor([[1, 5, 9, 200, 7]])
     with torch.inference_mode():
         assert torch.equal(fused(ids).logits, model(ids).logits)
+
+
+def test_the_cost_panels_parameter_count_counts_ggml_layers(nk):
+    """A GGMLLinear (the GGUF's own blocks) counts in x out weights, like the dense layer it replaces."""
+    from dyntree_core.planning.cost_model import logical_params
+
+    n, k = 24, 512
+    model = torch.nn.Sequential(GGMLLinear("Q4_K", _blocks("Q4_K", n, k), k, kernels=nk), torch.nn.Linear(n, 3))
+    assert logical_params(model) == n * k + 3 * n + 3

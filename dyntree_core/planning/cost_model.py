@@ -187,12 +187,13 @@ class Verdict:
 
 
 def logical_params(model) -> int:
-    """Parameter count as the unquantised model has it (int4/int8 layers count ``in x out``)."""
+    """Parameter count as the unquantised model has it (low-bit layers count ``in x out``)."""
+    from ..quant.ggml_linear import GGMLLinear
     from ..quant.linear import Int4Linear, Int8Linear
 
     total, seen = 0, set()
     for mod in model.modules():
-        if isinstance(mod, (Int4Linear, Int8Linear)):
+        if isinstance(mod, (Int4Linear, Int8Linear, GGMLLinear)):
             total += mod.in_features * mod.out_features
             seen.update(id(p) for p in mod.parameters(recurse=False))
             seen.update(id(b) for b in mod.buffers(recurse=False))
