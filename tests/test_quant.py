@@ -220,18 +220,20 @@ def test_real_q4k_layers_match_gguf_dequantization_within_scale_rounding():
 
 
 @pytest.mark.realpair
-def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree(embedded_pair):
+def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree(embedded_pair, monkeypatch):
     """The float32 model built from the GGUF is the gguf package's dequantization (the session's
-    embedded pair is built the same way: compare a few weights to the package directly); the
-    int4 target (exact Q4_K blocks) picks the float32 argmax on a short code prompt. (int8 is
-    covered layer by layer above and by the tiny-pair tests: building a second full 1.5B target
-    next to the session's float32 pair would not fit the 24 GB suite machine beside the other
-    worker.)"""
+    embedded pair is built the same way: compare a few weights to the package directly). The int4
+    target keeps the exact Q4_K blocks: on the float32 row kernel its logits are the float32 model's;
+    on whatever kernels this machine's table picks (torch's re-pack, or int8 activations as llama.cpp
+    does) they stay close at every position but the first. (int8 is covered layer by layer above and by
+    the tiny-pair tests: building a second full 1.5B target next to the session's float32 pair would not
+    fit the 24 GB suite machine beside the other worker.)"""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
     from dyntree_core.models.load import load_model, resolve_spec
     from dyntree_core.quant.gguf_file import read_gguf
+    from dyntree_core.quant.native import native_kernels
 
     gf = read_gguf(_embedded_gguf("qwen2.5-coder-1.5b"))
     sd = embedded_pair.target.state_dict()
@@ -241,24 +243,48 @@ def test_float32_from_gguf_equals_dequantized_reference_and_int_precisions_agree
         t = gf.tensors[gname]
         ref = gguf_dequantize(t.data, GGMLQuantizationType[t.type_name]).reshape(t.shape)
         np.testing.assert_array_equal(sd[hname].numpy(), ref)
-    ids = embedded_pair.tokenizer("def fibonacci(n):\n    ", add_special_tokens=False)["input_ids"]
+    code = ('import numpy as np\n\ndef softmax(x):\n    """Compute the softmax of a vector."""\n'
+            '    e = np.exp(x - x.max())\n    return e / e.sum()\n\nclass Stack:\n'
+            '    def __init__(self):\n        self.items = []\n    def push(self, item):\n')
+    ids = embedded_pair.tokenizer(code, add_special_tokens=False)["input_ids"]
     x = torch.tensor([ids])
     import gc
 
+    src = resolve_spec("embedded", "target")
     with torch.inference_mode():
         ref_logits = embedded_pair.target(x).logits[0]
-        m = load_model(resolve_spec("embedded", "target"), precision="int4")
+        if native_kernels() is not None:
+            # the file's own blocks in float32 arithmetic: the float32 model's logits, to rounding
+            monkeypatch.setenv("DYNTREE_KERNELS", "native")
+            exact = load_model(src, precision="int4")
+            out = exact(x).logits[0]
+            assert {type(mod).__name__ for mod in exact.modules()} >= {"GGMLLinear"}
+            assert torch.equal(out.argmax(-1), ref_logits.argmax(-1))
+            assert (out - ref_logits).abs().max().item() < 0.05
+            del exact, out
+            gc.collect()
+        monkeypatch.delenv("DYNTREE_KERNELS", raising=False)
+        m = load_model(src, precision="int4")
         assert model_precision(m) == "int4"
         kinds = {type(mod).__name__ for mod in m.modules()}
         # this machine's kernel table decides: the file's own blocks (GGMLLinear) or torch's kernels
         # (Q4_K layers int4, Q6_K layers and the head int8)
         assert "GGMLLinear" in kinds or {"Int4Linear", "Int8Linear"} <= kinds, kinds
         out = m(x).logits[0]
-        agree = (out.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+        # Position 0 is left out: the first token carries Qwen's massive activations, and int8
+        # activations in 256-wide blocks (llama.cpp's q8_K arithmetic) lose its other channels there
+        # (KL 3.5 nats measured); its logits are read only when the prompt is a single token.
+        # Measured on a 2-core AVX2 EPYC at positions >= 1: torch's re-pack max |dlogit| 0.44, mean KL
+        # 0.0006, argmax 56/57; int8 activations 0.74, 0.002, 54/57.
+        logp, ref_logp = torch.log_softmax(out[1:], -1), torch.log_softmax(ref_logits[1:], -1)
+        kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+        assert kl.mean().item() < 0.01 and kl.max().item() < 0.1, kl
+        assert (out[1:] - ref_logits[1:]).abs().max().item() < 2.0
+        agree = (out[1:].argmax(-1) == ref_logits[1:].argmax(-1)).float().mean().item()
         assert agree >= 0.85, agree
         # a second load reads the packed cache (the first may have built it): a multi-token forward on
         # the cached buffers once crashed the int4 kernel (misaligned safetensors mappings)
-        again = load_model(resolve_spec("embedded", "target"), precision="int4")
+        again = load_model(src, precision="int4")
         assert len(x[0]) >= 4 and torch.equal(again(x).logits[0], out)
         del again
     # the machine profile times zero-weight shape twins: same tensors, shapes and dtypes as the real model
