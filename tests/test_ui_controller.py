@@ -290,3 +290,44 @@ def test_releasing_a_pair_closes_what_preparing_it_acquired_and_its_runs_stop_cl
     with pytest.raises(Exception) as err:
         gen.next_step()
     assert "models were released" in describe_error(err.value) and len(gen.record.traces) == 1
+
+
+def test_a_refresh_never_shows_finished_above_a_text_missing_steps(controller):
+    """The worker thread appends a run's last step and then marks it finished; a refresh drawing
+    the page between those reads must not say 'finished' over the text without that step (seen in
+    the browser test: 'finished' with 7 of 8 tokens shown)."""
+    state = SessionState()
+    controller.on_run(state, False, *_form(method="chain", precision="float32", draft_precision="float32",
+                                           max_new_tokens=8))
+    assert state.worker is not None and state.worker.join(120)
+    rec = state.record
+    assert rec.status == "finished" and len(rec.token_ids) == 8
+    last = rec.traces.pop()
+    rec.status = "running"
+    missing = len(last.committed)
+
+    class WorkerRunsNow(list):
+        """The first read of the steps sees them as they are, then the worker finishes the run."""
+
+        fired = False
+
+        def __iter__(self):
+            it = iter(list(super().__iter__()))
+            if not self.fired:
+                self.fired = True
+                super().append(last)
+                rec.status = "finished"
+            return it
+
+    rec.traces = WorkerRunsNow(rec.traces)
+    live_names = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html",
+                  "cost_model", "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn",
+                  "memory")
+    for name in live_names:
+        setattr(controller.c, name, name)
+    first = controller.live(state, 16)
+    shown = first["text_html"].count('class="dt-tok ')
+    assert ("finished" in first["status"]) == (shown == 8), (first["status"], shown)
+    assert shown == 8 - missing  # this refresh drew the run as it was when it began
+    second = controller.live(state, 16)  # the next refresh: everything
+    assert "finished" in second["status"] and second["text_html"].count('class="dt-tok ') == 8

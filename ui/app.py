@@ -2,7 +2,7 @@
 
 Layout (``layout.py``): controls on the left; on the right a *Live* tab (coloured text, step slider,
 draft tree, masks in BFS/DFS/HPD order, speed charts, phase timings, export and replay) and a
-*Compare* tab (AR vs chain vs a tree method on the same prompt, seed and length). What the events
+*Compare* tab (AR vs chain vs a tree method on the same prompt, seed and max new tokens). What the events
 do is ``controller.py``; this module only wires components to handlers. Per-browser state is a
 ``SessionState`` per tab (``Controller.sessions``). Run starts a background ``DecodeWorker``; Pause/Stop/Step act on
 the worker and the session's state; a ``gr.Timer`` is the Live tab's only writer: each tick draws

@@ -134,8 +134,10 @@ class Controller:
         """All Live-tab updates for the session's current run, at the step the user picked
         (``state.view_step``) or else the latest."""
         state.rendered_version = state.version
-        rec = state.record
-        rv = run_view(rec, state.baseline_for(rec.settings) if rec is not None else None)
+        live_rec = state.record
+        rec = live_rec.snapshot() if live_rec is not None else None  # (a worker may be extending it)
+        baseline = state.baseline_for(rec.settings) if rec is not None else None
+        rv = run_view(rec, rec if baseline is not None and baseline is live_rec else baseline)
         n = len(rec.traces) if rec is not None else 0
         idx = n - 1 if state.view_step is None else min(state.view_step, n - 1)
         paused = rec is not None and rec.status == "paused" and state.active and not state.running
@@ -452,7 +454,8 @@ class Controller:
         state.compare = records
         if records and records[0].status == "finished":
             state.baselines[records[0].settings.baseline_key()] = records[0]
-        yield self.compare_updates(records, "stopped" if stop.is_set() else "done: same prompt, seed and length")
+        yield self.compare_updates(records, "stopped" if stop.is_set() else
+                                   f"done: same prompt, seed and max new tokens ({settings.max_new_tokens})")
 
     def compare_hf_assisted(self, settings: RunSettings, stop: threading.Event,
                             records: list[RunRecord | ExternalRun], who: str) -> Iterator[Updates]:

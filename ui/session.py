@@ -1,12 +1,13 @@
 """Per-browser-session state: the current run, its live generator, AR baselines, compare runs.
 
-A ``SessionState`` lives in a ``gr.State`` (one per browser tab); nothing here is global.
+A ``SessionState`` belongs to one browser tab (``SessionRegistry``); nothing here is global.
 ``Generation`` wraps the engine's ``Iterator[StepTrace]`` so Run, Step, Pause and Stop can
 advance or end the same generation from different events.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import statistics
@@ -48,6 +49,14 @@ class RunRecord:
     prefill_seconds: Optional[float] = None  # wall time of the prefill once it ended
     waiting: str = ""  # while this run waits for the shared models: what holds them
     wait_seconds: float = 0.0  # time spent waiting for other sessions' chunks and steps
+
+    def snapshot(self) -> "RunRecord":
+        """A copy to draw from while a worker thread extends this record. The status is read before
+        the steps: the worker appends a step's trace and only then sets the status the run ends
+        with, so a snapshot that says finished holds every step (a page that read the steps first
+        could show 'finished' above a text one step short)."""
+        status = self.status
+        return dataclasses.replace(self, status=status, traces=list(self.traces))
 
     @property
     def label(self) -> str:
