@@ -222,6 +222,19 @@ def meta_from_mask(mask: torch.Tensor, block_q: int, block_n: int) -> TreeAttnMe
     return TreeAttnMeta(p, blocks, tree_part, None, dead)
 
 
+def placeholder_mask(q: int, kv: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[q, kv]`` bool all-True view of one element (no ``q x kv`` storage, nothing to transfer):
+    the mask argument of a forward whose attention reads ``TreeAttnMeta`` instead. A glue that
+    cannot run the kernel for a call must rebuild the real mask from the metadata
+    (``is_placeholder``)."""
+    return torch.ones((), dtype=torch.bool, device=device).expand(q, kv)
+
+
+def is_placeholder(mask: torch.Tensor) -> bool:
+    """Whether ``mask`` is a ``placeholder_mask`` (possibly with leading unit dims added)."""
+    return mask.dtype == torch.bool and mask.numel() > 1 and all(s == 0 for s in mask.stride())
+
+
 def block_count_full(mask: torch.Tensor, block_size: int) -> int:
     """Non-empty ``block_size``² tiles of a whole ``[Q, KV]`` mask (prefix columns included)."""
     return count_nonzero_blocks(mask.cpu(), block_size)

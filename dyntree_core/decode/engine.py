@@ -1,6 +1,10 @@
-"""The decoding loop: prompt -> (drafter -> TokenTree -> mask -> target forward -> verifier ->
-accepted path -> KV compaction) -> StepTrace. The autoregressive baseline runs the same loop
-with a root-only "tree"."""
+"""The decoding loop: prompt -> prefill -> steps -> StepTraces.
+
+A tree step (``_tree_step``) is the papers' step in order: draft a ``TokenTree`` -> node order and
+attention metadata -> one target forward over the tree -> verification -> drafter feedback ->
+commit (the tokens, the target's and the draft's KV caches together). The autoregressive baseline
+shares the loop (prefill, commit rules, traces) but its step (``_ar_step``) is one causal target
+forward of the last token and a sample: no tree, no draft model, no verifier."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ..config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward, new_cache
 from .kv import cache_length, compact
+from .timer import StepTimer
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
 from ..sampling import probs_from_logits
@@ -39,7 +44,9 @@ class _Step:
     committed: list[int]
     prompt_len: int
     draft_cached: int
+    max_new_tokens: int
     step: int = 0
+    produced: int = 0
 
 #: prompt tokens per prefill forward: long prompts report progress and keep peak activation
 #: memory bounded; the KV cache is the same as one forward's
@@ -217,8 +224,8 @@ class SpeculativeDecoder:
                 if progress.stopped:
                     return  # stopped during the prefill: no step was decoded
         self._sync()
-        state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
-        produced = 0
+        state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1,
+                      max_new_tokens=max_new_tokens)
         while True:
             self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
             t_step = time.perf_counter()
@@ -226,27 +233,18 @@ class SpeculativeDecoder:
                 trace = self._ar_step(state, t_cache, rng)
             else:
                 trace = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
-            remaining = max_new_tokens - produced
-            context_left = self.max_context - len(state.committed)
-            committed, reason = self._truncate(trace.committed, remaining, context_left)
-            trace.committed = committed
-            state.committed.extend(c.token_id for c in committed)
-            if drafter is not None:
-                drafter.extend([c.token_id for c in committed])
-            produced += len(committed)
-            if stop_event is not None and stop_event.is_set() and reason is None:
-                reason = "stopped"
+            if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
+                trace.finish_reason = "stopped"
             self._sync()
             now = time.perf_counter()
             trace.step_seconds = now - t_step
             trace.elapsed = now - t_start
-            trace.total_new_tokens = produced
-            trace.tokens_per_s = produced / trace.elapsed if trace.elapsed > 0 else 0.0
-            trace.finished = reason is not None
-            trace.finish_reason = reason
+            trace.total_new_tokens = state.produced
+            trace.tokens_per_s = state.produced / trace.elapsed if trace.elapsed > 0 else 0.0
+            trace.finished = trace.finish_reason is not None
             state.step += 1
             yield trace
-            if reason is not None:
+            if trace.finished:
                 return
 
     def _truncate(self, committed: list[TokenProvenance], remaining: int, context_left: int):
@@ -265,106 +263,97 @@ class SpeculativeDecoder:
             return out, "context"
         return out, None
 
+    def _commit_tokens(self, state: _Step, proposed: list[TokenProvenance], drafter) -> tuple[list[TokenProvenance], Optional[str]]:
+        """Append the step's tokens (cut at EOS, ``max_new_tokens`` or the model context) to the
+        output; the drafter indexes them. Returns the committed tokens and why the run ends (or None)."""
+        committed, reason = self._truncate(proposed, state.max_new_tokens - state.produced,
+                                           self.max_context - len(state.committed))
+        state.committed.extend(c.token_id for c in committed)
+        state.produced += len(committed)
+        if drafter is not None:
+            drafter.extend([c.token_id for c in committed])
+        return committed, reason
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ autoregressive step
     def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator) -> StepTrace:
+        """One causal target forward of the last committed token and one sample (argmax at T=0):
+        no tree, no draft, no verification."""
         cfg = self.config
-        timings = PhaseTimings()
+        timer = StepTimer(self.device)
         root = state.committed[-1]
-        pos = len(state.committed) - 1
-        t0 = time.perf_counter()
-        logits = causal_forward(self.target, t_cache, [root], pos, attn_kwargs=self.attn_kwargs)[0]
-        self._sync()
-        timings.target_forward = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if cfg.greedy:
-            token = int(torch.argmax(logits).item())
-            p_tok = float(torch.softmax(logits.float(), -1)[token].item())
-        else:
-            probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).double().cpu().numpy()
-            token = sample_index(probs, rng.random())
-            p_tok = float(probs[token])
-        timings.verify = time.perf_counter() - t0
+        with timer.phase("target_forward"):
+            logits = causal_forward(self.target, t_cache, [root], len(state.committed) - 1,
+                                    attn_kwargs=self.attn_kwargs)[0]
+        with timer.phase("verify"):
+            if cfg.greedy:
+                token = int(torch.argmax(logits).item())
+                p_tok = float(torch.softmax(logits.float(), -1)[token].item())
+            else:
+                probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).double().cpu().numpy()
+                token = sample_index(probs, rng.random())
+                p_tok = float(probs[token])
         prov = TokenProvenance(token, state.step, 1, -1, "autoregressive", p_target=p_tok)
-        return StepTrace(
-            step=state.step,
-            method="autoregressive",
-            verifier="none",
-            tree=None,
-            accepted_nodes=[0],
-            bonus_token=token,
-            committed=[prov],
-            timings=timings,
-        )
+        committed, reason = self._commit_tokens(state, [prov], None)
+        return StepTrace(step=state.step, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
+                         bonus_token=token, committed=committed, timings=timer.timings(), finish_reason=reason)
 
     # ------------------------------------------------------------------ tree step
     def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng) -> StepTrace:
+        """draft -> node order and attention metadata -> target forward -> verify -> drafter
+        feedback -> commit (tokens and both caches); the trace is built after the step."""
         cfg = self.config
-        timings = PhaseTimings()
-        root = state.committed[-1]
-        prefix_len = len(state.committed)
+        timer = StepTimer(self.device)
         cache_len = cache_length(t_cache)
-
-        if d_cache is None:  # a model-free drafter
-            source = NoModelSource(self.vocab_size)
-        else:
-            source = ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached :],
-                                      cfg.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
-        t0 = time.perf_counter()
-        tree: TokenTree = drafter.draft(source, root, gen, deterministic=cfg.greedy)
-        self._sync()
-        draft_total = time.perf_counter() - t0
-        timings.draft = source.forward_seconds
-        timings.tree_build = max(0.0, draft_total - source.forward_seconds)
-
-        t0 = time.perf_counter()
-        n = tree.size
-        fwd = self._forward_layout(tree, cache_len, prefix_len)
-        timings.mask = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
+        with timer.phase("draft"):
+            source = self._draft_source(state, d_cache)
+            tree: TokenTree = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
+        timer.split("draft", "tree_build", source.forward_seconds)
+        with timer.phase("mask"):
+            fwd = self._forward_layout(tree, cache_len, len(state.committed))
         transfer_before = self._transfer_seconds()
-        logits = masked_forward(self.target, t_cache, fwd.tokens, fwd.positions, fwd.visible,
-                                attn_kwargs=fwd.attn_kwargs)
-        self._sync()
-        timings.target_forward = time.perf_counter() - t0
-        timings.offload_transfer = self._transfer_seconds() - transfer_before
-
-        t0 = time.perf_counter()
-        # rows are formed (and moved to the host) only for the nodes the verifier visits; the
-        # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
-        target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p, row_of_node=fwd.slot)
-        result = verifier.verify(tree, target_rows, rng)
-        timings.verify = time.perf_counter() - t0
+        with timer.phase("target_forward"):
+            logits = masked_forward(self.target, t_cache, fwd.tokens, fwd.positions, fwd.visible,
+                                    attn_kwargs=fwd.attn_kwargs)
+        timer.add("offload_transfer", self._transfer_seconds() - transfer_before)
+        with timer.phase("verify"):
+            # rows are formed (and moved to the host) only for the nodes the verifier visits; the
+            # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
+            target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p, row_of_node=fwd.slot)
+            result = verifier.verify(tree, target_rows, rng)
+            proposed = self._provenance(tree, result, target_rows, state.step)
         if self.on_verify is not None:
             self.on_verify(tree, target_rows, result)
-
-        t0 = time.perf_counter()
         path = list(result.path)
         drafter.observe(tree, len(path) - 1)
-        slot = fwd.slot.tolist()
-        compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
-        src_ids = tree.source_ids().tolist()
-        state.draft_cached = source.commit_path([src_ids[i] for i in path])
-        timings.kv_compaction = time.perf_counter() - t0
+        with timer.phase("kv_compaction"):
+            committed, reason = self._commit_tokens(state, proposed, drafter)
+            slot = fwd.slot.tolist()
+            compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
+            src_ids = tree.source_ids().tolist()
+            state.draft_cached = source.commit_path([src_ids[i] for i in path])
+        return self._tree_trace(state.step, tree, result, committed, reason, fwd, timer.timings(), drafter)
 
-        committed = self._provenance(tree, result, target_rows, state.step)
-        status: list[NodeStatus] = []
+    def _draft_source(self, state: _Step, d_cache):
+        if d_cache is None:  # a model-free drafter
+            return NoModelSource(self.vocab_size)
+        return ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached:],
+                                self.config.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
+
+    def _tree_trace(self, step: int, tree: TokenTree, result, committed: list[TokenProvenance],
+                    reason: Optional[str], fwd: "_TreeForward", timings: PhaseTimings, drafter) -> StepTrace:
+        cfg = self.config
+        path = list(result.path)
         on_path = set(path)
-        for i in range(n):
-            if i == 0:
-                status.append("root")
-            elif i in on_path:
-                status.append("accepted")
-            elif bool(result.tested[i]):
-                status.append("rejected")
-            else:
-                status.append("unverified")
+        status: list[NodeStatus] = ["root"] + [
+            "accepted" if i in on_path else "rejected" if bool(result.tested[i]) else "unverified"
+            for i in range(1, tree.size)]
+        counts = cfg.trace_block_counts
         return StepTrace(
-            step=state.step,
+            step=step,
             method=cfg.method,
             verifier=self.verifier_name,
             tree=tree,
@@ -374,39 +363,45 @@ class SpeculativeDecoder:
             node_status=status,
             node_p_target=np.asarray(result.p_target, dtype=np.float64),
             node_accept_prob=np.asarray(result.accept_prob, dtype=np.float64),
-            block_counts=_block_counts(tree, fwd.anc) if cfg.trace_block_counts else {},
+            block_counts=_block_counts(tree) if counts else {},
             timings=timings,
             node_order=cfg.node_order,
             node_slots=fwd.perm.tolist(),
-            order_blocks={b: count_nonzero_blocks(fwd.visible[:, cache_len:], b) for b in BLOCK_SIZES},
-            kernel_blocks=None if fwd.meta is None else fwd.meta.blocks.num_nonzero,
+            order_blocks={b: count_nonzero_blocks(fwd.tree_mask, b) for b in BLOCK_SIZES} if counts else {},
+            kernel_blocks=fwd.meta.blocks.num_nonzero if counts and fwd.meta is not None else None,
             decisions=result.decisions,
             draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
+            finish_reason=reason,
         )
 
     def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":
         """The target's tree forward with the nodes in ``config.node_order``: tokens, positions and
-        the ``[n, cache_len + n]`` visibility mask in slot order, plus the kernel's metadata built
-        from the tree (interval form for DFS/HPD, block lists for BFS) when the kernel runs."""
+        the ancestor mask in slot order; for SDPA the ``[n, cache_len + n]`` visibility mask, for the
+        kernel its metadata built from the tree (interval form for DFS/HPD, block lists for BFS) and
+        a placeholder mask with no storage (the kernel reads only the metadata)."""
         perm = tree.order(self.config.node_order)
         n = tree.size
         slot = torch.empty(n, dtype=torch.long)
         slot[perm] = torch.arange(n)
-        anc = tree.ancestor_mask()
-        visible = torch.ones(n, cache_len + n, dtype=torch.bool)
-        visible[:, cache_len:] = anc[perm][:, perm]
+        tree_mask = tree.ancestor_mask(perm)
         kwargs = dict(self.attn_kwargs)
         meta = None
         if self.kernel:
-            from ..attention.hf_backend import META_KWARG, kernel_tiles
-            from ..attention.mask import meta_from_tree
+            from ..attention.hf_backend import META_KWARG, kernel_chosen, kernel_tiles
+            from ..attention.mask import meta_from_tree, placeholder_mask
 
             block_q, block_n = kernel_tiles(self.target)
-            meta = meta_from_tree(tree, cache_len, perm, block_q, block_n, device=self.device,
-                                  mask=visible[:, cache_len:])
+            meta = meta_from_tree(tree, cache_len, perm, block_q, block_n, device=self.device, mask=tree_mask)
+            if not kernel_chosen(self.config.attention, self.device, n, cache_len, meta.end is not None):
+                meta = None  # auto picks SDPA for this size: it gets the mask
+        if meta is not None:
             kwargs[META_KWARG] = meta
+            visible = placeholder_mask(n, cache_len + n, self.device)
+        else:
+            visible = torch.ones(n, cache_len + n, dtype=torch.bool)
+            visible[:, cache_len:] = tree_mask
         return _TreeForward(
-            perm=perm, slot=slot, anc=anc, visible=visible,
+            perm=perm, slot=slot, tree_mask=tree_mask, visible=visible,
             tokens=tree.tokens[perm].tolist(), positions=tree.positions(prefix_len)[perm].tolist(),
             attn_kwargs=kwargs, meta=meta,
         )
@@ -459,15 +454,16 @@ class _TreeForward:
 
     perm: torch.Tensor  # [n] slot -> node
     slot: torch.Tensor  # [n] node -> slot
-    anc: torch.Tensor  # [n, n] ancestor mask in node ids
-    visible: torch.Tensor  # [n, cache_len + n] bool, slot order
+    tree_mask: torch.Tensor  # [n, n] bool ancestor-or-self mask, slot order
+    visible: torch.Tensor  # [n, cache_len + n] bool, slot order (a placeholder when the kernel reads ``meta``)
     tokens: list[int]
     positions: list[int]
     attn_kwargs: dict
     meta: Any
 
 
-def _block_counts(tree: TokenTree, anc: torch.Tensor) -> dict[str, dict[int, int]]:
+def _block_counts(tree: TokenTree) -> dict[str, dict[int, int]]:
+    anc = tree.ancestor_mask()
     out: dict[str, dict[int, int]] = {}
     for order in ORDERS:
         perm = tree.order(order)
