@@ -23,7 +23,7 @@ class ModelDraftSource:
 
     Args:
         model: the draft HF model.
-        cache: its ``DynamicCache`` holding the first ``cache_length(cache)`` committed tokens.
+        cache: its ``kv.KVCache`` holding the first ``cache_length(cache)`` committed tokens.
         pending: committed tokens not yet in the cache; ``pending[-1]`` is the tree root.
         temperature: draft temperature (> 0).
         attn_kwargs: extra model-call keyword arguments for the attention function

@@ -19,8 +19,8 @@ import torch
 
 from ..config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
-from .forward import causal_forward, masked_forward, new_cache
-from .kv import cache_length, compact
+from .forward import causal_forward, masked_forward
+from .kv import cache_length, compact, new_cache
 from .timer import StepTimer
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
@@ -213,10 +213,15 @@ class SpeculativeDecoder:
             drafter = make_drafter(cfg)
             drafter.reset(prompt)
             verifier = make_verifier(self.verifier_name)
-        t_cache = new_cache(self.target)
         from ..methods import method_spec
 
-        d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
+        # sized for the whole run: prompt, new tokens and the largest tree in flight (the draft's
+        # forwarded nodes may exceed the kept tree); a cache only grows if a drafter exceeds this
+        tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
+        capacity = len(prompt) + max_new_tokens + tree_cap
+        t_cache = new_cache(self.target, capacity)
+        d_cache = (new_cache(self.draft, capacity + tree_cap)
+                   if not is_ar and method_spec(cfg.method).uses_draft_model else None)
         if len(prompt) > 1:
             for progress in self._prefill([(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None
                                                                       else []), prompt, stop_event):

@@ -6,11 +6,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from .kv import new_cache  # noqa: F401  (the cache the forwards take; re-exported for callers of this module)
 
-def new_cache(model):
-    from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
 
 
 def masked_forward(
@@ -26,7 +24,7 @@ def masked_forward(
 
     Args:
         model: an HF causal LM.
-        cache: its ``DynamicCache`` (extended in place by ``len(tokens)`` slots).
+        cache: its ``kv.KVCache`` (extended in place by ``len(tokens)`` slots).
         tokens: ``[q]`` token ids.
         positions: ``[q]`` position ids.
         visible: ``[q, kv_len]`` bool, ``kv_len = cached + q``; True = may attend.
