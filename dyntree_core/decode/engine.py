@@ -380,34 +380,34 @@ class SpeculativeDecoder:
         )
 
     def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":
-        """The target's tree forward with the nodes in ``config.node_order``: tokens, positions and
-        the ancestor mask in slot order; for SDPA the ``[n, cache_len + n]`` visibility mask, for the
-        kernel its metadata built from the tree (interval form for DFS/HPD, block lists for BFS) and
-        a placeholder mask with no storage (the kernel reads only the metadata)."""
-        perm = tree.order(self.config.node_order)
+        """The target's tree forward with the nodes in ``config.node_order``, laid out from the
+        parent array where the tree lives (``mask.layout_from_parents``): tokens and positions in
+        slot order, and the attention's input in the one form it reads — for SDPA the
+        ``[n, cache_len + n]`` visibility mask, for the kernel its metadata (interval form for
+        DFS/HPD, block lists for BFS) and a placeholder mask with no storage."""
+        from ..attention.hf_backend import META_KWARG, kernel_chosen, kernel_tiles
+        from ..attention.mask import layout_from_parents, placeholder_mask
+
         n = tree.size
-        slot = torch.empty(n, dtype=torch.long)
-        slot[perm] = torch.arange(n)
-        tree_mask = tree.ancestor_mask(perm)
+        order = self.config.node_order
+        # the kernel reads the interval form in the pre-orders; ``auto`` may pick SDPA for this size
+        use_kernel = self.kernel and kernel_chosen(self.config.attention, self.device, n, cache_len, order != "bfs")
+        lay = layout_from_parents(tree.parents, tree.child_rank, order, tree.num_levels,
+                                  kernel_tiles(self.target) if use_kernel else None)
         kwargs = dict(self.attn_kwargs)
         meta = None
-        if self.kernel:
-            from ..attention.hf_backend import META_KWARG, kernel_chosen, kernel_tiles
-            from ..attention.mask import meta_from_tree, placeholder_mask
-
-            block_q, block_n = kernel_tiles(self.target)
-            meta = meta_from_tree(tree, cache_len, perm, block_q, block_n, device=self.device, mask=tree_mask)
-            if not kernel_chosen(self.config.attention, self.device, n, cache_len, meta.end is not None):
-                meta = None  # auto picks SDPA for this size: it gets the mask
-        if meta is not None:
+        if use_kernel:
+            meta = lay.meta(cache_len)
+            if meta.blocks.full_cnt.device != self.device:
+                meta = _meta_to(meta, self.device)
             kwargs[META_KWARG] = meta
             visible = placeholder_mask(n, cache_len + n, self.device)
         else:
-            visible = torch.ones(n, cache_len + n, dtype=torch.bool)
-            visible[:, cache_len:] = tree_mask
+            visible = torch.ones(n, cache_len + n, dtype=torch.bool, device=lay.mask.device)
+            visible[:, cache_len:] = lay.mask
         return _TreeForward(
-            perm=perm, slot=slot, tree_mask=tree_mask, visible=visible,
-            tokens=tree.tokens[perm].tolist(), positions=tree.positions(prefix_len)[perm].tolist(),
+            perm=lay.perm, slot=lay.slot, tree_mask=lay.mask, visible=visible,
+            tokens=tree.tokens[lay.perm], positions=lay.depth[lay.perm] + (prefix_len - 1),
             attn_kwargs=kwargs, meta=meta,
         )
 
@@ -461,10 +461,17 @@ class _TreeForward:
     slot: torch.Tensor  # [n] node -> slot
     tree_mask: torch.Tensor  # [n, n] bool ancestor-or-self mask, slot order
     visible: torch.Tensor  # [n, cache_len + n] bool, slot order (a placeholder when the kernel reads ``meta``)
-    tokens: list[int]
-    positions: list[int]
+    tokens: torch.Tensor  # [n] slot order
+    positions: torch.Tensor  # [n] slot order
     attn_kwargs: dict
     meta: Any
+
+
+def _meta_to(meta, device: torch.device):
+    from ..attention.mask import TreeAttnMeta
+
+    return TreeAttnMeta(meta.prefix_len, meta.blocks.to(device), None if meta.mask is None else meta.mask.to(device),
+                        None if meta.end is None else meta.end.to(device))
 
 
 def _block_counts(tree: TokenTree) -> dict[str, dict[int, int]]:
