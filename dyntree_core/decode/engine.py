@@ -21,6 +21,8 @@ from ..config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward
 from .kv import cache_length, compact, new_cache
+from . import host
+from .device_step import read_greedy_step
 from .timer import StepTimer
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
@@ -100,6 +102,9 @@ class SpeculativeDecoder:
                 raise ConfigError(f"attention='triton': {e}") from None
         self.attn_kwargs = {BACKEND_KWARG: backend}
         self.kernel = kernel_runs(backend, self.device)
+        #: greedy dyspec_greedy / chain steps draft on the device and read it once per step
+        #: (default on CUDA; settable, e.g. to exercise that path on the CPU)
+        self.device_side = self.device.type == "cuda"
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -220,6 +225,8 @@ class SpeculativeDecoder:
         tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
         capacity = len(prompt) + max_new_tokens + tree_cap
         t_cache = new_cache(self.target, capacity)
+        if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
+            tree_cap = max(tree_cap, 1 + (cfg.depth - 1) * (cfg.budget - 1), cfg.depth)
         d_cache = (new_cache(self.draft, capacity + tree_cap)
                    if not is_ar and method_spec(cfg.method).uses_draft_model else None)
         if len(prompt) > 1:
@@ -235,12 +242,13 @@ class SpeculativeDecoder:
             self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
             t_step = time.perf_counter()
             if is_ar:
-                trace = self._ar_step(state, t_cache, rng)
+                trace, timer = self._ar_step(state, t_cache, rng)
             else:
-                trace = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
+                trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
             if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
                 trace.finish_reason = "stopped"
-            self._sync()
+            self._sync()  # the step's last wait: its phases' CUDA events are complete after it
+            trace.timings = timer.timings()
             now = time.perf_counter()
             trace.step_seconds = now - t_step
             trace.elapsed = now - t_start
@@ -284,7 +292,7 @@ class SpeculativeDecoder:
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ autoregressive step
-    def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator) -> StepTrace:
+    def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator) -> tuple[StepTrace, StepTimer]:
         """One causal target forward of the last committed token and one sample (argmax at T=0):
         no tree, no draft, no verification."""
         cfg = self.config
@@ -295,52 +303,89 @@ class SpeculativeDecoder:
                                     attn_kwargs=self.attn_kwargs)[0]
         with timer.phase("verify"):
             if cfg.greedy:
-                token = int(torch.argmax(logits).item())
-                p_tok = float(torch.softmax(logits.float(), -1)[token].item())
+                am = torch.argmax(logits, dim=-1, keepdim=True)  # [1]: a 0-dim index would read the device
+                token, p_tok = host.fetch(am, torch.softmax(logits.float(), -1).gather(-1, am))  # the step's one read
+                token, p_tok = int(token[0]), float(p_tok[0])
             else:
-                probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).double().cpu().numpy()
+                (probs,) = host.fetch(probs_from_logits(logits, cfg.temperature, cfg.top_p).double())
                 token = sample_index(probs, rng.random())
                 p_tok = float(probs[token])
         prov = TokenProvenance(token, state.step, 1, -1, "autoregressive", p_target=p_tok)
         committed, reason = self._commit_tokens(state, [prov], None)
         return StepTrace(step=state.step, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
-                         bonus_token=token, committed=committed, timings=timer.timings(), finish_reason=reason)
+                         bonus_token=token, committed=committed, finish_reason=reason), timer
 
     # ------------------------------------------------------------------ tree step
-    def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng) -> StepTrace:
+    def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng) -> tuple[StepTrace, StepTimer]:
         """draft -> node order and attention metadata -> target forward -> verify -> drafter
-        feedback -> commit (tokens and both caches); the trace is built after the step."""
+        feedback -> commit (tokens and both caches); the trace is built after the step.
+
+        With ``device_side`` (greedy dyspec_greedy and chain) the tree is grown on the device
+        (``drafting.device``), laid out there, and the host reads the step once
+        (``device_step.read_greedy_step``) before verifying."""
         cfg = self.config
         timer = StepTimer(self.device)
         cache_len = cache_length(t_cache)
+        on_device = self._device_drafting(d_cache)
         with timer.phase("draft"):
             source = self._draft_source(state, d_cache)
-            tree: TokenTree = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
+            if on_device:
+                drafted = self._draft_on_device(source, state.committed[-1])
+            else:
+                drafted = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
         timer.split("draft", "tree_build", source.forward_seconds)
         with timer.phase("mask"):
-            fwd = self._forward_layout(tree, cache_len, len(state.committed))
+            fwd = self._forward_layout(drafted, drafted.levels if on_device else drafted.num_levels, cache_len,
+                                       len(state.committed))
         transfer_before = self._transfer_seconds()
         with timer.phase("target_forward"):
             logits = masked_forward(self.target, t_cache, fwd.tokens, fwd.positions, fwd.visible,
                                     attn_kwargs=fwd.attn_kwargs)
         timer.add("offload_transfer", self._transfer_seconds() - transfer_before)
         with timer.phase("verify"):
-            # rows are formed (and moved to the host) only for the nodes the verifier visits; the
-            # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
-            target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p, row_of_node=fwd.slot)
+            if on_device:
+                read = read_greedy_step(drafted, logits, fwd.slot, fwd.perm)  # the step's one device read
+                tree, target_rows, slot, perm = read.tree, read.rows, read.slot, read.perm
+                p_draft_bonus = read.p_draft_bonus.__getitem__
+            else:
+                # rows are formed (and moved to the host) only for the nodes the verifier visits; the
+                # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
+                tree, slot, perm = drafted, fwd.slot.tolist(), fwd.perm.tolist()
+                target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p,
+                                        row_of_node=fwd.slot)
+                p_draft_bonus = None
             result = verifier.verify(tree, target_rows, rng)
-            proposed = self._provenance(tree, result, target_rows, state.step)
+            proposed = self._provenance(tree, result, target_rows, state.step, p_draft_bonus)
         if self.on_verify is not None:
             self.on_verify(tree, target_rows, result)
         path = list(result.path)
         drafter.observe(tree, len(path) - 1)
         with timer.phase("kv_compaction"):
             committed, reason = self._commit_tokens(state, proposed, drafter)
-            slot = fwd.slot.tolist()
             compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
-            src_ids = tree.source_ids().tolist()
-            state.draft_cached = source.commit_path([src_ids[i] for i in path])
-        return self._tree_trace(state.step, tree, result, committed, reason, fwd, timer.timings(), drafter)
+            if on_device:
+                state.draft_cached = source.commit_rows([read.source_rows[i] for i in path])
+            else:
+                src_ids = tree.source_ids().tolist()
+                state.draft_cached = source.commit_path([src_ids[i] for i in path])
+        return self._tree_trace(state.step, tree, result, committed, reason, perm, fwd, drafter), timer
+
+    def _device_drafting(self, d_cache) -> bool:
+        """Whether this step drafts on the device: ``device_side`` is on, the step is greedy and
+        the method has a device drafter (dyspec_greedy; chain without a confidence stop)."""
+        cfg = self.config
+        return (self.device_side and cfg.greedy and d_cache is not None
+                and (cfg.method == "dyspec_greedy" or (cfg.method == "chain" and cfg.stop_confidence is None)))
+
+    def _draft_on_device(self, source: ModelDraftSource, root: int):
+        from ..drafting.device import chain_greedy, topn_greedy
+
+        cfg = self.config
+        if cfg.method == "chain":
+            tree = chain_greedy(source, root, cfg.depth, self.device)
+        else:
+            tree = topn_greedy(source, root, cfg.budget, cfg.depth, self.device)
+        return tree
 
     def _draft_source(self, state: _Step, d_cache):
         if d_cache is None:  # a model-free drafter
@@ -349,7 +394,8 @@ class SpeculativeDecoder:
                                 self.config.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
 
     def _tree_trace(self, step: int, tree: TokenTree, result, committed: list[TokenProvenance],
-                    reason: Optional[str], fwd: "_TreeForward", timings: PhaseTimings, drafter) -> StepTrace:
+                    reason: Optional[str], perm: list[int], fwd: "_TreeForward", drafter) -> StepTrace:
+        """The step's record (its ``timings`` are filled in by ``_run`` after the step's last wait)."""
         cfg = self.config
         path = list(result.path)
         on_path = set(path)
@@ -369,17 +415,16 @@ class SpeculativeDecoder:
             node_p_target=np.asarray(result.p_target, dtype=np.float64),
             node_accept_prob=np.asarray(result.accept_prob, dtype=np.float64),
             block_counts=_block_counts(tree) if counts else {},
-            timings=timings,
             node_order=cfg.node_order,
-            node_slots=fwd.perm.tolist(),
-            order_blocks={b: count_nonzero_blocks(fwd.tree_mask, b) for b in BLOCK_SIZES} if counts else {},
+            node_slots=perm,
+            order_blocks=_order_blocks(tree, perm) if counts else {},
             kernel_blocks=fwd.meta.blocks.num_nonzero if counts and fwd.meta is not None else None,
             decisions=result.decisions,
             draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
             finish_reason=reason,
         )
 
-    def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":
+    def _forward_layout(self, tree, levels: int, cache_len: int, prefix_len: int) -> "_TreeForward":
         """The target's tree forward with the nodes in ``config.node_order``, laid out from the
         parent array where the tree lives (``mask.layout_from_parents``): tokens and positions in
         slot order, and the attention's input in the one form it reads — for SDPA the
@@ -392,7 +437,7 @@ class SpeculativeDecoder:
         order = self.config.node_order
         # the kernel reads the interval form in the pre-orders; ``auto`` may pick SDPA for this size
         use_kernel = self.kernel and kernel_chosen(self.config.attention, self.device, n, cache_len, order != "bfs")
-        lay = layout_from_parents(tree.parents, tree.child_rank, order, tree.num_levels,
+        lay = layout_from_parents(tree.parents, tree.child_rank, order, levels,
                                   kernel_tiles(self.target) if use_kernel else None)
         kwargs = dict(self.attn_kwargs)
         meta = None
@@ -411,7 +456,11 @@ class SpeculativeDecoder:
             attn_kwargs=kwargs, meta=meta,
         )
 
-    def _provenance(self, tree: TokenTree, result, target_rows: LogitRows, step: int) -> list[TokenProvenance]:
+    def _provenance(self, tree: TokenTree, result, target_rows, step: int,
+                    p_draft_bonus: Optional[Callable[[int], float]] = None) -> list[TokenProvenance]:
+        """The accepted tokens and the bonus token with their probabilities; ``p_draft_bonus(node)``
+        gives the draft probability of the bonus token at ``node`` when the tree does not carry
+        its draft distributions (a device-side step read it with the rest)."""
         out: list[TokenProvenance] = []
         tokens = tree.tokens.tolist()
         depth = tree.depth.tolist()
@@ -432,7 +481,9 @@ class SpeculativeDecoder:
         last = result.path[-1]
         bonus = int(result.bonus_token)
         p_draft = math.nan
-        if tree.draft_probs is not None and int(tree.draft_row[last]) >= 0:
+        if p_draft_bonus is not None:
+            p_draft = float(p_draft_bonus(last))
+        elif tree.draft_probs is not None and int(tree.draft_row[last]) >= 0:
             p_draft = float(tree.draft_dist(last)[bonus])
         out.append(
             TokenProvenance(
@@ -472,6 +523,11 @@ def _meta_to(meta, device: torch.device):
 
     return TreeAttnMeta(meta.prefix_len, meta.blocks.to(device), None if meta.mask is None else meta.mask.to(device),
                         None if meta.end is None else meta.end.to(device))
+
+
+def _order_blocks(tree: TokenTree, perm: list[int]) -> dict[int, int]:
+    m = tree.ancestor_mask(torch.tensor(perm, dtype=torch.long))
+    return {b: count_nonzero_blocks(m, b) for b in BLOCK_SIZES}
 
 
 def _block_counts(tree: TokenTree) -> dict[str, dict[int, int]]:
