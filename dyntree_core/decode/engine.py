@@ -105,6 +105,10 @@ class SpeculativeDecoder:
         #: greedy dyspec_greedy / chain steps draft on the device and read it once per step
         #: (default on CUDA; settable, e.g. to exercise that path on the CPU)
         self.device_side = self.device.type == "cuda"
+        from .graphs import capture_support, report_once
+
+        self.capture = capture_support(self.device)  # graph-captured forwards: off, with the reason logged once
+        report_once(self.capture)
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
