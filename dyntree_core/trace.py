@@ -106,9 +106,11 @@ class StepTrace:
         node_order: the order the target's tree forward ran in (``dfs``/``hpd``/``bfs``;
             ``DecodeConfig.node_order``); node ids everywhere else stay the tree's own.
         node_slots: ``[N]`` the node at each forward slot (slot -> node permutation; empty for AR).
-        order_blocks: ``{block_size: non-empty blocks}`` of the tree mask in the order run.
+        order_blocks: ``{block_size: non-empty blocks}`` of the tree mask in the order run (empty
+            when block counts are disabled).
         kernel_blocks: non-empty (query block x key block) tiles the Triton kernel visited in the
-            tree part, or None when the forward did not run the kernel.
+            tree part, or None when the forward did not run the kernel or block counts are
+            disabled (``DecodeConfig.trace_block_counts``).
         decisions: the verifier's decisions in the order made (the verification walkthrough).
         draft_source: what proposed the tree's tokens: ``model`` (the draft model) or ``suffix``
             (the text so far, no draft forward); empty for the autoregressive baseline.

@@ -109,11 +109,7 @@ class TokenTree:
 
     def subtree_size(self) -> torch.Tensor:
         """``[N]`` int64 number of nodes in each node's subtree (itself included)."""
-        size = [1] * self.size
-        par = self.parents.tolist()
-        for i in range(self.size - 1, 0, -1):
-            size[par[i]] += size[i]
-        return torch.tensor(size, dtype=torch.long)
+        return ancestor_matrix(self.parents, self.num_levels).sum(dim=0)
 
     def draft_dist(self, node: int) -> torch.Tensor:
         """``[V]`` draft distribution at ``node`` (for drawing its children)."""
@@ -133,23 +129,10 @@ class TokenTree:
         """``[N]`` permutation: ``order[j]`` is the node placed at slot ``j``.
 
         bfs: construction order sorted by depth (stable); dfs: pre-order, children in draw
-        order; hpd: pre-order visiting the heaviest (largest subtree) child first.
+        order; hpd: pre-order visiting the heaviest (largest subtree) child first (ties in draw
+        order). Computed by ``order_of`` (tensor ops, any device).
         """
-        if kind == "bfs":
-            return torch.sort(self.depth, stable=True).indices
-        if kind not in ("dfs", "hpd"):
-            raise ValueError(f"unknown order {kind!r}; choose one of {ORDERS}")
-        kids = self.children()
-        if kind == "hpd":
-            sub = self.subtree_size().tolist()
-            kids = [sorted(k, key=lambda c: -sub[c]) for k in kids]  # stable: ties keep draw order
-        out: list[int] = []
-        stack = [0]
-        while stack:
-            v = stack.pop()
-            out.append(v)
-            stack.extend(reversed(kids[v]))
-        return torch.tensor(out, dtype=torch.long)
+        return order_of(self.parents, self.child_rank, kind, self.num_levels)
 
     def permuted(self, order: torch.Tensor) -> "TokenTree":
         """The same tree with nodes renumbered so that new node j = old node ``order[j]``.
@@ -184,13 +167,7 @@ class TokenTree:
 
         Slots follow ``order`` (construction order when None).
         """
-        n = self.size
-        anc = torch.zeros(n, n, dtype=torch.bool)
-        par = self.parents.tolist()
-        for i in range(n):
-            anc[i, i] = True
-            if par[i] >= 0:
-                anc[i] |= anc[par[i]]
+        anc = ancestor_matrix(self.parents, self.num_levels)
         if order is not None:
             anc = anc[order][:, order]
         return anc
@@ -199,6 +176,69 @@ class TokenTree:
         """Number of non-empty ``block_size``² blocks of the tree part of the attention mask."""
         perm = self.order(order) if isinstance(order, str) else order
         return count_nonzero_blocks(self.ancestor_mask(perm), block_size)
+
+
+# ---------------------------------------------------------------------- tensor layout (any device)
+# Node orders and ancestor masks from the parent array with a fixed number of vectorised steps
+# (no per-node Python loop, nothing read back to the host), so a tree drafted on the GPU is laid
+# out there. ``levels`` bounds the number of nodes on any root path (max depth + 1); a larger
+# value is harmless.
+
+
+def ancestor_matrix(parents: torch.Tensor, levels: int) -> torch.Tensor:
+    """``[N, N]`` bool ``anc[i, j]``: node j is an ancestor of (or is) node i.
+
+    Args:
+        parents: ``[N]`` int64 parent ids (-1 for the root, or for padding nodes that are their
+            own roots), on any device.
+        levels: at least the number of nodes on the longest root path (max depth + 1).
+    """
+    n = parents.shape[0]
+    dev = parents.device
+    anc = torch.zeros(n, n + 1, dtype=torch.bool, device=dev)  # column n absorbs finished walks
+    rows = torch.arange(n, device=dev)
+    cur = rows.clone()
+    for _ in range(int(levels)):
+        live = cur >= 0
+        anc[rows, torch.where(live, cur, n)] = True
+        cur = torch.where(live, parents[cur.clamp(min=0)], -1)
+    return anc[:, :n]
+
+
+def order_of(parents: torch.Tensor, child_rank: torch.Tensor, kind: str, levels: int,
+             anc: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``[N]`` slot -> node permutation of ``kind`` (``bfs``/``dfs``/``hpd``, see ``TokenTree.order``).
+
+    A pre-order slot is ``Σ (1 + size of the earlier siblings)`` over the node's non-root
+    ancestors-or-self, "earlier" meaning lower draw rank (dfs) or larger subtree, then lower rank
+    (hpd); ties fall back to the node id, as a stable sort would.
+
+    Args:
+        parents, child_rank: ``[N]`` int64 (any device).
+        levels: see ``ancestor_matrix``; anc: its result when the caller has it.
+    """
+    if kind not in ORDERS:
+        raise ValueError(f"unknown order {kind!r}; choose one of {ORDERS}")
+    if anc is None:
+        anc = ancestor_matrix(parents, levels)
+    depth = anc.sum(dim=1) - 1
+    if kind == "bfs":
+        return torch.sort(depth, stable=True).indices
+    n = parents.shape[0]
+    size = anc.sum(dim=0)
+    ids = torch.arange(n, device=parents.device)
+    rank = child_rank.to(parents.device)
+    # earlier[v, s]: s is a sibling of v visited before it
+    sib = (parents[:, None] == parents[None, :]) & (ids[:, None] != ids[None, :]) & (parents[:, None] >= 0)
+    first = (rank[None, :] < rank[:, None]) | ((rank[None, :] == rank[:, None]) & (ids[None, :] < ids[:, None]))
+    if kind == "hpd":
+        first = (size[None, :] > size[:, None]) | ((size[None, :] == size[:, None]) & first)
+    offset = ((sib & first).long() * size[None, :]).sum(dim=1)
+    step = torch.where(parents >= 0, 1 + offset, torch.zeros_like(offset))
+    pos = (anc.long() * step[None, :]).sum(dim=1)
+    perm = torch.empty_like(pos)
+    perm[pos] = ids
+    return perm
 
 
 def count_nonzero_blocks(mask: torch.Tensor, block_size: int) -> int:

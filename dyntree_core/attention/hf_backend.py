@@ -2,7 +2,9 @@
 
 Contract with the engine: the model is called with ``input_ids [1, q]``, ``position_ids [1, q]``,
 ``attention_mask`` = a 4D bool tensor ``[1, 1, q, kv_len]`` (True = attend, ``kv_len = cache_len +
-q``) and a ``DynamicCache``. transformers 5.23 returns a 4D mask untouched from
+q``) and the model's KV cache. When ``tree_attention_meta`` is given the mask may be
+``mask.placeholder_mask`` (a stride-0 view: the kernel reads only the metadata); a call the kernel
+cannot take then rebuilds the real mask from the metadata. transformers 5.23 returns a 4D mask untouched from
 ``create_causal_mask`` (``_preprocess_mask_arguments`` early exit), so the same tensor object
 reaches every layer's attention function.
 
@@ -42,7 +44,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from dyntree_core.attention import auto_table
-from dyntree_core.attention.mask import TreeAttnMeta, meta_from_mask
+from dyntree_core.attention.mask import TreeAttnMeta, is_placeholder, meta_from_mask
 from dyntree_core.attention.triton_kernel import (
     HAS_TRITON,
     default_block_q,
@@ -119,9 +121,20 @@ def _kernel_applicable(
         return False
     if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
+    return kernel_chosen(backend, query.device, query.shape[2], key.shape[2] - query.shape[2], preorder)
+
+
+def kernel_chosen(backend: str, device: torch.device | str, n: int, prefix: int, preorder: bool) -> bool:
+    """Whether a tree forward of ``n`` tokens after ``prefix`` cached ones runs the kernel for
+    ``backend`` on ``device`` (``auto``: the measured table's choice), before the per-call checks of
+    shapes and dtypes. The engine asks it to pass the kernel only its metadata."""
+    if backend == "torch" or not HAS_TRITON:
+        return False
+    dev = torch.device(device)
+    if not (dev.type == "cuda" or interpreting()):
+        return False
     if backend == "auto":
-        n = query.shape[2]
-        return auto_table.choose(query.device, n, key.shape[2] - n, preorder) == "triton"
+        return auto_table.choose(dev, n, prefix, preorder) == "triton"
     return True
 
 
@@ -142,6 +155,11 @@ def _make_forward(backend: str):
         preorder = meta is not None and meta.end is not None
         if not _kernel_applicable(chosen, query, key, value, attention_mask, dropout, kwargs, preorder):
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            if meta is not None and attention_mask is not None and is_placeholder(attention_mask):
+                from dyntree_core.attention import meta_full_mask
+
+                attention_mask = meta_full_mask(meta, query.device)[None, None]
 
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from dyntree_core.tree import TokenTree, count_nonzero_blocks
+from dyntree_core.tree import TokenTree, ancestor_matrix, count_nonzero_blocks, order_of
 
 Order = str  # "bfs" | "dfs" | "hpd" | "gen" (construction order)
 
@@ -213,6 +213,53 @@ def meta_from_tree(
     return TreeAttnMeta(prefix_len, blocks, None if use_interval else m.to(device), end)
 
 
+@dataclass
+class TreeLayout:
+    """A tree laid out for the target's forward in one node order (all tensors on the parents' device).
+
+    Attributes:
+        perm: ``[N]`` int64 slot -> node.
+        slot: ``[N]`` int64 node -> slot.
+        depth: ``[N]`` int64 depth of each node (node ids).
+        mask: ``[N, N]`` bool ancestor-or-self mask in slot order (what SDPA's mask holds after the prefix).
+        end: ``[N]`` int32 ``subtree_end`` in slot order for the pre-orders (dfs, hpd), else None.
+        blocks: the kernel's block lists of ``mask`` when tiles were given, else None.
+    """
+
+    perm: torch.Tensor
+    slot: torch.Tensor
+    depth: torch.Tensor
+    mask: torch.Tensor
+    end: Optional[torch.Tensor]
+    blocks: Optional[BlockLists]
+
+    def meta(self, prefix_len: int) -> TreeAttnMeta:
+        """The kernel's metadata after a ``prefix_len`` dense prefix (interval form when ``end`` is set)."""
+        if self.blocks is None:
+            raise ValueError("this layout was built without kernel tiles")
+        return TreeAttnMeta(prefix_len, self.blocks, None if self.end is not None else self.mask, self.end)
+
+
+def layout_from_parents(parents: torch.Tensor, child_rank: torch.Tensor, order: str, levels: int,
+                        kernel_tiles: Optional[tuple[int, int]] = None) -> TreeLayout:
+    """Order, slot map, mask and (with ``kernel_tiles = (block_q, block_n)``) kernel block lists of a
+    tree given by its ``[N]`` parent array, with tensor ops on the parents' device: nothing is read
+    back to the host, so a tree drafted on the GPU is laid out there.
+
+    ``levels``: at least the tree's max depth + 1 (``tree.ancestor_matrix``).
+    """
+    anc = ancestor_matrix(parents, levels)
+    perm = order_of(parents, child_rank, order, levels, anc=anc)
+    n = parents.shape[0]
+    ids = torch.arange(n, device=parents.device)
+    slot = torch.empty_like(perm)
+    slot[perm] = ids
+    mask = anc[perm][:, perm]
+    end = (ids + anc.sum(dim=0)[perm]).to(torch.int32) if order in ("dfs", "hpd") else None
+    blocks = build_block_lists(mask, *kernel_tiles) if kernel_tiles is not None else None
+    return TreeLayout(perm, slot, anc.sum(dim=1) - 1, mask, end, blocks)
+
+
 def meta_from_mask(mask: torch.Tensor, block_q: int, block_n: int) -> TreeAttnMeta:
     """Kernel metadata derived generically from a ``[Q, KV]`` bool mask (True = attend)."""
     p = dense_prefix_len(mask)
@@ -220,6 +267,19 @@ def meta_from_mask(mask: torch.Tensor, block_q: int, block_n: int) -> TreeAttnMe
     dead = ~mask.any(dim=1)
     blocks = build_block_lists(tree_part, block_q, block_n)
     return TreeAttnMeta(p, blocks, tree_part, None, dead)
+
+
+def placeholder_mask(q: int, kv: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[q, kv]`` bool all-True view of one element (no ``q x kv`` storage, nothing to transfer):
+    the mask argument of a forward whose attention reads ``TreeAttnMeta`` instead. A glue that
+    cannot run the kernel for a call must rebuild the real mask from the metadata
+    (``is_placeholder``)."""
+    return torch.ones((), dtype=torch.bool, device=device).expand(q, kv)
+
+
+def is_placeholder(mask: torch.Tensor) -> bool:
+    """Whether ``mask`` is a ``placeholder_mask`` (possibly with leading unit dims added)."""
+    return mask.dtype == torch.bool and mask.numel() > 1 and all(s == 0 for s in mask.stride())
 
 
 def block_count_full(mask: torch.Tensor, block_size: int) -> int:

@@ -2,12 +2,14 @@
 
     python -m dyntree_core.bench step-phases [--pair embedded] [--method dyspec_greedy]
         [--budgets 64 256 768] [--depth 8] [--temperatures 0 0.6] [--steps 3] [--prompts 2]
-        [--precision int4] [--draft-precision int4] [--json out.json]
+        [--precision int4] [--draft-precision int4] [--device-side] [--json out.json]
 
 For each budget and temperature, ``--steps`` steps after a 128-token prompt of each of ``--prompts``
 wiki/code prompts; per phase (draft forwards, tree build, mask, target forward, verify, KV compaction)
-the mean seconds per step, and the share of the step spent outside the two forwards (tree build,
-order and mask, verification including forming the target distributions, KV compaction, trace).
+the mean and the median seconds per step, and the time spent outside the two forwards (tree build,
+order and mask, verification including forming the target distributions, KV compaction, trace):
+its mean share of the step and its median per step. ``--device-side`` runs greedy dyspec_greedy /
+chain steps on device tensors (``SpeculativeDecoder.device_side``; the default on CUDA).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="int4")
     p.add_argument("--draft-precision", default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--device-side", action="store_true",
+                   help="draft greedy dyspec_greedy/chain steps on device tensors (default: only on CUDA)")
     p.add_argument("--json", type=Path, default=None)
     return p
 
@@ -60,6 +64,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                            threshold=default_threshold(budget), device=args.device, trace_block_counts=False,
                            node_order=order)
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg)
+        if args.device_side:
+            dec.device_side = True
         sums = {p: [] for p in PHASES}
         step_s: list[float] = []
         sizes: list[int] = []
@@ -74,16 +80,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         step = statistics.fmean(step_s)
         phases = {p: statistics.fmean(v) for p, v in sums.items()}
         outside = step - phases["draft"] - phases["target_forward"]
+        outside_each = [s - d - t for s, d, t in zip(step_s, sums["draft"], sums["target_forward"])]
         row = {"temperature": temp, "budget": budget, "node_order": order, "mean_tree_size": statistics.fmean(sizes), "steps": len(step_s),
                "step_seconds": step, "phases": phases, "outside_forwards_seconds": outside,
-               "outside_share": outside / step}
+               "outside_share": outside / step, "step_seconds_median": statistics.median(step_s),
+               "phases_median": {p: statistics.median(v) for p, v in sums.items()},
+               "outside_forwards_seconds_median": statistics.median(outside_each)}
         rows.append(row)
         print(f"T={temp:<4g} budget {budget:4d} {order} (tree {row['mean_tree_size']:6.1f}): step {step:7.3f} s, "
               + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
-              + f"; outside the forwards {outside:.3f} s = {100 * outside / step:.1f}%", flush=True)
+              + f"; outside the forwards {outside:.3f} s = {100 * outside / step:.1f}%"
+              + f"; medians: step {row['step_seconds_median']:.4f} s, outside {row['outside_forwards_seconds_median']:.4f} s",
+              flush=True)
     record = {"bench": "step-phases", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv or sys.argv[1:],
               "machine_info": machine_info().to_dict(), "pair": args.pair, "method": args.method,
-              "precision": args.precision, "draft_precision": args.draft_precision or args.precision, "rows": rows}
+              "precision": args.precision, "draft_precision": args.draft_precision or args.precision,
+              "device_side": bool(args.device_side), "rows": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1))

@@ -23,7 +23,7 @@ class ModelDraftSource:
 
     Args:
         model: the draft HF model.
-        cache: its ``DynamicCache`` holding the first ``cache_length(cache)`` committed tokens.
+        cache: its ``kv.KVCache`` holding the first ``cache_length(cache)`` committed tokens.
         pending: committed tokens not yet in the cache; ``pending[-1]`` is the tree root.
         temperature: draft temperature (> 0).
         attn_kwargs: extra model-call keyword arguments for the attention function
@@ -100,6 +100,74 @@ class ModelDraftSource:
         self._calls += 1
         self.forward_seconds += time.perf_counter() - t0
         return probs
+
+    # ------------------------------------------------------------------ device-side drafting
+    def reserve(self, rows: int) -> None:
+        """At most ``rows`` tree rows will be forwarded this step through ``expand``."""
+        dev = self.model.get_input_embeddings().weight.device
+        self._anc = torch.zeros(rows, rows, dtype=torch.bool, device=dev)
+        self._rows = 0
+
+    def expand(self, tokens: torch.Tensor, parent_rows: torch.Tensor, live: torch.Tensor,
+               depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batched draft forward of a tree level, entirely on the device (``drafting.device``).
+
+        Args:
+            tokens: ``[m]`` int64 tokens of the level's rows (device).
+            parent_rows: ``[m]`` int64 row id (an earlier ``expand``'s) of each row's parent, -1 for
+                the root.
+            live: ``[m]`` bool; dead rows are forwarded (static shapes) but see only the prefix and
+                themselves, and no row ever sees them.
+            depth: the level's depth below the root (every row of a level has the same position).
+        Returns:
+            ``([m, V]`` float32 draft probabilities on the device, ``[m]`` int64 row ids).
+        """
+        dev = tokens.device
+        m = int(tokens.shape[0])
+        first, r0 = self._rows, self._rows
+        if r0 + m > self._anc.shape[0]:
+            raise RuntimeError(f"expand: {r0 + m} rows exceed the {self._anc.shape[0]} reserved")
+        ids = torch.arange(r0, r0 + m, device=dev)
+        par = torch.where(live & (parent_rows >= 0), parent_rows, ids)  # dead rows: no ancestors
+        self._anc[r0:r0 + m, : r0 + m] = self._anc[par, : r0 + m]
+        self._anc[ids, ids] = True
+        self._rows = r0 + m
+        pre = [] if self._pre_fed else self.pending[:-1]
+        start = cache_length(self.cache)
+        tree_start = start + len(pre) - first  # cache slot of row 0
+        q = len(pre) + m
+        visible = torch.zeros(q, start + q, dtype=torch.bool, device=dev)
+        prefix_end = self.base + len(self.pending) - 1
+        if pre:
+            visible[: len(pre), : start + len(pre)] = torch.ones(len(pre), start + len(pre), dtype=torch.bool,
+                                                                 device=dev).tril(start)
+        visible[len(pre):, :prefix_end] = True
+        visible[len(pre):, tree_start:tree_start + r0 + m] = self._anc[r0:r0 + m, : r0 + m]
+        feed = torch.cat([torch.tensor(pre, dtype=torch.long, device=dev), tokens]) if pre else tokens
+        positions = torch.arange(start, start + q, device=dev)
+        positions[len(pre):] = self.root_position + depth
+        self._pre_fed = True
+        self._tree_start = tree_start
+        t0 = time.perf_counter()  # the forward's host time (its launches on CUDA)
+        logits = masked_forward(self.model, self.cache, feed, positions, visible,
+                                logits_rows=range(len(pre), q) if pre else None, attn_kwargs=self.attn_kwargs)
+        probs = probs_from_logits(logits, self.temperature)
+        self.forward_seconds += time.perf_counter() - t0
+        self._calls += 1
+        return probs, ids
+
+    def commit_rows(self, path_rows: Sequence[int]) -> int:
+        """``commit_path`` for a tree drafted through ``expand``: ``path_rows`` are the accepted
+        nodes' row ids, root first (-1: never forwarded). Returns the committed tokens now cached."""
+        keep = self.base + (len(self.pending) - 1 if self._pre_fed else 0)
+        extra: list[int] = []
+        if self._pre_fed:
+            for r in path_rows:
+                if r < 0:
+                    break
+                extra.append(self._tree_start + int(r))
+        compact(self.cache, keep, extra)
+        return keep + len(extra)
 
     def commit_path(self, path_source_ids: Sequence[int]) -> int:
         """Keep the committed prefix and the forwarded nodes of the accepted path.

@@ -1,6 +1,10 @@
-"""The decoding loop: prompt -> (drafter -> TokenTree -> mask -> target forward -> verifier ->
-accepted path -> KV compaction) -> StepTrace. The autoregressive baseline runs the same loop
-with a root-only "tree"."""
+"""The decoding loop: prompt -> prefill -> steps -> StepTraces.
+
+A tree step (``_tree_step``) is the papers' step in order: draft a ``TokenTree`` -> node order and
+attention metadata -> one target forward over the tree -> verification -> drafter feedback ->
+commit (the tokens, the target's and the draft's KV caches together). The autoregressive baseline
+shares the loop (prefill, commit rules, traces) but its step (``_ar_step``) is one causal target
+forward of the last token and a sample: no tree, no draft model, no verifier."""
 
 from __future__ import annotations
 
@@ -15,8 +19,11 @@ import torch
 
 from ..config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
-from .forward import causal_forward, masked_forward, new_cache
-from .kv import cache_length, compact
+from .forward import causal_forward, masked_forward
+from .kv import cache_length, compact, new_cache
+from . import host
+from .device_step import read_greedy_step
+from .timer import StepTimer
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
 from ..sampling import probs_from_logits
@@ -39,7 +46,9 @@ class _Step:
     committed: list[int]
     prompt_len: int
     draft_cached: int
+    max_new_tokens: int
     step: int = 0
+    produced: int = 0
 
 #: prompt tokens per prefill forward: long prompts report progress and keep peak activation
 #: memory bounded; the KV cache is the same as one forward's
@@ -93,6 +102,13 @@ class SpeculativeDecoder:
                 raise ConfigError(f"attention='triton': {e}") from None
         self.attn_kwargs = {BACKEND_KWARG: backend}
         self.kernel = kernel_runs(backend, self.device)
+        #: greedy dyspec_greedy / chain steps draft on the device and read it once per step
+        #: (default on CUDA; settable, e.g. to exercise that path on the CPU)
+        self.device_side = self.device.type == "cuda"
+        from .graphs import capture_support, report_once
+
+        self.capture = capture_support(self.device)  # graph-captured forwards: off, with the reason logged once
+        report_once(self.capture)
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -206,10 +222,17 @@ class SpeculativeDecoder:
             drafter = make_drafter(cfg)
             drafter.reset(prompt)
             verifier = make_verifier(self.verifier_name)
-        t_cache = new_cache(self.target)
         from ..methods import method_spec
 
-        d_cache = new_cache(self.draft) if not is_ar and method_spec(cfg.method).uses_draft_model else None
+        # sized for the whole run: prompt, new tokens and the largest tree in flight (the draft's
+        # forwarded nodes may exceed the kept tree); a cache only grows if a drafter exceeds this
+        tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
+        capacity = len(prompt) + max_new_tokens + tree_cap
+        t_cache = new_cache(self.target, capacity)
+        if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
+            tree_cap = max(tree_cap, 1 + (cfg.depth - 1) * (cfg.budget - 1), cfg.depth)
+        d_cache = (new_cache(self.draft, capacity + tree_cap)
+                   if not is_ar and method_spec(cfg.method).uses_draft_model else None)
         if len(prompt) > 1:
             for progress in self._prefill([(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None
                                                                       else []), prompt, stop_event):
@@ -217,36 +240,28 @@ class SpeculativeDecoder:
                 if progress.stopped:
                     return  # stopped during the prefill: no step was decoded
         self._sync()
-        state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1)
-        produced = 0
+        state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1,
+                      max_new_tokens=max_new_tokens)
         while True:
             self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
             t_step = time.perf_counter()
             if is_ar:
-                trace = self._ar_step(state, t_cache, rng)
+                trace, timer = self._ar_step(state, t_cache, rng)
             else:
-                trace = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
-            remaining = max_new_tokens - produced
-            context_left = self.max_context - len(state.committed)
-            committed, reason = self._truncate(trace.committed, remaining, context_left)
-            trace.committed = committed
-            state.committed.extend(c.token_id for c in committed)
-            if drafter is not None:
-                drafter.extend([c.token_id for c in committed])
-            produced += len(committed)
-            if stop_event is not None and stop_event.is_set() and reason is None:
-                reason = "stopped"
-            self._sync()
+                trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
+            if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
+                trace.finish_reason = "stopped"
+            self._sync()  # the step's last wait: its phases' CUDA events are complete after it
+            trace.timings = timer.timings()
             now = time.perf_counter()
             trace.step_seconds = now - t_step
             trace.elapsed = now - t_start
-            trace.total_new_tokens = produced
-            trace.tokens_per_s = produced / trace.elapsed if trace.elapsed > 0 else 0.0
-            trace.finished = reason is not None
-            trace.finish_reason = reason
+            trace.total_new_tokens = state.produced
+            trace.tokens_per_s = state.produced / trace.elapsed if trace.elapsed > 0 else 0.0
+            trace.finished = trace.finish_reason is not None
             state.step += 1
             yield trace
-            if reason is not None:
+            if trace.finished:
                 return
 
     def _truncate(self, committed: list[TokenProvenance], remaining: int, context_left: int):
@@ -265,106 +280,135 @@ class SpeculativeDecoder:
             return out, "context"
         return out, None
 
+    def _commit_tokens(self, state: _Step, proposed: list[TokenProvenance], drafter) -> tuple[list[TokenProvenance], Optional[str]]:
+        """Append the step's tokens (cut at EOS, ``max_new_tokens`` or the model context) to the
+        output; the drafter indexes them. Returns the committed tokens and why the run ends (or None)."""
+        committed, reason = self._truncate(proposed, state.max_new_tokens - state.produced,
+                                           self.max_context - len(state.committed))
+        state.committed.extend(c.token_id for c in committed)
+        state.produced += len(committed)
+        if drafter is not None:
+            drafter.extend([c.token_id for c in committed])
+        return committed, reason
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ autoregressive step
-    def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator) -> StepTrace:
+    def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator) -> tuple[StepTrace, StepTimer]:
+        """One causal target forward of the last committed token and one sample (argmax at T=0):
+        no tree, no draft, no verification."""
         cfg = self.config
-        timings = PhaseTimings()
+        timer = StepTimer(self.device)
         root = state.committed[-1]
-        pos = len(state.committed) - 1
-        t0 = time.perf_counter()
-        logits = causal_forward(self.target, t_cache, [root], pos, attn_kwargs=self.attn_kwargs)[0]
-        self._sync()
-        timings.target_forward = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if cfg.greedy:
-            token = int(torch.argmax(logits).item())
-            p_tok = float(torch.softmax(logits.float(), -1)[token].item())
-        else:
-            probs = probs_from_logits(logits, cfg.temperature, cfg.top_p).double().cpu().numpy()
-            token = sample_index(probs, rng.random())
-            p_tok = float(probs[token])
-        timings.verify = time.perf_counter() - t0
+        with timer.phase("target_forward"):
+            logits = causal_forward(self.target, t_cache, [root], len(state.committed) - 1,
+                                    attn_kwargs=self.attn_kwargs)[0]
+        with timer.phase("verify"):
+            if cfg.greedy:
+                am = torch.argmax(logits, dim=-1, keepdim=True)  # [1]: a 0-dim index would read the device
+                token, p_tok = host.fetch(am, torch.softmax(logits.float(), -1).gather(-1, am))  # the step's one read
+                token, p_tok = int(token[0]), float(p_tok[0])
+            else:
+                (probs,) = host.fetch(probs_from_logits(logits, cfg.temperature, cfg.top_p).double())
+                token = sample_index(probs, rng.random())
+                p_tok = float(probs[token])
         prov = TokenProvenance(token, state.step, 1, -1, "autoregressive", p_target=p_tok)
-        return StepTrace(
-            step=state.step,
-            method="autoregressive",
-            verifier="none",
-            tree=None,
-            accepted_nodes=[0],
-            bonus_token=token,
-            committed=[prov],
-            timings=timings,
-        )
+        committed, reason = self._commit_tokens(state, [prov], None)
+        return StepTrace(step=state.step, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
+                         bonus_token=token, committed=committed, finish_reason=reason), timer
 
     # ------------------------------------------------------------------ tree step
-    def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng) -> StepTrace:
+    def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng) -> tuple[StepTrace, StepTimer]:
+        """draft -> node order and attention metadata -> target forward -> verify -> drafter
+        feedback -> commit (tokens and both caches); the trace is built after the step.
+
+        With ``device_side`` (greedy dyspec_greedy and chain) the tree is grown on the device
+        (``drafting.device``), laid out there, and the host reads the step once
+        (``device_step.read_greedy_step``) before verifying."""
         cfg = self.config
-        timings = PhaseTimings()
-        root = state.committed[-1]
-        prefix_len = len(state.committed)
+        timer = StepTimer(self.device)
         cache_len = cache_length(t_cache)
-
-        if d_cache is None:  # a model-free drafter
-            source = NoModelSource(self.vocab_size)
-        else:
-            source = ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached :],
-                                      cfg.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
-        t0 = time.perf_counter()
-        tree: TokenTree = drafter.draft(source, root, gen, deterministic=cfg.greedy)
-        self._sync()
-        draft_total = time.perf_counter() - t0
-        timings.draft = source.forward_seconds
-        timings.tree_build = max(0.0, draft_total - source.forward_seconds)
-
-        t0 = time.perf_counter()
-        n = tree.size
-        fwd = self._forward_layout(tree, cache_len, prefix_len)
-        timings.mask = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
+        on_device = self._device_drafting(d_cache)
+        with timer.phase("draft"):
+            source = self._draft_source(state, d_cache)
+            if on_device:
+                drafted = self._draft_on_device(source, state.committed[-1])
+            else:
+                drafted = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
+        timer.split("draft", "tree_build", source.forward_seconds)
+        with timer.phase("mask"):
+            fwd = self._forward_layout(drafted, drafted.levels if on_device else drafted.num_levels, cache_len,
+                                       len(state.committed))
         transfer_before = self._transfer_seconds()
-        logits = masked_forward(self.target, t_cache, fwd.tokens, fwd.positions, fwd.visible,
-                                attn_kwargs=fwd.attn_kwargs)
-        self._sync()
-        timings.target_forward = time.perf_counter() - t0
-        timings.offload_transfer = self._transfer_seconds() - transfer_before
-
-        t0 = time.perf_counter()
-        # rows are formed (and moved to the host) only for the nodes the verifier visits; the
-        # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
-        target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p, row_of_node=fwd.slot)
-        result = verifier.verify(tree, target_rows, rng)
-        timings.verify = time.perf_counter() - t0
+        with timer.phase("target_forward"):
+            logits = masked_forward(self.target, t_cache, fwd.tokens, fwd.positions, fwd.visible,
+                                    attn_kwargs=fwd.attn_kwargs)
+        timer.add("offload_transfer", self._transfer_seconds() - transfer_before)
+        with timer.phase("verify"):
+            if on_device:
+                read = read_greedy_step(drafted, logits, fwd.slot, fwd.perm)  # the step's one device read
+                tree, target_rows, slot, perm = read.tree, read.rows, read.slot, read.perm
+                p_draft_bonus = read.p_draft_bonus.__getitem__
+            else:
+                # rows are formed (and moved to the host) only for the nodes the verifier visits; the
+                # forward ran in ``node_order``, so node i's logits are row ``slot[i]``
+                tree, slot, perm = drafted, fwd.slot.tolist(), fwd.perm.tolist()
+                target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p,
+                                        row_of_node=fwd.slot)
+                p_draft_bonus = None
+            result = verifier.verify(tree, target_rows, rng)
+            proposed = self._provenance(tree, result, target_rows, state.step, p_draft_bonus)
         if self.on_verify is not None:
             self.on_verify(tree, target_rows, result)
-
-        t0 = time.perf_counter()
         path = list(result.path)
         drafter.observe(tree, len(path) - 1)
-        slot = fwd.slot.tolist()
-        compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
-        src_ids = tree.source_ids().tolist()
-        state.draft_cached = source.commit_path([src_ids[i] for i in path])
-        timings.kv_compaction = time.perf_counter() - t0
-
-        committed = self._provenance(tree, result, target_rows, state.step)
-        status: list[NodeStatus] = []
-        on_path = set(path)
-        for i in range(n):
-            if i == 0:
-                status.append("root")
-            elif i in on_path:
-                status.append("accepted")
-            elif bool(result.tested[i]):
-                status.append("rejected")
+        with timer.phase("kv_compaction"):
+            committed, reason = self._commit_tokens(state, proposed, drafter)
+            compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
+            if on_device:
+                state.draft_cached = source.commit_rows([read.source_rows[i] for i in path])
             else:
-                status.append("unverified")
+                src_ids = tree.source_ids().tolist()
+                state.draft_cached = source.commit_path([src_ids[i] for i in path])
+        return self._tree_trace(state.step, tree, result, committed, reason, perm, fwd, drafter), timer
+
+    def _device_drafting(self, d_cache) -> bool:
+        """Whether this step drafts on the device: ``device_side`` is on, the step is greedy and
+        the method has a device drafter (dyspec_greedy; chain without a confidence stop)."""
+        cfg = self.config
+        return (self.device_side and cfg.greedy and d_cache is not None
+                and (cfg.method == "dyspec_greedy" or (cfg.method == "chain" and cfg.stop_confidence is None)))
+
+    def _draft_on_device(self, source: ModelDraftSource, root: int):
+        from ..drafting.device import chain_greedy, topn_greedy
+
+        cfg = self.config
+        if cfg.method == "chain":
+            tree = chain_greedy(source, root, cfg.depth, self.device)
+        else:
+            tree = topn_greedy(source, root, cfg.budget, cfg.depth, self.device)
+        return tree
+
+    def _draft_source(self, state: _Step, d_cache):
+        if d_cache is None:  # a model-free drafter
+            return NoModelSource(self.vocab_size)
+        return ModelDraftSource(self.draft, d_cache, state.committed[state.draft_cached:],
+                                self.config.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
+
+    def _tree_trace(self, step: int, tree: TokenTree, result, committed: list[TokenProvenance],
+                    reason: Optional[str], perm: list[int], fwd: "_TreeForward", drafter) -> StepTrace:
+        """The step's record (its ``timings`` are filled in by ``_run`` after the step's last wait)."""
+        cfg = self.config
+        path = list(result.path)
+        on_path = set(path)
+        status: list[NodeStatus] = ["root"] + [
+            "accepted" if i in on_path else "rejected" if bool(result.tested[i]) else "unverified"
+            for i in range(1, tree.size)]
+        counts = cfg.trace_block_counts
         return StepTrace(
-            step=state.step,
+            step=step,
             method=cfg.method,
             verifier=self.verifier_name,
             tree=tree,
@@ -374,44 +418,53 @@ class SpeculativeDecoder:
             node_status=status,
             node_p_target=np.asarray(result.p_target, dtype=np.float64),
             node_accept_prob=np.asarray(result.accept_prob, dtype=np.float64),
-            block_counts=_block_counts(tree, fwd.anc) if cfg.trace_block_counts else {},
-            timings=timings,
+            block_counts=_block_counts(tree) if counts else {},
             node_order=cfg.node_order,
-            node_slots=fwd.perm.tolist(),
-            order_blocks={b: count_nonzero_blocks(fwd.visible[:, cache_len:], b) for b in BLOCK_SIZES},
-            kernel_blocks=None if fwd.meta is None else fwd.meta.blocks.num_nonzero,
+            node_slots=perm,
+            order_blocks=_order_blocks(tree, perm) if counts else {},
+            kernel_blocks=fwd.meta.blocks.num_nonzero if counts and fwd.meta is not None else None,
             decisions=result.decisions,
             draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
+            finish_reason=reason,
         )
 
-    def _forward_layout(self, tree: TokenTree, cache_len: int, prefix_len: int) -> "_TreeForward":
-        """The target's tree forward with the nodes in ``config.node_order``: tokens, positions and
-        the ``[n, cache_len + n]`` visibility mask in slot order, plus the kernel's metadata built
-        from the tree (interval form for DFS/HPD, block lists for BFS) when the kernel runs."""
-        perm = tree.order(self.config.node_order)
+    def _forward_layout(self, tree, levels: int, cache_len: int, prefix_len: int) -> "_TreeForward":
+        """The target's tree forward with the nodes in ``config.node_order``, laid out from the
+        parent array where the tree lives (``mask.layout_from_parents``): tokens and positions in
+        slot order, and the attention's input in the one form it reads — for SDPA the
+        ``[n, cache_len + n]`` visibility mask, for the kernel its metadata (interval form for
+        DFS/HPD, block lists for BFS) and a placeholder mask with no storage."""
+        from ..attention.hf_backend import META_KWARG, kernel_chosen, kernel_tiles
+        from ..attention.mask import layout_from_parents, placeholder_mask
+
         n = tree.size
-        slot = torch.empty(n, dtype=torch.long)
-        slot[perm] = torch.arange(n)
-        anc = tree.ancestor_mask()
-        visible = torch.ones(n, cache_len + n, dtype=torch.bool)
-        visible[:, cache_len:] = anc[perm][:, perm]
+        order = self.config.node_order
+        # the kernel reads the interval form in the pre-orders; ``auto`` may pick SDPA for this size
+        use_kernel = self.kernel and kernel_chosen(self.config.attention, self.device, n, cache_len, order != "bfs")
+        lay = layout_from_parents(tree.parents, tree.child_rank, order, levels,
+                                  kernel_tiles(self.target) if use_kernel else None)
         kwargs = dict(self.attn_kwargs)
         meta = None
-        if self.kernel:
-            from ..attention.hf_backend import META_KWARG, kernel_tiles
-            from ..attention.mask import meta_from_tree
-
-            block_q, block_n = kernel_tiles(self.target)
-            meta = meta_from_tree(tree, cache_len, perm, block_q, block_n, device=self.device,
-                                  mask=visible[:, cache_len:])
+        if use_kernel:
+            meta = lay.meta(cache_len)
+            if meta.blocks.full_cnt.device != self.device:
+                meta = _meta_to(meta, self.device)
             kwargs[META_KWARG] = meta
+            visible = placeholder_mask(n, cache_len + n, self.device)
+        else:
+            visible = torch.ones(n, cache_len + n, dtype=torch.bool, device=lay.mask.device)
+            visible[:, cache_len:] = lay.mask
         return _TreeForward(
-            perm=perm, slot=slot, anc=anc, visible=visible,
-            tokens=tree.tokens[perm].tolist(), positions=tree.positions(prefix_len)[perm].tolist(),
+            perm=lay.perm, slot=lay.slot, tree_mask=lay.mask, visible=visible,
+            tokens=tree.tokens[lay.perm], positions=lay.depth[lay.perm] + (prefix_len - 1),
             attn_kwargs=kwargs, meta=meta,
         )
 
-    def _provenance(self, tree: TokenTree, result, target_rows: LogitRows, step: int) -> list[TokenProvenance]:
+    def _provenance(self, tree: TokenTree, result, target_rows, step: int,
+                    p_draft_bonus: Optional[Callable[[int], float]] = None) -> list[TokenProvenance]:
+        """The accepted tokens and the bonus token with their probabilities; ``p_draft_bonus(node)``
+        gives the draft probability of the bonus token at ``node`` when the tree does not carry
+        its draft distributions (a device-side step read it with the rest)."""
         out: list[TokenProvenance] = []
         tokens = tree.tokens.tolist()
         depth = tree.depth.tolist()
@@ -432,7 +485,9 @@ class SpeculativeDecoder:
         last = result.path[-1]
         bonus = int(result.bonus_token)
         p_draft = math.nan
-        if tree.draft_probs is not None and int(tree.draft_row[last]) >= 0:
+        if p_draft_bonus is not None:
+            p_draft = float(p_draft_bonus(last))
+        elif tree.draft_probs is not None and int(tree.draft_row[last]) >= 0:
             p_draft = float(tree.draft_dist(last)[bonus])
         out.append(
             TokenProvenance(
@@ -459,15 +514,28 @@ class _TreeForward:
 
     perm: torch.Tensor  # [n] slot -> node
     slot: torch.Tensor  # [n] node -> slot
-    anc: torch.Tensor  # [n, n] ancestor mask in node ids
-    visible: torch.Tensor  # [n, cache_len + n] bool, slot order
-    tokens: list[int]
-    positions: list[int]
+    tree_mask: torch.Tensor  # [n, n] bool ancestor-or-self mask, slot order
+    visible: torch.Tensor  # [n, cache_len + n] bool, slot order (a placeholder when the kernel reads ``meta``)
+    tokens: torch.Tensor  # [n] slot order
+    positions: torch.Tensor  # [n] slot order
     attn_kwargs: dict
     meta: Any
 
 
-def _block_counts(tree: TokenTree, anc: torch.Tensor) -> dict[str, dict[int, int]]:
+def _meta_to(meta, device: torch.device):
+    from ..attention.mask import TreeAttnMeta
+
+    return TreeAttnMeta(meta.prefix_len, meta.blocks.to(device), None if meta.mask is None else meta.mask.to(device),
+                        None if meta.end is None else meta.end.to(device))
+
+
+def _order_blocks(tree: TokenTree, perm: list[int]) -> dict[int, int]:
+    m = tree.ancestor_mask(torch.tensor(perm, dtype=torch.long))
+    return {b: count_nonzero_blocks(m, b) for b in BLOCK_SIZES}
+
+
+def _block_counts(tree: TokenTree) -> dict[str, dict[int, int]]:
+    anc = tree.ancestor_mask()
     out: dict[str, dict[int, int]] = {}
     for order in ORDERS:
         perm = tree.order(order)

@@ -6,11 +6,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from .kv import new_cache  # noqa: F401  (the cache the forwards take; re-exported for callers of this module)
 
-def new_cache(model):
-    from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
 
 
 def masked_forward(
@@ -26,9 +24,9 @@ def masked_forward(
 
     Args:
         model: an HF causal LM.
-        cache: its ``DynamicCache`` (extended in place by ``len(tokens)`` slots).
-        tokens: ``[q]`` token ids.
-        positions: ``[q]`` position ids.
+        cache: its ``kv.KVCache`` (extended in place by ``len(tokens)`` slots).
+        tokens: ``[q]`` token ids (a sequence, or an int64 tensor on any device).
+        positions: ``[q]`` position ids (same).
         visible: ``[q, kv_len]`` bool, ``kv_len = cached + q``; True = may attend.
         logits_rows: rows whose logits are wanted (None = all).
         attn_kwargs: extra keyword arguments for the model call that transformers passes down to
@@ -38,8 +36,8 @@ def masked_forward(
         ``[len(logits_rows) or q, V]`` logits (model dtype, model device).
     """
     device = model.get_input_embeddings().weight.device
-    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-    pos = torch.tensor([list(positions)], dtype=torch.long, device=device)
+    ids = _ids(tokens, device)
+    pos = _ids(positions, device)
     mask = visible.to(device)[None, None]
     if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
         dtype = model.get_input_embeddings().weight.dtype
@@ -57,6 +55,13 @@ def masked_forward(
             **kwargs,
         )
     return out.logits[0]
+
+
+def _ids(x, device: torch.device) -> torch.Tensor:
+    """``[1, q]`` int64 on ``device`` from a sequence or a ``[q]`` tensor (no host round trip)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.long).reshape(1, -1)
+    return torch.tensor([list(x)], dtype=torch.long, device=device)
 
 
 def causal_forward(model, cache, tokens: Sequence[int], start: int, logits_rows: Optional[Sequence[int]] = None,

@@ -1,15 +1,192 @@
-"""KV-cache bookkeeping for tree steps: length queries and accepted-path compaction.
+"""The decode KV cache: per-layer key/value buffers preallocated to the run's maximum length,
+filled in place, and the accepted path compacted in place by index copies.
 
-Works on transformers' ``DynamicCache`` (per-layer ``keys``/``values`` of shape
-``[B, H_kv, L, D]``). After a tree forward the cache holds ``prefix + fed tree nodes``; the
-accepted path is gathered into contiguous slots right after the prefix and the rest dropped.
+``KVCache`` is a transformers ``Cache`` whose layers (``PreallocLayer``) hold ``[B, H_kv, C, D]``
+buffers of capacity ``C`` and a length ``L``: a forward of ``q`` tokens copies their keys/values
+into slots ``[L, L + q)`` and attends over the views ``buffer[:, :, :L + q]`` (same shapes and
+values as a growing cache; no per-forward allocation, no ``torch.cat``). After a tree forward the
+cache holds ``prefix + fed tree nodes``; ``compact`` moves the accepted path's slots right after the
+prefix (one gather into a preallocated scratch and one copy per layer, on the cache's device) and
+sets the length. A write past the capacity grows the buffers (doubling) — the engine sizes them so
+that a run never does; ``new_cache(model)`` without a capacity starts small and grows (profiling,
+tests).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+#: capacity of a cache made without one (it grows by doubling)
+DEFAULT_CAPACITY = 256
+
+
+class PreallocLayer(CacheLayerMixin):
+    """One decoder layer's keys and values in preallocated buffers (see the module docstring)."""
+
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+        self._k: Optional[torch.Tensor] = None
+        self._v: Optional[torch.Tensor] = None
+        self.capacity = max(1, int(capacity))
+        self.length = 0
+        self.grown = 0  # reallocations (a sized run has none)
+        super().__init__()
+
+    # ``keys``/``values`` are the filled part of the buffers. Assigning them (as code written for
+    # ``DynamicLayer`` does, e.g. the machine profile's zero prefix) adopts the tensors as buffers.
+    @property
+    def keys(self) -> Optional[torch.Tensor]:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: Optional[torch.Tensor]) -> None:
+        self._adopt("_k", value)
+
+    @property
+    def values(self) -> Optional[torch.Tensor]:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: Optional[torch.Tensor]) -> None:
+        self._adopt("_v", value)
+
+    def _adopt(self, name: str, value: Optional[torch.Tensor]) -> None:
+        if value is None:
+            return
+        setattr(self, name, value)
+        self.length = self.capacity = int(value.shape[-2])
+        self.dtype, self.device = value.dtype, value.device
+        self.is_initialized = self._k is not None and self._v is not None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h = key_states.shape[:2]
+        self._k = torch.empty(b, h, self.capacity, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self._v = torch.empty(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.is_initialized = True
+
+    def _grow(self, needed: int) -> None:
+        cap = max(needed, 2 * self.capacity)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = torch.empty(*old.shape[:2], cap, old.shape[-1], dtype=old.dtype, device=old.device)
+            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            setattr(self, name, new)
+        self.capacity = cap
+        self.grown += 1
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``key_states``/``value_states`` ``[B, H_kv, q, D]``; returns the ``[B, H_kv, L + q, D]`` views."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            self._grow(end)
+        self._k[:, :, self.length:end].copy_(key_states)
+        self._v[:, :, self.length:end].copy_(value_states)
+        self.length = end
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1  # grows when a write exceeds the capacity
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' convention: a negative count removes that many slots, a positive value is the new length."""
+        self.set_length(self.length + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, self.length))
+
+    def set_length(self, length: int) -> None:
+        self.length = max(0, min(int(length), self.length))
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole ``[B, H_kv, C, D]`` key and value buffers (for tests and in-place compaction)."""
+        return self._k, self._v
+
+
+class KVCache(Cache):
+    """One ``PreallocLayer`` per decoder layer of ``config``, each of ``capacity`` slots.
+
+    Args:
+        config: the model's config (its decoder's ``num_hidden_layers``).
+        capacity: slots to preallocate per layer (prompt + new tokens + the largest tree for a run).
+    """
+
+    def __init__(self, config, capacity: int = DEFAULT_CAPACITY):
+        text = config.get_text_config(decoder=True)
+        super().__init__(layers=[PreallocLayer(capacity) for _ in range(int(text.num_hidden_layers))])
+        self._scratch: Optional[torch.Tensor] = None
+        self._index: Optional[torch.Tensor] = None
+
+    @property
+    def capacity(self) -> int:
+        return min(layer.capacity for layer in self.layers)
+
+    @property
+    def reallocations(self) -> int:
+        """Buffer reallocations so far, summed over layers (0 for a cache sized for its run)."""
+        return sum(layer.grown for layer in self.layers)
+
+    def compact(self, keep: int, extra_slots: Sequence[int]) -> None:
+        """Keep slots ``[0, keep)`` followed by ``extra_slots`` (in that order); drop the rest.
+
+        ``extra_slots``: absolute slot indices ``>= keep`` in increasing order (an accepted path's
+        nodes were fed parents first), so ``keep + j <= extra_slots[j]``. A contiguous run right
+        after ``keep`` only sets the length.
+        """
+        extra = [int(x) for x in extra_slots]
+        m = len(extra)
+        if any(b <= a for a, b in zip(extra, extra[1:])) or (extra and extra[0] < keep):
+            raise ValueError(f"extra slots must be increasing and >= keep={keep}, got {extra}")
+        if extra == list(range(keep, keep + m)):
+            for layer in self.layers:
+                layer.set_length(keep + m)
+            return
+        live = [layer for layer in self.layers if layer.is_initialized]
+        if live:
+            idx = self._index_of(extra, live[0].device)
+            for layer in live:
+                for buf in layer.buffers():
+                    scratch = self._scratch_for(buf, m)
+                    torch.index_select(buf, 2, idx, out=scratch)
+                    buf[:, :, keep:keep + m].copy_(scratch)
+        for layer in self.layers:
+            layer.set_length(keep + m)
+
+    def _index_of(self, slots: list[int], device: torch.device) -> torch.Tensor:
+        m = len(slots)
+        if self._index is None or self._index.numel() < m or self._index.device != device:
+            self._index = torch.empty(max(m, 64), dtype=torch.long, device=device)
+        host = torch.tensor(slots, dtype=torch.long)
+        self._index[:m].copy_(host, non_blocking=True)
+        return self._index[:m]
+
+    def _scratch_for(self, buf: torch.Tensor, m: int) -> torch.Tensor:
+        """A contiguous ``[B, H, m, D]`` view of a flat scratch buffer kept across steps."""
+        b, h, _, d = buf.shape
+        need = b * h * m * d
+        if (self._scratch is None or self._scratch.numel() < need or self._scratch.dtype != buf.dtype
+                or self._scratch.device != buf.device):
+            self._scratch = torch.empty(max(need, b * h * 64 * d), dtype=buf.dtype, device=buf.device)
+        return self._scratch[:need].view(b, h, m, d)
+
+
+def new_cache(model, capacity: int = DEFAULT_CAPACITY) -> KVCache:
+    """An empty ``KVCache`` for ``model`` with ``capacity`` slots per layer."""
+    return KVCache(model.config, capacity)
 
 
 def cache_length(cache) -> int:
@@ -17,30 +194,6 @@ def cache_length(cache) -> int:
     return int(cache.get_seq_length()) if cache is not None else 0
 
 
-def compact(cache, keep: int, extra_slots: Sequence[int]) -> None:
-    """Keep slots ``[0, keep)`` followed by ``extra_slots`` (in that order); drop the rest.
-
-    ``extra_slots`` are absolute slot indices >= ``keep`` in increasing order (an accepted path's
-    nodes were fed parents first). A contiguous run right after ``keep`` is the common case and
-    costs only a crop.
-    """
-    extra = list(extra_slots)
-    if extra and extra == list(range(keep, keep + len(extra))):
-        _crop_to(cache, keep + len(extra))
-        return
-    if not extra:
-        _crop_to(cache, keep)
-        return
-    for layer in cache.layers:
-        if layer.keys is None or layer.keys.numel() == 0:
-            continue
-        idx = torch.tensor(extra, dtype=torch.long, device=layer.keys.device)
-        layer.keys = torch.cat([layer.keys[:, :, :keep], layer.keys.index_select(2, idx)], dim=2)
-        layer.values = torch.cat([layer.values[:, :, :keep], layer.values.index_select(2, idx)], dim=2)
-
-
-def _crop_to(cache, length: int) -> None:
-    for layer in cache.layers:
-        if layer.keys is not None and layer.keys.shape[-2] > length:
-            layer.keys = layer.keys[:, :, :length]
-            layer.values = layer.values[:, :, :length]
+def compact(cache: KVCache, keep: int, extra_slots: Sequence[int]) -> None:
+    """``cache.compact(keep, extra_slots)``: keep ``[0, keep)`` then ``extra_slots``, drop the rest."""
+    cache.compact(keep, extra_slots)
