@@ -2,7 +2,10 @@
 token-identical to plain target greedy decoding; tokens/s and tokens/step are reported
 side by side for each dtype / precision, all in one run. int8/int4 (weight-only kernels) may round
 differently for a batched tree forward than for one token, so for them the bench reports how
-often and where outputs diverge instead of failing (float32/bfloat16 must be identical).
+often and where outputs diverge instead of failing (float32/bfloat16 must be identical), and at each
+first divergence how close the target's two candidates were (``at_divergence``: their logits from one
+forward of the target over the prompt and the common prefix; a near-tie is a gap of a few hundredths).
+``DYNTREE_KERNELS`` (``quant.kernel_table``) picks the int4/int8 CPU kernels; the JSON names it.
 
     python -m dyntree_core.bench exactness --pair embedded --dtypes float32 bfloat16 \
         --methods chain dyspec_greedy ... --prompts 3 --new-tokens 64 --json out.json
@@ -23,6 +26,7 @@ import torch
 
 from ..config import METHODS, DecodeConfig
 from ..planning.machine import machine_info
+from ..quant.kernel_table import kernel_policy
 
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")
 
@@ -45,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, default=None)
     return p
+
+
+def divergence_gap(model, prompt: list[int], reference: list[int], out: list[int], i: int) -> dict:
+    """At the first divergence ``i`` (plain decoding chose ``reference[i]``, the method ``out[i]``):
+    the target's logits of both tokens and of its top two after ``prompt + reference[:i]``, from
+    one forward over that text (its rounding may differ from the step that chose them)."""
+    with torch.inference_mode():
+        x = torch.tensor([prompt + reference[:i]], device=next(model.parameters()).device)
+        logits = model(x).logits[0, -1].float()
+    top2 = torch.topk(logits, 2).values
+    a, b = reference[i], out[i]
+    return {"position": i, "plain_token": a, "method_token": b, "logit_plain": float(logits[a]),
+            "logit_method": float(logits[b]), "gap": float(logits[a] - logits[b]),
+            "top2_gap": float(top2[0] - top2[1])}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -88,15 +106,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  None if len(out) == len(ref) else min(len(out), len(ref)))
                 if not quant:
                     all_identical &= identical
+                gap = (divergence_gap(pair.target, prompt, ref, out, first_div)
+                       if first_div is not None and first_div < min(len(out), len(ref)) else None)
                 rows.append({
                     "dtype": dtype, "method": method, "dataset": ds, "prompt_id": pid, "new_tokens": len(out),
                     "steps": res["steps"], "tokens_per_step": len(out) / max(1, res["steps"]),
                     "seconds": seconds, "tokens_per_s": len(out) / seconds, "identical_to_ar": identical,
-                    "first_divergence": first_div,
+                    "first_divergence": first_div, "at_divergence": gap,
                 })
                 print(f"{dtype:9} {method:17} {pid:14} tokens={len(out):3d} steps={res['steps']:3d} "
                       f"tok/step={rows[-1]['tokens_per_step']:.2f} tok/s={rows[-1]['tokens_per_s']:.2f} "
-                      f"identical={identical}", file=sys.stderr, flush=True)
+                      f"identical={identical}" + (f" gap={gap['gap']:.4f} (top-2 {gap['top2_gap']:.4f})" if gap else ""),
+                      file=sys.stderr, flush=True)
         del pair
     summary = []
     for dtype in args.dtypes:
@@ -120,6 +141,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.json.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(), "processor": platform.processor(),
             "threads": torch.get_num_threads(), "machine_info": machine_info().to_dict(),
+            "kernel_policy": kernel_policy(),
             "args": {k: str(v) for k, v in vars(args).items()},
             "all_identical": all_identical, "summary": summary, "runs": rows}, indent=1))
     return 0 if all_identical else 1
