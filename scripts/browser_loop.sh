@@ -11,13 +11,14 @@ runs="${1:-20}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 log_dir="$(mktemp -d -t dyntree-browser-loop-XXXX)"
 
-# the rest of the suite, over and over, until the loop ends
-( while true; do
-    .venv/bin/python -m pytest -q -p no:cacheprovider -m "not realpair and not browser" -x \
-      >>"$log_dir/beside.log" 2>&1 || true
-  done ) &
+# the rest of the suite, over and over, until the loop ends: in its own process group, so that one
+# signal ends the loop and the pytest it is running (and the app that one may have started)
+setsid bash -c 'while true; do
+    .venv/bin/python -m pytest -q -p no:cacheprovider -m "not realpair and not browser" -x >>"$1" 2>&1 || true
+  done' _ "$log_dir/beside.log" &
 beside=$!
-trap 'kill "$beside" 2>/dev/null; pkill -P "$beside" 2>/dev/null' EXIT
+trap 'kill -- -"$beside" 2>/dev/null' EXIT
+trap 'exit 130' INT TERM
 
 src_cache="${DYNTREE_CACHE:-$HOME/.cache/dyntree}"
 passed=0

@@ -286,7 +286,7 @@ def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(
         expect = ref(ids).logits[0]
     monkeypatch.setenv("DYNTREE_KERNELS", "native")
     native = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")
-    assert _kinds(native) == {"GGMLLinear": 13} and native._dyntree_fused == {"rms_norm": 5, "gate_up": 2}
+    assert _kinds(native) == {"GGMLLinear": 13} and native._dyntree_fused == {"rms_norm": 5, "gate_up": 2, "lean_forward": 1}
     with torch.inference_mode():
         got = native(ids).logits[0]
     assert (got - expect).abs().max().item() < 1e-4 * expect.abs().max().item()
@@ -335,7 +335,7 @@ def test_fused_norms_and_gate_up_give_the_same_logits(nk):
             set_submodule(model, name, GGMLLinear("Q4_K", kt.synthetic_blocks(shape, seed=i), mod.in_features,
                                                   mod.bias, kernels=nk))
     fused = copy.deepcopy(model)
-    assert fuse_forward(fused) == {"rms_norm": 5, "gate_up": 2}
+    assert fuse_forward(fused) == {"rms_norm": 5, "gate_up": 2, "lean_forward": 1}
     assert isinstance(fused.model.layers[0].mlp, FusedGateUp)
     ids = torch.tensor([[1, 5, 9, 200, 7]])
     with torch.inference_mode():

@@ -185,6 +185,25 @@ def register() -> None:
         AttentionMaskInterface.register(name, sdpa_mask)
 
 
+def sdpa_runs(attn_implementation: str, attn_kwargs: Optional[dict[str, Any]], device: torch.device | str,
+              n: int, prefix: int) -> bool:
+    """Whether every layer of a forward of ``n`` tokens after ``prefix`` cached ones, called with
+    ``attn_kwargs`` on a model whose attention implementation is ``attn_implementation``, runs SDPA on
+    the bool mask it is given (so a caller may call SDPA itself: ``quant.lean_forward``)."""
+    kwargs = dict(attn_kwargs or {})
+    if kwargs.pop(META_KWARG, None) is not None:
+        return False
+    chosen = kwargs.pop(BACKEND_KWARG, None)
+    if kwargs:
+        return False
+    if attn_implementation == "sdpa":
+        return True
+    own = {name: backend for backend, name in IMPL_NAMES.items()} | {DISPATCH_IMPL: "torch"}
+    if attn_implementation not in own:
+        return False
+    return not kernel_chosen(chosen or own[attn_implementation], device, n, prefix, preorder=False)
+
+
 def kernel_runs(backend: str, device: torch.device) -> bool:
     """Whether tree forwards (4D bool mask) on ``device`` may run the Triton kernel for ``backend``
     (for ``auto``: whether the device's measured table, or the rule without one, ever picks it)."""

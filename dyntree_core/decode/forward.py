@@ -6,9 +6,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from ..attention.hf_backend import sdpa_runs
+from ..quant.lean_forward import lean_enabled, lean_forward
 from .kv import new_cache  # noqa: F401  (the cache the forwards take; re-exported for callers of this module)
-
-
 
 
 def masked_forward(
@@ -39,6 +39,11 @@ def masked_forward(
     ids = _ids(tokens, device)
     pos = _ids(positions, device)
     mask = visible.to(device)[None, None]
+    if lean_enabled(model) and sdpa_runs(getattr(model.config, "_attn_implementation", "sdpa"), attn_kwargs, device,
+                                         ids.shape[1], mask.shape[-1] - ids.shape[1]):
+        # GGUF blocks on the CPU and SDPA in every layer: ``quant.lean_forward`` instead of transformers' code
+        rows = None if logits_rows is None else torch.tensor(list(logits_rows), dtype=torch.long, device=device)
+        return lean_forward(model, ids, pos, None if ids.shape[1] == 1 and bool(mask.all()) else mask, cache, rows)
     if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
         dtype = model.get_input_embeddings().weight.dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)

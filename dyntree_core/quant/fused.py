@@ -9,7 +9,8 @@
   each output is computed exactly as before, rows do not interact), then ``act(gate) * up``.
 
 The casts and the bias add around each quantized linear are already gone on ``GGMLLinear`` (float32 in and out,
-bias in the kernel). Returns what was fused.
+bias in the kernel). The model is then marked for ``quant.lean_forward`` where its architecture allows
+(the engine's forwards skip transformers' per-layer code). Returns what was fused.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _fusable_mlp(mod: nn.Module) -> bool:
 
 
 def fuse_forward(model: nn.Module) -> dict[str, int]:
-    """Fuse in place (see the module docstring); ``{"rms_norm": n, "gate_up": n}``."""
+    """Fuse in place (see the module docstring); ``{"rms_norm": n, "gate_up": n, "lean_forward": 0 or 1}``."""
     from .apply import set_submodule
 
     done = {"rms_norm": 0, "gate_up": 0}
@@ -69,5 +70,8 @@ def fuse_forward(model: nn.Module) -> dict[str, int]:
         elif _fusable_mlp(mod):
             set_submodule(model, name, FusedGateUp(mod))
             done["gate_up"] += 1
+    from .lean_forward import enable_lean
+
+    done["lean_forward"] = int(enable_lean(model))
     model._dyntree_fused = done
     return done
