@@ -147,3 +147,26 @@ class TinyPairCache:
                                tokenizer=self.tokenizer, eos_token_ids=(), dtype=torch.float32,
                                draft_precision=draft_precision, target_precision=target_precision,
                                description=f"tiny random pair (draft {draft_precision}, target {target_precision})")
+
+
+def tiny_ggml_qwen2(kernels, seed: int = 0):
+    """A 2-layer Qwen2 (width 256, 4 query and 2 key/value heads, vocabulary 300) whose every linear
+    layer is a Q4_K ``GGMLLinear`` on synthetic blocks (float32 activations), unfused; ``kernels``:
+    ``quant.native.native_kernels()``."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from .quant import kernel_table as kt
+    from .quant.apply import set_submodule
+    from .quant.ggml_linear import GGMLLinear
+
+    cfg = Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    for i, (name, mod) in enumerate(list(model.named_modules())):
+        if isinstance(mod, torch.nn.Linear):
+            shape = kt.LayerShape("Q4_K", mod.out_features, mod.in_features)
+            set_submodule(model, name, GGMLLinear("Q4_K", kt.synthetic_blocks(shape, seed=i), mod.in_features,
+                                                  mod.bias, kernels=kernels))
+    return model

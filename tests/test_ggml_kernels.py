@@ -320,20 +320,10 @@ def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):
 def test_fused_norms_and_gate_up_give_the_same_logits(nk):
     import copy
 
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from dyntree_core.quant.apply import set_submodule
     from dyntree_core.quant.fused import FusedGateUp, fuse_forward
+    from dyntree_core.testing import tiny_ggml_qwen2
 
-    cfg = Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
-    for i, (name, mod) in enumerate(list(model.named_modules())):
-        if isinstance(mod, torch.nn.Linear):
-            shape = kt.LayerShape("Q4_K", mod.out_features, mod.in_features)
-            set_submodule(model, name, GGMLLinear("Q4_K", kt.synthetic_blocks(shape, seed=i), mod.in_features,
-                                                  mod.bias, kernels=nk))
+    model = tiny_ggml_qwen2(nk)
     fused = copy.deepcopy(model)
     assert fuse_forward(fused) == {"rms_norm": 5, "gate_up": 2, "lean_forward": 1}
     assert isinstance(fused.model.layers[0].mlp, FusedGateUp)

@@ -12,8 +12,6 @@ import torch
 from dyntree_core.decode import forward as fwd
 from dyntree_core.decode.forward import causal_forward, masked_forward
 from dyntree_core.decode.kv import new_cache
-from dyntree_core.quant import kernel_table as kt
-from dyntree_core.quant.ggml_linear import GGMLLinear
 from dyntree_core.quant.lean_forward import LEAN_ATTR, lean_enabled, lean_reason
 from dyntree_core.quant.native import native_kernels, native_unavailable_reason
 
@@ -25,20 +23,10 @@ def ggml_model():
     nk = native_kernels()
     if nk is None:
         pytest.skip(f"no native kernels: {native_unavailable_reason()}")
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from dyntree_core.quant.apply import set_submodule
     from dyntree_core.quant.fused import fuse_forward
+    from dyntree_core.testing import tiny_ggml_qwen2
 
-    cfg = Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
-    for i, (name, mod) in enumerate(list(model.named_modules())):
-        if isinstance(mod, torch.nn.Linear):
-            shape = kt.LayerShape("Q4_K", mod.out_features, mod.in_features)
-            set_submodule(model, name, GGMLLinear("Q4_K", kt.synthetic_blocks(shape, seed=i), mod.in_features,
-                                                  mod.bias, kernels=nk))
+    model = tiny_ggml_qwen2(nk)
     fuse_forward(model)
     assert lean_enabled(model)
     return model
