@@ -349,6 +349,28 @@ int dyntree_ggml_matmul(int type, const float *x, int64_t ldx, const uint8_t *w,
  * every M uses the same arithmetic, and rows stay independent.
  * --------------------------------------------------------------------------------------------------------- */
 
+/* max |x[i]| over n floats (n a multiple of 8) */
+static inline float absmax_f32(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* 32 floats times is, rounded to nearest, stored as 32 int8 in order */
+static inline void quantize_32_i8(const float *x, __m256 is, int8_t *q) {
+    __m256i v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), is),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+}
+
 typedef struct {
     int8_t *q;      /* [M, K] */
     float *d;       /* [M, K/256] */
@@ -356,15 +378,9 @@ typedef struct {
 } q8k_rows;
 
 static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int16_t *bsums) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < K / 256; b++) {
         const float *xb = x + 256 * b;
-        __m256 amax = _mm256_setzero_ps();
-        for (int i = 0; i < 256; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float mx = _mm_cvtss_f32(m);
+        const float mx = absmax_f32(xb, 256);
         int8_t *qb = q + 256 * b;
         if (mx == 0.0f) {
             memset(qb, 0, 256);
@@ -373,17 +389,7 @@ static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int
             continue;
         }
         const __m256 is = _mm256_set1_ps(127.0f / mx);
-        for (int i = 0; i < 256; i += 32) {
-            __m256i v[4];
-            for (int k = 0; k < 4; k++)
-                v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), is),
-                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            /* pack 32 int32 -> 32 int8 in order */
-            __m256i p01 = _mm256_packs_epi32(v[0], v[1]), p23 = _mm256_packs_epi32(v[2], v[3]);
-            __m256i p = _mm256_packs_epi16(p01, p23);
-            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(qb + i), p);
-        }
+        for (int i = 0; i < 256; i += 32) quantize_32_i8(xb + i, is, qb + i);
         d[b] = mx / 127.0f;
         for (int j = 0; j < 16; j++) {
             int s = 0;
@@ -518,24 +524,10 @@ Q6K_Q8_ROWS(4)
 
 /* Q5_0 / Q8_0 weights against activations quantized per 32 values (llama.cpp's Q8_0 activations) */
 static void quantize_row_q8_0(const float *x, int64_t K, int8_t *q, float *d) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < K / 32; b++) {
-        const float *xb = x + 32 * b;
-        __m256 amax = _mm256_setzero_ps();
-        for (int i = 0; i < 32; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float mx = _mm_cvtss_f32(m);
+        const float mx = absmax_f32(x + 32 * b, 32);
         d[b] = mx / 127.0f;
-        const __m256 is = _mm256_set1_ps(mx == 0.0f ? 0.0f : 127.0f / mx);
-        __m256i v[4];
-        for (int k = 0; k < 4; k++)
-            v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), is),
-                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(q + 32 * b), p);
+        quantize_32_i8(x + 32 * b, _mm256_set1_ps(mx == 0.0f ? 0.0f : 127.0f / mx), q + 32 * b);
     }
 }
 
