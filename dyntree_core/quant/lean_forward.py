@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import rotate_half  # (Qwen2's is the same function)
 
 LEAN_ATTR = "_dyntree_lean"
 _ARCHS = ("qwen2", "llama")
@@ -60,11 +61,6 @@ def lean_enabled(model) -> bool:
     return bool(getattr(model, LEAN_ATTR, False))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def lean_forward(model, ids: torch.Tensor, positions: torch.Tensor, visible: Optional[torch.Tensor], cache,
                  logits_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The decoder over ``ids`` after the cached positions.
@@ -93,8 +89,8 @@ def lean_forward(model, ids: torch.Tensor, positions: torch.Tensor, visible: Opt
             q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
             k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
             v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
             k, v = cache.update(k, v, i)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=attn.scaling,
                                                enable_gqa=q.shape[1] != k.shape[1])
