@@ -260,19 +260,24 @@ class ModelLock:
         return time.perf_counter() - t0
 
     def release(self) -> None:
+        self._release(session=True)
+
+    def _release(self, session: bool) -> None:
         with self._cond:
             if not self._held:
                 raise RuntimeError("release of an unheld ModelLock")
             self._held = False
             self.holder = ""
-            self._free_since = time.monotonic()
+            if session:  # background turns do not restart the idle clock: they follow each other at once
+                self._free_since = time.monotonic()
             self._cond.notify_all()
 
     @contextmanager
     def idle_turn(self, who: str, idle_s: float = 1.0, stop: Optional[threading.Event] = None) -> Iterator[None]:
-        """A turn for background work: taken only once the models have been free, with nobody
-        waiting, for ``idle_s`` seconds (a decoding session comes back for its next step within
-        milliseconds, so background work never slips in between its steps). ``stop`` set while
+        """A turn for background work: taken only once no session has held the models, and nobody
+        has waited, for ``idle_s`` seconds (a decoding session comes back for its next step within
+        milliseconds, so background work never slips in between its steps). Background turns follow
+        each other without that wait: only a session's turn restarts the clock. ``stop`` set while
         waiting raises ``TurnCancelled``."""
         with self._cond:
             while True:
@@ -290,7 +295,7 @@ class ModelLock:
         try:
             yield
         finally:
-            self.release()
+            self._release(session=False)
 
     @contextmanager
     def turn(self, who: str = "", on_wait: Optional[Callable[[str], None]] = None) -> Iterator[float]:
