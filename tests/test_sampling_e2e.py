@@ -22,6 +22,7 @@ def pair():
 
 def decoder_factory(pair, **cfg):
     draft, target = pair
+    cfg.setdefault("trace_block_counts", False)  # the page's mask statistics: no part of what is sampled
     return lambda: SpeculativeDecoder(draft, target, DecodeConfig(**cfg), eos_token_id=())  # EOS is an ordinary token here
 
 
