@@ -339,3 +339,97 @@ def test_the_cost_panels_parameter_count_counts_ggml_layers(nk):
     n, k = 24, 512
     model = torch.nn.Sequential(GGMLLinear("Q4_K", _blocks("Q4_K", n, k), k, kernels=nk), torch.nn.Linear(n, 3))
     assert logical_params(model) == n * k + 3 * n + 3
+
+
+# ------------------------------------------------- int8 activations: the kernels' exact arithmetic, in numpy
+
+def _fma32(a, b, c):
+    """float32 fma(a, b, c): a*b is exact in float64 (24 + 24 bits); the sum is rounded twice, which differs from
+    one rounding only on a float32 tie (about 2^-29 of the time; the seeds below do not hit one)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def _hsum(v):
+    """The kernels' horizontal sum of 8 (or 4) float32 lanes: halves added, then pairs, then the last two."""
+    if v.shape[-1] == 8:
+        v = v[..., :4] + v[..., 4:]
+    t = v[..., :2] + v[..., 2:]
+    return t[..., 0] + t[..., 1]
+
+
+def _quantize_q8k(x):
+    """llama.cpp's Q8_K per 256 values, the kernels' way: d = max|x| / 127, q = round-half-even(x * (127 / max))."""
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 256)
+    mx = np.abs(xb).max(-1, keepdims=True)
+    safe = np.where(mx == 0, np.float32(1), mx)
+    q = np.where(mx == 0, 0, np.rint(xb * (np.float32(127) / safe))).astype(np.int64)
+    return q, (mx / np.float32(127))[..., 0]  # [M, nb, 256], [M, nb]
+
+
+def _k_quant_ints(type_name, blocks, n, k):
+    """Per block: unsigned quants u [N, nb, 256], scales per value [N, nb, 256], d (and dmin, mins per 32 for
+    Q4_K) as float32, read from the bytes as the GGUF layout defines them."""
+    raw = blocks.numpy().reshape(n, k // 256, -1).astype(np.int64)
+
+    def f16(b):
+        return b.astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
+
+    if type_name == "Q4_K":
+        sc12, qs = raw[..., 4:16], raw[..., 16:]
+        scale = np.concatenate([sc12[..., 0:4] & 63, (sc12[..., 8:12] & 0xF) | ((sc12[..., 0:4] >> 6) << 4)], -1)
+        mins = np.concatenate([sc12[..., 4:8] & 63, (sc12[..., 8:12] >> 4) | ((sc12[..., 4:8] >> 6) << 4)], -1)
+        u = np.stack([qs.reshape(n, -1, 4, 32) & 0xF, qs.reshape(n, -1, 4, 32) >> 4], 3).reshape(n, -1, 256)
+        return u, np.repeat(scale, 32, -1), f16(raw[..., 0:2]), f16(raw[..., 2:4]), mins
+    ql, qh, sc = raw[..., :128], raw[..., 128:192], raw[..., 192:208]
+    sc = np.where(sc > 127, sc - 256, sc)
+    u = np.empty((n, k // 256, 256), dtype=np.int64)
+    for h in range(2):
+        l0, l1, hb = ql[..., 64 * h:64 * h + 32], ql[..., 64 * h + 32:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+        for g, low in enumerate((l0 & 0xF, l1 & 0xF, l0 >> 4, l1 >> 4)):
+            u[..., 128 * h + 32 * g:128 * h + 32 * g + 32] = low | (((hb >> (2 * g)) & 3) << 4)
+    return u, np.repeat(sc, 16, -1), f16(raw[..., 208:210]), None, None
+
+
+def _q8k_reference(type_name, blocks, n, k, x, bias):
+    """y [M, N] of the int8-activation kernel, bit for bit: per block, 8 int32 lanes (lane i takes values v with
+    v % 32 in [4i, 4i + 4)) converted to float and fma'd with d * dx into 8 float lanes; Q4_K's mins per 32
+    values into 4 lanes (pairs of mins); block order; the kernels' horizontal sums."""
+    u, scale, d, dmin, mins = _k_quant_ints(type_name, blocks, n, k)
+    q, dx = _quantize_q8k(x)
+    m, nb = q.shape[0], k // 256
+    lane = (np.arange(256) % 32) // 4
+    onehot = (lane[:, None] == np.arange(8)[None, :]).astype(np.int64)  # [256, 8]
+    tot = np.zeros((n, m, 8), np.float32)
+    mins_acc = np.zeros((n, m, 4), np.float32)
+    for b in range(nb):
+        prod = (u[:, None, b] * scale[:, None, b]) * q[None, :, b]  # [N, M, 256]
+        acc = prod @ onehot
+        if type_name == "Q6_K":  # the -32 of every quant, from the activations' sums per 16
+            s16 = q[:, b].reshape(m, 16, 16).sum(-1)
+            sc16 = scale[:, b, ::16]
+            acc = acc - 32 * (sc16[:, None] * s16[None]).reshape(n, m, 8, 2).sum(-1)
+        else:
+            s32 = q[:, b].reshape(m, 8, 32).sum(-1)
+            pm = (mins[:, None, b] * s32[None]).reshape(n, m, 4, 2).sum(-1)
+            mins_acc = _fma32((dmin[:, b, None] * dx[None, :, b])[..., None], pm.astype(np.float32), mins_acc)
+        tot = _fma32(acc.astype(np.float32), (d[:, b, None] * dx[None, :, b])[..., None], tot)
+    out = _hsum(tot) - (_hsum(mins_acc) if type_name == "Q4_K" else np.float32(0))
+    return torch.from_numpy((out + bias.numpy()[:, None]).T.copy())
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_int8_activation_kernels_are_bit_identical_to_their_arithmetic_at_every_row_count(nk, type_name):
+    n, k = 37, 768  # 37 weight rows: no multiple of any blocking; 3 blocks per row
+    blocks = _blocks(type_name, n, k, seed=11)
+    u, scale, d, dmin, mins = _k_quant_ints(type_name, blocks, n, k)
+    # the reference reads the blocks the way the gguf package does
+    w = (d[..., None] * scale * (u - (32 if type_name == "Q6_K" else 0))).reshape(n, k).astype(np.float64)
+    if type_name == "Q4_K":
+        w -= (dmin[..., None] * np.repeat(mins, 32, -1)).reshape(n, k)
+    assert np.allclose(w, _reference(type_name, blocks, n, k).double().numpy(), rtol=1e-6, atol=1e-7)
+    bias = torch.randn(n)
+    x = torch.randn(17, k) * torch.rand(17, 1) * 4
+    x[3] = 0.0
+    for m in (1, 2, 3, 4, 5, 7, 8, 16, 17):
+        got = nk.matmul(type_name, x[:m].clone(), blocks, n, k, bias, int8_activations=True)
+        assert torch.equal(got, _q8k_reference(type_name, blocks, n, k, x[:m], bias)), m

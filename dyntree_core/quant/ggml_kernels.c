@@ -399,128 +399,150 @@ static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int
     }
 }
 
-static inline float hsum_i32(__m256i v) { return hsum(_mm256_cvtepi32_ps(v)); }
+/* ---- Q4_K and Q6_K against Q8_K activations: a weight row against R = 1, 2, 4 (Q4_K: 8) activation rows ----
+ * Each activation row keeps its own integer lanes and float accumulators, updated in block order with the same
+ * operations whatever R is, so the result does not depend on M. The row kernels are written once with R as an
+ * argument and instantiated with constants (always_inline), which unrolls their loops and keeps the accumulators
+ * in registers (a fixed-size array indexed by the unrolled loop, not a variable-length one). */
+#define ROWS_KERNEL static inline __attribute__((always_inline))
 
-/* the 8 six-bit scales and mins of a Q4_K block as 16 int16 (scales 0..7, then mins 0..7), llama.cpp's way */
+/* [d, dmin, 0, 0]: a Q4_K block's two fp16 scales at p */
+static inline __m128 f16x2(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+}
+
+/* the 8 six-bit scales and mins of a Q4_K block (12 bytes at sc12) as 16 int16: scales 0..7, then mins 0..7.
+ * Bytes 0..3 hold scales 0..3 in their low 6 bits and the top 2 bits of scales 4..7 above; bytes 4..7 the same
+ * for mins; bytes 8..11 the low 4 bits of scales 4..7 (low nibble) and mins 4..7 (high nibble). One byte
+ * shuffle gathers every value's low bits, a second its top two bits. Reads 16 bytes (the quants follow). */
 static inline __m256i q4k_scales_mins(const uint8_t *sc12) {
-    uint32_t u[4];
-    memcpy(u, sc12, 12);
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
-    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+    const __m128i v = _mm_loadu_si128((const __m128i *)sc12);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i low = _mm_or_si128(
+        _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m128i top = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)); /* (byte >> 6) << 4 */
+    return _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
 }
 
-/* shuffle controls: int16 lane i broadcast to all 8 lanes of a 128-bit half */
-static inline __m256i bcast16(__m256i v16x2, int i) {
-    const __m256i ctl = _mm256_set1_epi16((int16_t)((2 * i) | ((2 * i + 1) << 8)));
-    return _mm256_shuffle_epi8(v16x2, ctl);
+/* int16 lane a of the low 128-bit half broadcast over that half, lane b of the high half over the high half */
+static inline __m256i bcast16(__m256i v, int a, int b) {
+    const __m128i ca = _mm_set1_epi16((int16_t)((2 * a) | ((2 * a + 1) << 8)));
+    const __m128i cb = _mm_set1_epi16((int16_t)((2 * b) | ((2 * b + 1) << 8)));
+    return _mm256_shuffle_epi8(v, _mm256_set_m128i(cb, ca));
 }
 
-#define Q4K_Q8_ROWS(R)                                                                                     \
-    static void q4k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
-                                const int16_t *bs, int64_t K, float *out) {                                  \
-        __m256 tot[R];                                                                                       \
-        __m128 mins_acc[R];                                                                                  \
-        for (int r = 0; r < R; r++) {                                                                        \
-            tot[r] = _mm256_setzero_ps();                                                                    \
-            mins_acc[r] = _mm_setzero_ps();                                                                  \
-        }                                                                                                    \
-        const __m256i mask = _mm256_set1_epi8(0x0F);                                                         \
-        for (int64_t b = 0; b < nb; b++) {                                                                   \
-            const uint8_t *blk = wr + b * 144;                                                               \
-            const float d = f16(blk), dmin = f16(blk + 2);                                                   \
-            const __m256i sm = q4k_scales_mins(blk + 4);                                                     \
-            const __m128i mins = _mm256_extracti128_si256(sm, 1);                                            \
-            const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00); /* scales in both halves */         \
-            __m256i acc[R];                                                                                  \
-            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                     \
-            for (int j = 0; j < 4; j++) {                                                                    \
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));             \
-                const __m256i lo = _mm256_and_si256(bytes, mask);                                            \
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                      \
-                const __m256i s1 = bcast16(sc, 2 * j), s2 = bcast16(sc, 2 * j + 1);                          \
-                for (int r = 0; r < R; r++) {                                                                \
-                    const int8_t *qr = q8 + r * K + b * 256 + 64 * j;                                        \
-                    __m256i p1 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qr));           \
-                    __m256i p2 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qr + 32)));    \
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p1, s1),           \
-                                                                       _mm256_madd_epi16(p2, s2)));          \
-                }                                                                                            \
-            }                                                                                                \
-            for (int r = 0; r < R; r++) {                                                                    \
-                const float dx = d8[r * (K / 256) + b];                                                      \
-                const __m256i b16 = _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16));      \
-                const __m128i b32 = _mm_hadd_epi16(_mm256_castsi256_si128(b16), _mm256_extracti128_si256(b16, 1)); \
-                const __m128i pm = _mm_madd_epi16(mins, b32);                                                \
-                mins_acc[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(pm), mins_acc[r]);         \
-                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
-            }                                                                                                \
-        }                                                                                                    \
-        for (int r = 0; r < R; r++) {                                                                        \
-            __m128 m = _mm_add_ps(mins_acc[r], _mm_movehl_ps(mins_acc[r], mins_acc[r]));                     \
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));                                                           \
-            out[r] = hsum(tot[r]) - _mm_cvtss_f32(m);                                                        \
-        }                                                                                                    \
+/* Q4_K (144 bytes: d, dmin fp16, 12 bytes of scales/mins, 128 bytes of nibbles; value = d*sc*q - dmin*m):
+ * sum(w x) over a block = d*dx * sum_j sc_j * sum(q x)_j - dmin*dx * sum_j m_j * sum(x8)_j, with the sums of
+ * the int8 activations per 32 (b32, [R][K/32]) computed once per call. 32 bytes of nibbles hold sub-block 2j
+ * (low nibbles) and 2j+1 (high nibbles). */
+ROWS_KERNEL void q4k_q8_rows(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                             const int16_t *b32, int64_t K, float *out) {
+    __m256 tot[8];
+    __m128 mins_acc[8];
+    for (int r = 0; r < R; r++) {
+        tot[r] = _mm256_setzero_ps();
+        mins_acc[r] = _mm_setzero_ps();
     }
-Q4K_Q8_ROWS(1)
-Q4K_Q8_ROWS(2)
-Q4K_Q8_ROWS(4)
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + b * 144;
+        const __m128 dd = f16x2(blk);
+        const __m256i sm = q4k_scales_mins(blk + 4);
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00); /* the 8 scales in both halves */
+        __m256i acc[8];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            const __m256i lo = _mm256_and_si256(bytes, mask);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+            const __m256i s1 = bcast16(sc, 2 * j, 2 * j), s2 = bcast16(sc, 2 * j + 1, 2 * j + 1);
+            for (int r = 0; r < R; r++) {
+                const int8_t *qr = q8 + r * K + b * 256 + 64 * j;
+                const __m256i p1 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qr));
+                const __m256i p2 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qr + 32)));
+                acc[r] = _mm256_add_epi32(acc[r],
+                                          _mm256_add_epi32(_mm256_madd_epi16(p1, s1), _mm256_madd_epi16(p2, s2)));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m128 ddx = _mm_mul_ps(dd, _mm_set1_ps(d8[r * (K / 256) + b])); /* [d*dx, dmin*dx] */
+            const __m128i s32 = _mm_loadu_si128((const __m128i *)(b32 + r * (K / 32) + b * 8));
+            const __m128i pm = _mm_madd_epi16(mins, s32);
+            mins_acc[r] = _mm_fmadd_ps(_mm_permute_ps(ddx, 0x55), _mm_cvtepi32_ps(pm), mins_acc[r]);
+            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_broadcastss_ps(ddx), tot[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m128 m = _mm_add_ps(mins_acc[r], _mm_movehl_ps(mins_acc[r], mins_acc[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = hsum(tot[r]) - _mm_cvtss_f32(m);
+    }
+}
 
-#define Q6K_Q8_ROWS(R)                                                                                     \
-    static void q6k_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,             \
-                                const int16_t *bs, int64_t K, float *out) {                                  \
-        __m256 tot[R];                                                                                       \
-        for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();                                            \
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);                              \
-        for (int64_t b = 0; b < nb; b++) {                                                                   \
-            const uint8_t *blk = wr + b * 210;                                                               \
-            const float d = f16(blk + 208);                                                                  \
-            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));                              \
-            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */                         \
-            __m256i acc[R];                                                                                  \
-            for (int r = 0; r < R; r++) {                                                                    \
-                /* the -32 of every q6: -32 * sum_j sc_j * (sum of group j's activations) */                 \
-                const __m256i b16 = _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16));      \
-                acc[r] = _mm256_mullo_epi32(_mm256_madd_epi16(sc16, b16), _mm256_set1_epi32(-32));            \
-            }                                                                                                \
-            for (int half = 0; half < 2; half++) {                                                           \
-                const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;                            \
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));                               \
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));                          \
-                const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));                                \
-                __m256i u[4];                                                                                \
-                u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)); \
-                u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),                                             \
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)); \
-                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),                       \
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)); \
-                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                       \
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)); \
-                for (int g = 0; g < 4; g++) {                                                                \
-                    const int i = 8 * half + 2 * g;                                                          \
-                    const __m256i sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(                                 \
-                        sc8, _mm_set_epi64x(0x0101010101010101LL * (i + 1), 0x0101010101010101LL * i)));    \
-                    for (int r = 0; r < R; r++) {                                                            \
-                        const __m256i qv = _mm256_loadu_si256(                                               \
-                            (const __m256i *)(q8 + r * K + b * 256 + 128 * half + 32 * g));                  \
-                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[g], qv), sv)); \
-                    }                                                                                        \
-                }                                                                                            \
-            }                                                                                                \
-            for (int r = 0; r < R; r++) {                                                                    \
-                const float dx = d8[r * (K / 256) + b];                                                      \
-                tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * dx), tot[r]);        \
-            }                                                                                                \
-        }                                                                                                    \
-        for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);                                                   \
+/* Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, d fp16; value = d*sc*(q - 32)):
+ * per 128 values, 32 bytes of ql hold values 0..31 and 64..95 (low, high nibble), the next 32 values 32..63 and
+ * 96..127, and byte i of qh the top bits of values i, i+32, i+64, i+96 (bit pairs 0-1, 2-3, 4-5, 6-7). The
+ * unsigned q (0..63) multiplies the activations; the -32 comes back as -32 * sum_j sc_j * (sum of sub-block j's
+ * activations), which starts the block's integer sum. */
+static inline __m256i q6k_quants(const uint8_t *ql, const uint8_t *qh, int g) {
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (g & 1)));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    const __m256i low = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0F));
+    /* bit pair g of each qh byte moved to bits 4-5: shift by 4 - 2g (left for g < 2, right for g = 3) */
+    const __m256i top = g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2)
+                      : g == 2 ? h : _mm256_srli_epi16(h, 2);
+    return _mm256_or_si256(low, _mm256_and_si256(top, _mm256_set1_epi8(0x30)));
+}
+
+ROWS_KERNEL void q6k_q8_rows(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                             const int16_t *bs, int64_t K, float *out) {
+    __m256 tot[4];
+    for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + b * 210;
+        const float d = f16(blk + 208);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m256i sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00); /* scales 0..7 in both halves */
+        const __m256i sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11); /* scales 8..15 in both halves */
+        const __m256i m32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)); /* -32 sc */
+        __m256i acc[4];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_madd_epi16(m32, _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16)));
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++)
+            for (int g = 0; g < 4; g++) {
+                const __m256i u = q6k_quants(blk + 64 * half, blk + 128 + 32 * half, g);
+                /* 16 values of scale 2g, then 16 of scale 2g+1 (of this half's 8 scales) */
+                const __m256i sv = bcast16(half ? sc_hi : sc_lo, 2 * g, 2 * g + 1);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *qr = q8 + r * K + b * 256 + 128 * half + 32 * g;
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)qr);
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), sv));
+                }
+            }
+        for (int r = 0; r < R; r++)
+            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * d8[r * (K / 256) + b]), tot[r]);
     }
-Q6K_Q8_ROWS(1)
-Q6K_Q8_ROWS(2)
-Q6K_Q8_ROWS(4)
+    for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);
+}
+
+#define KQ8_ROWS(T, R)                                                                                      \
+    static void T##_q8_rows_##R(const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,            \
+                                const int16_t *bs, int64_t K, float *out) {                                 \
+        T##_q8_rows(R, wr, nb, q8, d8, bs, K, out);                                                         \
+    }
+KQ8_ROWS(q4k, 1)
+KQ8_ROWS(q4k, 2)
+KQ8_ROWS(q4k, 4)
+KQ8_ROWS(q4k, 8)
+KQ8_ROWS(q6k, 1)
+KQ8_ROWS(q6k, 2)
+KQ8_ROWS(q6k, 4)
 
 /* Q5_0 / Q8_0 weights against activations quantized per 32 values (llama.cpp's Q8_0 activations) */
 static void quantize_row_q8_0(const float *x, int64_t K, int8_t *q, float *d) {
@@ -595,23 +617,29 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
         if (kq) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nd, bs + m * (K / 16));
         else quantize_row_q8_0(x + m * ldx, K, q8 + m * K, d8 + m * nd);
     }
+    if (type == T_Q4_K) /* Q4_K's sub-blocks are 32 values: the sums per 16 paired, in place */
+        for (int64_t i = 0; i < M * (K / 32); i++) bs[i] = (int16_t)(bs[2 * i] + bs[2 * i + 1]);
+    const int64_t ldb = type == T_Q4_K ? K / 32 : K / 16;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * row_bytes;
         const float bn = bias ? bias[n] : 0.0f;
         for (int64_t m0 = 0; m0 < M;) {
             const int64_t left = M - m0;
-            const int R = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
-            float out[4];
+            /* Q4_K unpacks a block once for 8 rows (its 8 accumulator pairs spill, but the unpacking costs more;
+             * Q6_K's did not gain) */
+            const int R = left >= 8 && type == T_Q4_K ? 8 : left >= 4 ? 4 : (left >= 2 ? 2 : 1);
+            float out[8];
             const int8_t *qm = q8 + m0 * K;
             const float *dm = d8 + m0 * nd;
-            const int16_t *bm = bs + m0 * (K / 16);
+            const int16_t *bm = bs + m0 * ldb;
             if (!kq) {
                 if (R == 4) q32_q8_rows_4(type, bb, wr, nb, qm, dm, K, out);
                 else if (R == 2) q32_q8_rows_2(type, bb, wr, nb, qm, dm, K, out);
                 else q32_q8_rows_1(type, bb, wr, nb, qm, dm, K, out);
             } else if (type == T_Q4_K) {
-                if (R == 4) q4k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                if (R == 8) q4k_q8_rows_8(wr, nb, qm, dm, bm, K, out);
+                else if (R == 4) q4k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
                 else if (R == 2) q4k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
                 else q4k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
             } else {
