@@ -430,6 +430,6 @@ def test_int8_activation_kernels_are_bit_identical_to_their_arithmetic_at_every_
     bias = torch.randn(n)
     x = torch.randn(17, k) * torch.rand(17, 1) * 4
     x[3] = 0.0
-    for m in (1, 2, 3, 4, 5, 7, 8, 16, 17):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 17):  # every row-block size (1..8) and combinations
         got = nk.matmul(type_name, x[:m].clone(), blocks, n, k, bias, int8_activations=True)
         assert torch.equal(got, _q8k_reference(type_name, blocks, n, k, x[:m], bias)), m

@@ -371,12 +371,6 @@ static inline void quantize_32_i8(const float *x, __m256 is, int8_t *q) {
     _mm256_storeu_si256((__m256i *)q, p);
 }
 
-typedef struct {
-    int8_t *q;      /* [M, K] */
-    float *d;       /* [M, K/256] */
-    int16_t *bsums; /* [M, K/16] */
-} q8k_rows;
-
 static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int16_t *bsums) {
     for (int64_t b = 0; b < K / 256; b++) {
         const float *xb = x + 256 * b;
@@ -538,10 +532,15 @@ ROWS_KERNEL void q6k_q8_rows(const int R, const uint8_t *wr, int64_t nb, const i
     }
 KQ8_ROWS(q4k, 1)
 KQ8_ROWS(q4k, 2)
+KQ8_ROWS(q4k, 3)
 KQ8_ROWS(q4k, 4)
+KQ8_ROWS(q4k, 5)
+KQ8_ROWS(q4k, 6)
+KQ8_ROWS(q4k, 7)
 KQ8_ROWS(q4k, 8)
 KQ8_ROWS(q6k, 1)
 KQ8_ROWS(q6k, 2)
+KQ8_ROWS(q6k, 3)
 KQ8_ROWS(q6k, 4)
 
 /* Q5_0 / Q8_0 weights against activations quantized per 32 values (llama.cpp's Q8_0 activations) */
@@ -627,8 +626,9 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
         for (int64_t m0 = 0; m0 < M;) {
             const int64_t left = M - m0;
             /* Q4_K unpacks a block once for 8 rows (its 8 accumulator pairs spill, but the unpacking costs more;
-             * Q6_K's did not gain) */
-            const int R = left >= 8 && type == T_Q4_K ? 8 : left >= 4 ? 4 : (left >= 2 ? 2 : 1);
+             * Q6_K's did not gain); 3 rows take one pass of the K-quants, not 2 + 1 (a 3-node tree cost more
+             * than a 4-node one) */
+            const int R = type == T_Q4_K ? (left >= 8 ? 8 : (int)left) : left >= 4 ? 4 : (left == 3 && kq) ? 3 : (left >= 2 ? 2 : 1);
             float out[8];
             const int8_t *qm = q8 + m0 * K;
             const float *dm = d8 + m0 * nd;
@@ -639,11 +639,16 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
                 else q32_q8_rows_1(type, bb, wr, nb, qm, dm, K, out);
             } else if (type == T_Q4_K) {
                 if (R == 8) q4k_q8_rows_8(wr, nb, qm, dm, bm, K, out);
+                else if (R == 7) q4k_q8_rows_7(wr, nb, qm, dm, bm, K, out);
+                else if (R == 6) q4k_q8_rows_6(wr, nb, qm, dm, bm, K, out);
+                else if (R == 5) q4k_q8_rows_5(wr, nb, qm, dm, bm, K, out);
                 else if (R == 4) q4k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                else if (R == 3) q4k_q8_rows_3(wr, nb, qm, dm, bm, K, out);
                 else if (R == 2) q4k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
                 else q4k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
             } else {
                 if (R == 4) q6k_q8_rows_4(wr, nb, qm, dm, bm, K, out);
+                else if (R == 3) q6k_q8_rows_3(wr, nb, qm, dm, bm, K, out);
                 else if (R == 2) q6k_q8_rows_2(wr, nb, qm, dm, bm, K, out);
                 else q6k_q8_rows_1(wr, nb, qm, dm, bm, K, out);
             }
