@@ -6,6 +6,8 @@
 # build) exhausted a 24 GB machine; xdist's `--dist loadgroup` cannot keep them on one worker here
 # (pytest-xdist 3.8 tags items through `item._nodeid`, which pytest 9.2 no longer reads: measured,
 # tests of one xdist_group ran on both workers).
+# Phase 1 hands tests out with `--dist worksteal` (a worker that runs out takes half of the other's queue;
+# with `load` one worker ran the last ~6 minutes alone) and tests/conftest.py puts the `slow` ones first.
 # Exit code 5 (no tests collected) fails the run only when neither phase collected anything.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ workers="${DYNTREE_TEST_WORKERS:-2}"
 common=(-ra --durations=20 -p no:cacheprovider)
 
 echo "== phase 1/2: all but the real-pair tests, $workers workers"
-.venv/bin/python -m pytest "${common[@]}" -n "$workers" -m "not realpair" "$@"
+.venv/bin/python -m pytest "${common[@]}" -n "$workers" --dist worksteal -m "not realpair" "$@"
 rc1=$?
 echo "== phase 2/2: the real-pair tests, one process"
 .venv/bin/python -m pytest "${common[@]}" -m realpair "$@"

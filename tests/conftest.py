@@ -27,6 +27,14 @@ torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // max(1, _workers)))
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """On pytest-xdist workers the long statistical tests (marker ``slow``) come first, so the last
+    minutes of a run are short tests that both workers share (``--dist worksteal``), not one worker
+    alone on a 3-minute test. Every worker sorts the same collection the same way (xdist requires it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def embedded_fetched() -> None:
     """Fails (never fetches) unless the embedded pair was fetched by `make test` beforehand."""
