@@ -14,6 +14,7 @@ from dyntree_core.decode.forward import causal_forward, masked_forward
 from dyntree_core.decode.kv import new_cache
 from dyntree_core.quant.lean_forward import LEAN_ATTR, lean_enabled, lean_reason
 from dyntree_core.quant.native import native_kernels, native_unavailable_reason
+from dyntree_core.tree import ancestor_matrix
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +41,9 @@ def _run(model, lean: bool):
         with torch.inference_mode():
             out = [causal_forward(model, cache, [1, 5, 9, 200, 7, 42], 0)]
             out += [causal_forward(model, cache, [t], 6 + j) for j, t in enumerate((13, 77))]
-            parents = [-1, 0, 0, 1, 2]
             visible = torch.zeros(5, 8 + 5, dtype=torch.bool)
             visible[:, :8] = True
-            for i in range(5):
-                j = i
-                while j >= 0:
-                    visible[i, 8 + j] = True
-                    j = parents[j]
+            visible[:, 8:] = ancestor_matrix(torch.tensor([-1, 0, 0, 1, 2]), 3)
             out.append(masked_forward(model, cache, [3, 8, 21, 55, 89], [8, 9, 9, 10, 10], visible))
             out.append(causal_forward(model, cache, [4, 6], 13, logits_rows=[1]))
         return out

@@ -10,6 +10,7 @@ import torch
 from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
 from dyntree_core.offload import offload_decoder_layers, sync_offload_layers
 from dyntree_core.testing import tiny_pair
+from dyntree_core.tree import ancestor_matrix
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -19,14 +20,9 @@ LAYERS = 6
 def script(model) -> list[torch.Tensor]:
     cache = new_cache(model)
     out = [causal_forward(model, cache, [3, 17, 5, 42, 8], 0)]
-    parents = [-1, 0, 0, 1, 2]
     vis = torch.zeros(5, 10, dtype=torch.bool)
     vis[:, :5] = True
-    for i in range(5):
-        j = i
-        while j >= 0:
-            vis[i, 5 + j] = True
-            j = parents[j]
+    vis[:, 5:] = ancestor_matrix(torch.tensor([-1, 0, 0, 1, 2]), 3)
     out.append(masked_forward(model, cache, [9, 21, 33, 4, 50], [5, 6, 6, 7, 7], vis))
     cache.crop(-5)
     out.append(causal_forward(model, cache, [9], 5))

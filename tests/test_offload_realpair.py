@@ -12,6 +12,7 @@ def test_realpair_target_offloaded_bit_exact(embedded_pair):
     from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
     from dyntree_core.offload import offload_decoder_layers
     from dyntree_core.testing import align_cpu_parameters
+    from dyntree_core.tree import ancestor_matrix
 
     target = embedded_pair.target
     n_layers = len(target.model.layers)
@@ -19,14 +20,9 @@ def test_realpair_target_offloaded_bit_exact(embedded_pair):
     def script(model) -> list[torch.Tensor]:
         cache = new_cache(model)
         out = [causal_forward(model, cache, [9707, 11, 1879, 0, 358], 0)]
-        parents = [-1, 0, 0, 1]
         vis = torch.zeros(4, 9, dtype=torch.bool)
         vis[:, :5] = True
-        for i in range(4):
-            j = i
-            while j >= 0:
-                vis[i, 5 + j] = True
-                j = parents[j]
+        vis[:, 5:] = ancestor_matrix(torch.tensor([-1, 0, 0, 1]), 3)
         out.append(masked_forward(model, cache, [1207, 279, 264, 1052], [5, 6, 6, 7], vis))
         cache.crop(-4)
         out.append(causal_forward(model, cache, [1207], 5))
