@@ -149,6 +149,12 @@ def test_plan_takes_torchs_kernel_when_it_wins_at_one_row_and_dequant_mm_from_wh
     # int8 activations fastest at one row: used at every M (no switch to the float32 GEMM)
     table.timings[s.label]["native_q8"] = {"1": 0.8, "4": 2.5, "16": 7.0, "64": 25.0}
     assert (table.plan_for(s).kind, table.plan_for(s).mm_min_rows, table.plan_for(s).int8_activations) == ("ggml", 0, True)
+    # torch's kernel ahead by less than NATIVE_LAYER_MARGIN: the GGML kernel keeps the layer one C call
+    table.timings[s.label]["aten"] = {"1": 0.8 / (1 + kt.NATIVE_LAYER_MARGIN) * 1.01, "4": 1.0, "16": 3.0, "64": 9.0}
+    assert table.plan_for(s).int8_activations
+    table.timings[s.label]["aten"]["1"] = 0.8 / (1 + kt.NATIVE_LAYER_MARGIN) * 0.99
+    assert table.plan_for(s).kind == "aten"
+    table.timings[s.label]["aten"] = {"1": 2.0, "4": 3.0, "16": 9.0, "64": 30.0}
     del table.timings[s.label]["native_q8"]
     # a win at 4 rows that is lost again at 16 does not count: the threshold is where it keeps winning
     table.timings[s.label]["native_dequant_mm"] = {"1": 5.0, "4": 1.5, "16": 7.0, "64": 8.0}

@@ -93,6 +93,27 @@ class PreallocLayer(CacheLayerMixin):
         self.length = end
         return self.keys, self.values
 
+    def reserve(self, q: int, heads: int, head_dim: int, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Room for ``q`` more positions, for a writer that fills the slots itself (``quant.native_layer``).
+
+        Returns the contiguous CPU ``[1, heads, C, head_dim]`` key and value buffers (C >= length + q) and the
+        first free slot; the writer sets ``length`` once the slots hold the new positions.
+        """
+        if not self.is_initialized:
+            self.dtype, self.device = dtype, torch.device("cpu")
+            self._k = torch.empty(1, heads, self.capacity, head_dim, dtype=dtype)
+            self._v = torch.empty(1, heads, self.capacity, head_dim, dtype=dtype)
+            self.is_initialized = True
+        if self.length + q > self.capacity or not (self._k.is_contiguous() and self._v.is_contiguous()):
+            self._grow(self.length + q)
+        for buf in (self._k, self._v):
+            if (tuple(buf.shape) != (1, heads, self.capacity, head_dim) or buf.dtype != dtype
+                    or buf.device.type != "cpu"):
+                raise ValueError(f"cache buffer {tuple(buf.shape)} {buf.dtype} on {buf.device}, "
+                                 f"not [1, {heads}, {self.capacity}, {head_dim}] {dtype} on the CPU")
+        return self._k, self._v, self.length
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 

@@ -13,7 +13,8 @@ those that can (``quant.fused.fuse_forward`` calls it), and ``decode.forward.mas
 ``lean_forward`` whenever every layer's attention would be SDPA (``attention.hf_backend.sdpa_runs``; a
 forward the Triton kernel takes goes through transformers and the kernel's glue).
 The numbers are transformers' own up to float32 rounding (SDPA's grouped-query path instead of repeated
-keys; tested against it).
+keys; tested against it). Where ``quant.native_layer.native_plan`` allows (every layer on GGML row kernels),
+each layer is instead one C call (``decoder_layer.c``), the same steps with no torch op in between.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def lean_forward(model, ids: torch.Tensor, positions: torch.Tensor, visible: Opt
     Returns:
         ``[r or q, V]`` float logits.
     """
+    from .native_layer import native_forward, native_plan
+
+    plan = native_plan(model)
+    if plan is not None and plan.takes(int(ids.shape[1])):
+        return native_forward(plan, model, ids, positions, visible, cache, logits_rows)
     inner = model.model
     with torch.no_grad():
         h = inner.embed_tokens(ids)

@@ -1,10 +1,10 @@
-"""The GGML block kernels (``ggml_kernels.c``): compiled once per machine with the system C compiler and
-loaded with ``ctypes``.
+"""The GGML block kernels (``ggml_kernels.c``) and the decoder layer on them (``decoder_layer.c``): compiled
+once per machine with the system C compiler into one shared object and loaded with ``ctypes``.
 
 Available where the CPU has AVX2, FMA and F16C and a C compiler (``cc``/``gcc``) is on the ``PATH``;
 elsewhere ``native_kernels()`` returns ``None`` and says why in ``native_unavailable_reason()``, and the
 models keep torch's kernels. The shared object is cached under ``$DYNTREE_CACHE/kernels/`` keyed by the
-source, the flags and the compiler's version. It is linked with ``-fopenmp`` and resolves
+sources, the flags and the compiler's version. It is linked with ``-fopenmp`` and resolves
 ``libgomp.so.1`` to the copy torch already loaded, so both share one thread pool (and its thread count).
 """
 
@@ -22,7 +22,8 @@ from typing import Optional
 
 import torch
 
-SOURCE = Path(__file__).with_name("ggml_kernels.c")
+#: the block products, and the decoder layer built on them (``native_layer``), one shared object
+SOURCES = (Path(__file__).with_name("ggml_kernels.c"), Path(__file__).with_name("decoder_layer.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -100,7 +101,7 @@ def _cpu_ok() -> Optional[str]:
 
 def kernel_digest(cc: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout.splitlines()[:1]
-    raw = SOURCE.read_bytes() + " ".join(FLAGS).encode() + "".join(version).encode()
+    raw = b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode() + "".join(version).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
@@ -114,7 +115,7 @@ def _build(cc: str, digest: str) -> Path:
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so.partial", delete=False) as tmp:
         tmp_path = Path(tmp.name)
     try:
-        proc = subprocess.run([cc, *FLAGS, "-o", str(tmp_path), str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *FLAGS, "-o", str(tmp_path), *map(str, SOURCES), "-lm"], capture_output=True, text=True)
         if proc.returncode:
             raise NativeKernelError(f"{cc} failed: {proc.stderr.strip()[-400:]}")
         tmp_path.replace(out)
@@ -132,6 +133,10 @@ def _load(path: Path, digest: str) -> NativeKernels:
     lib.dyntree_ggml_matmul_q8.restype = ctypes.c_int
     lib.dyntree_ggml_dequantize.argtypes = [ctypes.c_int, vp, vp, i64, i64]
     lib.dyntree_ggml_dequantize.restype = ctypes.c_int
+    lib.dyntree_decoder_layer_work.argtypes = [vp, i64, i64]
+    lib.dyntree_decoder_layer_work.restype = i64
+    lib.dyntree_decoder_layer.argtypes = [vp, vp, i64, vp, vp, vp, vp, i64, i64, vp, i64, vp, i64]
+    lib.dyntree_decoder_layer.restype = ctypes.c_int
     return NativeKernels(lib, path, digest)
 
 
