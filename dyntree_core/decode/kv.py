@@ -35,6 +35,7 @@ class PreallocLayer(CacheLayerMixin):
         self.capacity = max(1, int(capacity))
         self.length = 0
         self.grown = 0  # reallocations (a sized run has none)
+        self._checked: Optional[torch.Tensor] = None  # the key buffer ``reserve`` last checked
         super().__init__()
 
     # ``keys``/``values`` are the filled part of the buffers. Assigning them (as code written for
@@ -59,6 +60,7 @@ class PreallocLayer(CacheLayerMixin):
         if value is None:
             return
         setattr(self, name, value)
+        self._checked = None
         self.length = self.capacity = int(value.shape[-2])
         self.dtype, self.device = value.dtype, value.device
         self.is_initialized = self._k is not None and self._v is not None
@@ -79,6 +81,7 @@ class PreallocLayer(CacheLayerMixin):
             setattr(self, name, new)
         self.capacity = cap
         self.grown += 1
+        self._checked = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +103,8 @@ class PreallocLayer(CacheLayerMixin):
         Returns the contiguous CPU ``[1, heads, C, head_dim]`` key and value buffers (C >= length + q) and the
         first free slot; the writer sets ``length`` once the slots hold the new positions.
         """
+        if self.is_initialized and self.length + q <= self.capacity and self._checked is self._k:
+            return self._k, self._v, self.length  # (the buffers were checked when they were made)
         if not self.is_initialized:
             self.dtype, self.device = dtype, torch.device("cpu")
             self._k = torch.empty(1, heads, self.capacity, head_dim, dtype=dtype)
@@ -112,6 +117,7 @@ class PreallocLayer(CacheLayerMixin):
                     or buf.device.type != "cpu"):
                 raise ValueError(f"cache buffer {tuple(buf.shape)} {buf.dtype} on {buf.device}, "
                                  f"not [1, {heads}, {self.capacity}, {head_dim}] {dtype} on the CPU")
+        self._checked = self._k
         return self._k, self._v, self.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
