@@ -177,3 +177,17 @@ def test_models_it_does_not_fit_say_why():
     setattr(target, LEAN_ATTR, True)
     assert "GGMLLinear" in native_reason(target)
     assert native_plan(target) is None
+
+
+def test_a_long_prefill_does_not_keep_its_scratch_buffer(model):
+    import ctypes
+
+    plan = native_plan(model)
+    rows = native_layer.KEEP_WORK_ROWS + 6
+    with torch.inference_mode():
+        causal_forward(model, new_cache(model, 128), list(range(1, rows + 1)), 0)
+        kept = plan.work.numel()
+        need = plan.lib.dyntree_decoder_layer_work(ctypes.byref(plan.descs[0]), rows, rows)
+        assert kept < need  # the prefill's buffer was temporary
+        causal_forward(model, new_cache(model, 16), [1, 2, 3], 0)
+        assert plan.work.numel() >= plan.lib.dyntree_decoder_layer_work(ctypes.byref(plan.descs[0]), 3, 3)

@@ -27,6 +27,8 @@ from .fused import FusedGateUp
 from .ggml_linear import GGMLLinear
 
 PLAN_ATTR = "_dyntree_native_plan"
+#: forwards of up to this many rows keep their scratch buffer in the plan (a 64-row one is ~9 MB for the 1.5B)
+KEEP_WORK_ROWS = 64
 N_PROJ = 6  # q, k, v, o, gate_up, down
 
 
@@ -200,18 +202,23 @@ def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.
         if visible is not None:
             if tuple(visible.shape[-2:]) != (n, kv_len):
                 raise ValueError(f"visibility mask {tuple(visible.shape)} for {n} rows after {past} cached")
+            if visible.dtype != torch.bool:
+                raise ValueError(f"the visibility mask must be bool, got {visible.dtype}")
             vis = visible[0, 0].contiguous()
             vis_ptr, ldvis = vis.data_ptr(), kv_len
         need = plan.lib.dyntree_decoder_layer_work(ctypes.byref(plan.descs[0]), n, kv_len)
-        if plan.work.numel() < need:
-            plan.work = torch.empty(int(need * 1.25) + 4096, dtype=torch.float32)
+        work = plan.work
+        if work.numel() < need:
+            work = torch.empty(int(need * 1.25) + 4096, dtype=torch.float32)
+            if n <= KEEP_WORK_ROWS:  # decode steps and trees keep theirs; a prefill chunk's is freed after it
+                plan.work = work
         record = _profiler._is_profiler_enabled
         for i, desc in enumerate(plan.descs):
             k_buf, v_buf, start = cache.layers[i].reserve(n, plan.kv_heads, plan.head_dim, torch.float32)
             if start != past:
                 raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")
             args = (ctypes.byref(desc), h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), k_buf.data_ptr(),
-                    v_buf.data_ptr(), k_buf.shape[-2], past, vis_ptr, ldvis, plan.work.data_ptr(), plan.work.numel())
+                    v_buf.data_ptr(), k_buf.shape[-2], past, vis_ptr, ldvis, work.data_ptr(), work.numel())
             if record:
                 with torch.profiler.record_function("dyntree::decoder_layer"):
                     rc = plan.lib.dyntree_decoder_layer(*args)
