@@ -20,6 +20,9 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "avx2_sum.h"
 
 int dyntree_ggml_matmul(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                         int64_t ldy, int64_t M, int64_t N, int64_t K);
@@ -39,13 +42,6 @@ typedef struct {
     int32_t int8_act;           /* 1: int8 activations (dyntree_ggml_matmul_q8), 0: float32 */
     int32_t hidden, heads, kv_heads, head_dim, inter;
 } layer_desc;
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* e^x for 8 floats (Cephes expf: x = k ln2 + r, |r| <= ln2/2, degree-6 polynomial; x clamped to +-88.37) */
 static inline __m256 exp8(__m256 x) {
@@ -76,7 +72,7 @@ static void rms_norm_row(const float *x, const float *w, float eps, int64_t d, f
         const __m256 v = _mm256_loadu_ps(x + i);
         ss = _mm256_fmadd_ps(v, v, ss);
     }
-    const float r = 1.0f / sqrtf(hsum8(ss) / (float)d + eps);
+    const float r = 1.0f / sqrtf(hsum(ss) / (float)d + eps);
     const __m256 vr = _mm256_set1_ps(r);
     for (int64_t i = 0; i < d; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vr), _mm256_loadu_ps(w + i)));
@@ -115,7 +111,7 @@ static void attend(const float *q, const float *kb, const float *vb, int64_t kv_
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a0);
             a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), a1);
         }
-        s[j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+        s[j] = hsum(_mm256_add_ps(a0, a1)) * scale;
         if (s[j] > m) m = s[j];
     }
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
@@ -184,11 +180,10 @@ int dyntree_decoder_layer(const layer_desc *L, float *h, int64_t n, const float 
     for (int64_t i = 0; i < n; i++) {
         rope_row(q + i * Q, (int)H, (int)hd, cos + i * hd, sin + i * hd);
         rope_row(k + i * KV, (int)Hkv, (int)hd, cos + i * hd, sin + i * hd);
-        for (int64_t g = 0; g < Hkv; g++)
-            for (int64_t t = 0; t < hd; t++) {
-                kbuf[(g * cap + past + i) * hd + t] = k[i * KV + g * hd + t];
-                vbuf[(g * cap + past + i) * hd + t] = v[i * KV + g * hd + t];
-            }
+        for (int64_t g = 0; g < Hkv; g++) {
+            memcpy(kbuf + (g * cap + past + i) * hd, k + i * KV + g * hd, (size_t)hd * sizeof(float));
+            memcpy(vbuf + (g * cap + past + i) * hd, v + i * KV + g * hd, (size_t)hd * sizeof(float));
+        }
     }
     const int64_t group = H / Hkv;
 #pragma omp parallel for schedule(dynamic, 1)

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <stdlib.h>
 
+#include "avx2_sum.h"
+
 enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8 };
 
 static inline float f16(const uint8_t *p) {
@@ -143,13 +145,6 @@ static inline void deq_block(int type, const uint8_t *b, float *y) {
     case T_Q5_0: deq_q5_0(b, y); break;
     default: deq_q8_0(b, y); break;
     }
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 int dyntree_ggml_block_info(int type, int *elems, int *bytes) { return block_info(type, elems, bytes); }

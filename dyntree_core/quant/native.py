@@ -4,7 +4,7 @@ once per machine with the system C compiler into one shared object and loaded wi
 Available where the CPU has AVX2, FMA and F16C and a C compiler (``cc``/``gcc``) is on the ``PATH``;
 elsewhere ``native_kernels()`` returns ``None`` and says why in ``native_unavailable_reason()``, and the
 models keep torch's kernels. The shared object is cached under ``$DYNTREE_CACHE/kernels/`` keyed by the
-sources, the flags and the compiler's version. It is linked with ``-fopenmp`` and resolves
+sources and header, the flags and the compiler's version. It is linked with ``-fopenmp`` and resolves
 ``libgomp.so.1`` to the copy torch already loaded, so both share one thread pool (and its thread count).
 """
 
@@ -24,6 +24,8 @@ import torch
 
 #: the block products, and the decoder layer built on them (``native_layer``), one shared object
 SOURCES = (Path(__file__).with_name("ggml_kernels.c"), Path(__file__).with_name("decoder_layer.c"))
+#: headers they include (part of the digest)
+HEADERS = (Path(__file__).with_name("avx2_sum.h"),)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -101,7 +103,8 @@ def _cpu_ok() -> Optional[str]:
 
 def kernel_digest(cc: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout.splitlines()[:1]
-    raw = b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode() + "".join(version).encode()
+    raw = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    raw += " ".join(FLAGS).encode() + "".join(version).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
@@ -115,7 +118,8 @@ def _build(cc: str, digest: str) -> Path:
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so.partial", delete=False) as tmp:
         tmp_path = Path(tmp.name)
     try:
-        proc = subprocess.run([cc, *FLAGS, "-o", str(tmp_path), *map(str, SOURCES), "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([cc, *FLAGS, "-o", str(tmp_path), *map(str, SOURCES), "-lm"], capture_output=True,
+                              text=True)
         if proc.returncode:
             raise NativeKernelError(f"{cc} failed: {proc.stderr.strip()[-400:]}")
         tmp_path.replace(out)

@@ -53,11 +53,16 @@ class LayerDesc(ctypes.Structure):
 
 
 def _projections(layer) -> Optional[tuple[GGMLLinear, ...]]:
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    """q, k, v, o, gate_up and down of a decoder layer, or ``None`` unless all are ``GGMLLinear`` (gate and up
+    fused). Read from ``_modules`` directly: ``nn.Module.__getattr__`` would cost ~10 us per layer, and
+    ``NativePlan.current`` calls this for every layer on every forward."""
+    mods = layer._modules
+    attn, mlp = mods.get("self_attn"), mods.get("mlp")
     if attn is None or not isinstance(mlp, FusedGateUp):
         return None
-    lins = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up, mlp.down_proj)
-    return lins if all(isinstance(m, GGMLLinear) for m in lins) else None
+    a, m = attn._modules, mlp._modules
+    lins = (a.get("q_proj"), a.get("k_proj"), a.get("v_proj"), a.get("o_proj"), m.get("gate_up"), m.get("down_proj"))
+    return lins if all(isinstance(x, GGMLLinear) for x in lins) else None
 
 
 def _norm_weight(norm) -> Optional[torch.Tensor]:
@@ -105,9 +110,6 @@ class NativePlan:
     descs: list[LayerDesc]
     linears: list[tuple[GGMLLinear, ...]]
     lib: ctypes.CDLL
-    heads: int
-    kv_heads: int
-    head_dim: int
     work: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -115,15 +117,10 @@ class NativePlan:
         return (_no_plan, ())
 
     def current(self, model) -> bool:
-        """Whether the model still has the modules this plan was made from (read from ``_modules`` directly:
-        ``nn.Module.__getattr__`` would cost ~10 us per layer on every forward)."""
-        layers = model._modules["model"]._modules["layers"]._modules.values()
-        for layer, (q, k, v, o, gu, down) in zip(layers, self.linears):
-            attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
-            if not (attn.get("q_proj") is q and attn.get("k_proj") is k and attn.get("v_proj") is v
-                    and attn.get("o_proj") is o and mlp.get("gate_up") is gu and mlp.get("down_proj") is down):
-                return False
-        return True
+        """Whether the model still has the modules this plan was made from."""
+        layers = model.model.layers
+        return len(layers) == len(self.linears) and all(
+            _projections(layer) == lins for layer, lins in zip(layers, self.linears))
 
     def takes(self, n: int) -> bool:
         """Whether every product of an ``n``-row forward runs on the row kernels (no ``dequant_mm``)."""
@@ -155,8 +152,7 @@ def _plan(model) -> NativePlan:
         desc.inter = lins[5].in_features
         descs.append(desc)
         linears.append(lins)
-    first = descs[0]
-    return NativePlan(descs, linears, linears[0][0].kernels.lib, first.heads, first.kv_heads, first.head_dim)
+    return NativePlan(descs, linears, linears[0][0].kernels.lib)
 
 
 def native_plan(model) -> Optional[NativePlan]:
@@ -214,7 +210,7 @@ def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.
                 plan.work = work
         record = _profiler._is_profiler_enabled
         for i, desc in enumerate(plan.descs):
-            k_buf, v_buf, start = cache.layers[i].reserve(n, plan.kv_heads, plan.head_dim, torch.float32)
+            k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
             if start != past:
                 raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")
             args = (ctypes.byref(desc), h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), k_buf.data_ptr(),
