@@ -291,7 +291,7 @@ def test_the_profile_key_is_the_machines_identity(monkeypatch):
     """Keyed by the CPU model and flags (or the GPU on a CUDA device), not by what was asked for: two
     machines never share a profile, two requests on one machine always do."""
     from dyntree_core.planning import machine_profile
-    from dyntree_core.planning.machine import MachineInfo
+    from dyntree_core.machine import MachineInfo
 
     def info(cpu="EPYC", flags=("avx2",), gpu=None):
         return lambda: MachineInfo(cpu, flags, "avx2", 2, 2, "t", "p", "linux", gpu)

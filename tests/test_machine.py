@@ -1,11 +1,11 @@
-"""machine.py: /proc/cpuinfo parsing on canned text, CPU classes, labels and this machine's info."""
+"""machine.py: /proc/cpuinfo and /proc/meminfo parsing on canned text, CPU classes, labels and this machine's info."""
 
 import json
 
 import pytest
 
-from dyntree_core.planning import machine
-from dyntree_core.planning.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpuinfo
+from dyntree_core import machine
+from dyntree_core.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpuinfo
 
 # Sapphire Rapids (AMX) as a cloud VM shows it; two processors, only the first is read.
 XEON_AMX = """\
@@ -110,3 +110,19 @@ def test_machine_info_without_cpuinfo(monkeypatch, tmp_path):
         assert info.cpu_model and info.cpu_flags == () and info.cpu_class == "other"
     finally:
         machine.machine_info.cache_clear()
+
+
+def test_parse_meminfo_available():
+    text = "MemTotal:       32594392 kB\nMemFree:         1210532 kB\nMemAvailable:   18733876 kB\n"
+    assert machine.parse_meminfo_available(text) == 18733876 * 1024
+    assert machine.parse_meminfo_available("MemTotal:       32594392 kB\n") is None  # kernels before 3.14
+    assert machine.parse_meminfo_available("MemAvailable:   n/a kB\n") is None
+
+
+def test_available_memory_reads_meminfo(monkeypatch, tmp_path):
+    path = tmp_path / "meminfo"
+    path.write_text("MemTotal: 2048 kB\nMemAvailable: 1024 kB\n")
+    monkeypatch.setattr(machine, "MEMINFO_PATH", path)
+    assert machine.available_memory() == 1024 * 1024
+    monkeypatch.setattr(machine, "MEMINFO_PATH", tmp_path / "missing")
+    assert machine.available_memory() is None

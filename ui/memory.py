@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from dyntree_core.machine import available_memory
+
 
 def process_rss() -> Optional[int]:
     """This process's resident memory in bytes (None where ``/proc`` is missing)."""
@@ -21,10 +23,5 @@ def memory_line(rss: Optional[int] = None) -> str:
     if rss is None:
         return ""
     text = f"app memory {rss / 1e9:.1f} GB"
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        avail = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines()
-                      if line.startswith("MemAvailable:")), None)
-    except (OSError, ValueError):
-        avail = None
+    avail = available_memory()
     return text + (f" · {avail / 1e9:.1f} GB available on this machine" if avail is not None else "")

@@ -60,7 +60,7 @@ class AutoTable:
         cells: the measured grid.
         heads: ``{"q": .., "kv": .., "head_dim": ..}`` of the measurement.
         dtype: dtype of the measurement.
-        machine: ``planning.machine.machine_info().to_dict()`` plus the torch / Triton versions.
+        machine: ``machine.machine_info().to_dict()`` plus the torch / Triton versions.
     """
 
     device_key: str
@@ -130,7 +130,7 @@ def device_key(device: torch.device | str) -> str:
         if dev.type == "cuda":
             key = "cuda-" + torch.cuda.get_device_name(dev)
         else:
-            from ..planning.machine import machine_info
+            from ..machine import machine_info
 
             key = f"{dev.type}-{machine_info().cpu_model}"
         with _lock:

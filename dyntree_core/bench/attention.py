@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from dyntree_core.attention.trees import TREE_FAMILIES, make_tree
-from dyntree_core.planning.machine import machine_info
+from dyntree_core.machine import machine_info
 from dyntree_core.tree import TokenTree, count_nonzero_blocks, tree_from_parents
 
 ORDERS: tuple[str, ...] = ("gen", "bfs", "dfs", "hpd")

@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..config import METHODS, DecodeConfig, default_threshold
-from ..planning.machine import machine_info
+from ..machine import machine_info
 
 CURVE_BUDGETS = (8, 16, 32, 64, 128, 256, 512, 768)
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")

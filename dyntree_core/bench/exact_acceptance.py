@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 
 from ..config import METHODS, TOPK_METHODS, DecodeConfig, default_threshold
+from ..machine import available_memory, machine_info
 from ..methods import REGISTRY
 
 SAMPLED_VERIFIERS: tuple[str, ...] = ("token_level", "traversal", "point_mass")
@@ -439,16 +440,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _available_bytes() -> Optional[int]:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def apply_dense_rows(pair, setting: str) -> dict:
     """``--dense-rows``: turn the dense split on for both models; returns what to record in the JSON.
     Raises ``ValueError`` for a bad setting or when the parts would not fit in the available memory."""
@@ -470,7 +461,7 @@ def apply_dense_rows(pair, setting: str) -> dict:
         enable_dense_rows(pair.draft, 0)
     else:
         need = dense_rows_bytes(pair.target) + dense_rows_bytes(pair.draft)
-        avail = _available_bytes()
+        avail = available_memory()
         if avail is not None and need > 0.8 * avail:
             raise ValueError(f"--dense-rows needs up to {need / 2**30:.1f} GiB for the bf16 weight splits and "
                              f"{avail / 2**30:.1f} GiB is available; use --dense-rows 0")
@@ -494,7 +485,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     from tqdm import tqdm
 
     from ..decode.engine import SpeculativeDecoder
-    from ..planning.machine import machine_info
     from ..prompts import load_prompts
     from ..verify.expected import expected_acceptance
     from .decoding import _encode, calibrate_sequoia

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from ..config import METHODS, DecodeConfig
-from ..planning.machine import machine_info
+from ..machine import machine_info
 from ..quant.kernel_table import kernel_policy
 
 TREE_METHODS = tuple(m for m in METHODS if m != "autoregressive")

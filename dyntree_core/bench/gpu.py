@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..planning.machine import machine_info
+from ..machine import machine_info
 from .resident import resident
 
 SECTIONS: tuple[str, ...] = ("kernel_oracle", "greedy_identity", "attention", "offload", "decode_step", "resident")

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..planning.machine import machine_info
+from ..machine import machine_info
 from ..quant import kernel_table as kt
 
 EXTRA_CANDIDATES = ("aten_int8", "dense_bf16_split", "dense_fp32", "torchao_int4")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..planning.machine import machine_info
+from ..machine import machine_info
 from ..offload import OffloadError, accelerate_offload_layers, offload_decoder_layers, sync_offload_layers
 from ..offload.backend import Backend, make_backend
 from ..offload.pinning import HostBuffer

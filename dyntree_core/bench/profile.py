@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from ..planning.machine import machine_info
+    from ..machine import machine_info
     from ..planning.machine_profile import measure_profile
 
     args = build_parser().parse_args(argv)

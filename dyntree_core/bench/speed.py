@@ -43,7 +43,7 @@ import torch
 from ..planning.auto import PairCache, plan_auto
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
-from ..planning.machine import machine_info
+from ..machine import machine_info
 from .hf_baselines import hf_assisted_defaults, hf_generate
 
 

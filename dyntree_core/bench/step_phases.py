@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     from ..decode.engine import SpeculativeDecoder
-    from ..planning.machine import machine_info
+    from ..machine import machine_info
     from ..prompts import load_prompts
     from .decoding import _encode
     from .exact_acceptance import _load

@@ -34,7 +34,7 @@ from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 
-from .machine import machine_info
+from ..machine import machine_info
 from .pricing import interpolate
 
 PROFILE_VERSION = 5  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)

@@ -174,7 +174,7 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
 
 
 def table_key() -> str:
-    from ..planning.machine import machine_info
+    from ..machine import machine_info
 
     mi = machine_info()
     nk = native_kernels()
@@ -252,7 +252,7 @@ class KernelTable:
 
 
 def _new_table(key: str) -> KernelTable:
-    from ..planning.machine import machine_info
+    from ..machine import machine_info
 
     nk = native_kernels()
     return KernelTable(key, machine_info().to_dict(), torch.__version__, nk.digest if nk is not None else None,

@@ -94,7 +94,7 @@ def _compiler() -> Optional[str]:
 
 
 def _cpu_ok() -> Optional[str]:
-    from ..planning.machine import machine_info
+    from ..machine import machine_info
 
     flags = set(machine_info().cpu_flags)
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]

@@ -9,7 +9,10 @@ filename-safe label (``cpu-avx2``, ``cpu-amx``, ``cuda-h100``) for result file n
 
 The parser of ``/proc/cpuinfo`` is the pure function ``parse_cpuinfo`` so it can be tested on
 canned text; on systems without ``/proc/cpuinfo`` the model comes from ``platform`` and the flag
-set is empty (class ``"other"``).
+set is empty (class ``"other"``). ``available_memory()`` reads ``MemAvailable`` from ``/proc/meminfo``
+(its parser, ``parse_meminfo_available``, is pure too).
+
+A leaf module: it imports nothing of the project, so every package may ask what machine it runs on.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ CPU_FLAGS: tuple[str, ...] = (
 )
 
 CPUINFO_PATH = Path("/proc/cpuinfo")
+MEMINFO_PATH = Path("/proc/meminfo")
 
 
 def parse_cpuinfo(text: str) -> tuple[Optional[str], tuple[str, ...]]:
@@ -110,6 +114,25 @@ def _logical_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def parse_meminfo_available(text: str) -> Optional[int]:
+    """``MemAvailable`` in bytes from the text of ``/proc/meminfo`` (None when absent or unreadable)."""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            try:
+                return int(line.split()[1]) * 1024
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def available_memory() -> Optional[int]:
+    """The memory available to new work on this machine, in bytes (None where ``/proc/meminfo`` is missing)."""
+    try:
+        return parse_meminfo_available(MEMINFO_PATH.read_text(errors="replace"))
+    except OSError:
+        return None
 
 
 def _read_cpuinfo() -> str:
