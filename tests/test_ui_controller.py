@@ -273,7 +273,8 @@ def test_releasing_a_pair_closes_what_preparing_it_acquired_and_its_runs_stop_cl
     the pair; a run still holding it is refused at its next step with a plain message, its steps kept."""
     from dyntree_core.decode.prepared import PreparedPair
     from ui.errors import describe_error
-    from ui.models import HubModelProvider, LoadedPair, PairSpec
+    from ui.models import HubModelProvider, LoadedPair
+    from ui.pair_spec import PairSpec
     from ui.runner import start_generation
     from ui.settings import settings_from_form
 

@@ -20,7 +20,8 @@ from ui.charts import phase_figure, speed_figure, tokens_per_step_figure
 from ui.colored_text import build_spans, render_html
 from ui.export import ExportError, find_browser, traces_json, write_images, write_json
 from ui.mask_figure import mask_figure, mask_matrix, masks_figure
-from ui.models import ModelLoadError, PairSpec
+from ui.models import ModelLoadError
+from ui.pair_spec import PairSpec
 from ui.palette import NODE_COLORS, SOURCE_LABELS, SOURCE_SYMBOLS, TEXT_SHADES
 from ui.runner import run_to_end, start_generation
 from ui.settings import RunSettings

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from ui.session import ModelLock
+from ui.model_lock import ModelLock
 
 
 def test_background_turns_follow_each_other_without_the_idle_wait():

@@ -4,6 +4,7 @@ Nothing here loads a model at import; providers load pairs lazily on the first R
 """
 
 from .app import AppDefaults, build_app
-from .models import HubModelProvider, ModelProvider, PairSpec
+from .models import HubModelProvider, ModelProvider
+from .pair_spec import PairSpec
 
 __all__ = ["AppDefaults", "HubModelProvider", "ModelProvider", "PairSpec", "build_app"]

@@ -21,9 +21,10 @@ from dyntree_core.trace import PrefillProgress
 from .errors import describe_error, error_markdown
 from .export import read_json, write_images, write_json
 from .layout import METHOD_HINTS, N_COMPARE, Components, verifier_choices
+from .model_lock import ModelLock
 from .models import ModelProvider
 from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
-from .session import ExternalRun, Generation, ModelLock, RunRecord, SessionRegistry, SessionState
+from .session import ExternalRun, Generation, RunRecord, SessionRegistry, SessionState
 from .settings import METHOD_PARAMS, RunSettings, settings_from_form
 from .views import compare_views, export_figures, run_view, step_view
 from .memory import memory_line, process_rss

@@ -14,20 +14,8 @@ from typing import Any, Optional, Protocol
 
 from dyntree_core.models.load import ModelLoadError  # the one "this pair cannot be loaded" error
 
+from .pair_spec import PairSpec
 from .prompt_check import TextInfo
-
-
-@dataclass(frozen=True)
-class PairSpec:
-    """Which pair to load and where."""
-
-    draft: str
-    target: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    offload: bool = False
-    precision: str = "auto"  # target: a concrete precision once resolved
-    draft_precision: str = "auto"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Hashable, Optional
 
-from .session import ModelLock, TurnCancelled
+from .model_lock import ModelLock, TurnCancelled
 
 #: ``measure(turn, progress)``: runs ``plan_auto`` with measuring allowed
 Measure = Callable[[Callable[[], Any], Callable[[str], None]], Any]

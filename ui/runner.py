@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from collections.abc import Mapping
 
-from dyntree_core.config import ConfigError, DecodeConfig
+from dyntree_core.config import ConfigError
 from dyntree_core.decode.engine import SpeculativeDecoder
 
 from .models import ModelProvider

@@ -9,7 +9,7 @@ from dyntree_core.config import (DEFAULT_SPEC_FACTOR, METHODS, PRECISIONS, Confi
                                  compatible_verifiers)
 from dyntree_core.methods import REGISTRY
 
-from .models import PairSpec
+from .pair_spec import PairSpec
 from .prompt_check import LONG_PROMPT_CHOICES
 
 MAX_NEW_TOKENS = 2048

@@ -12,7 +12,8 @@ import threading
 import zlib
 from typing import Optional, Sequence
 
-from .models import LoadedPair, ModelLoadError, PairSpec
+from .models import LoadedPair, ModelLoadError
+from .pair_spec import PairSpec
 from .prompt_check import TextInfo
 
 TINY_NAME = "tiny"

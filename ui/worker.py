@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from .session import Generation, ModelLock
+from .model_lock import ModelLock
+from .session import Generation
 
 
 class DecodeWorker:
