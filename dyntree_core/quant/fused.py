@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gate_up import FusedGateUp
 from .ggml_linear import GGMLLinear
 
 
@@ -31,24 +32,6 @@ def _rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     if self.weight.dtype != torch.float32:
         return self.weight * y.to(hidden_states.dtype)
     return y.to(hidden_states.dtype)
-
-
-class FusedGateUp(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with ``gate`` and ``up`` as one ``GGMLLinear`` (``gate_up``: gate rows first)."""
-
-    def __init__(self, mlp: nn.Module):
-        super().__init__()
-        g, u = mlp.gate_proj, mlp.up_proj
-        self.intermediate = g.out_features
-        self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels,
-                                  g.int8_activations)
-        self.gate_up.mm_min_rows = g.mm_min_rows
-        self.down_proj = mlp.down_proj
-        self.act_fn = mlp.act_fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = self.gate_up(x)
-        return self.down_proj(self.act_fn(gu[..., :self.intermediate]) * gu[..., self.intermediate:])
 
 
 def _fusable_mlp(mod: nn.Module) -> bool:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _profiler
 
-from .fused import FusedGateUp
+from .gate_up import FusedGateUp
 from .ggml_linear import GGMLLinear
 
 PLAN_ATTR = "_dyntree_native_plan"
