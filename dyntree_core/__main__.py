@@ -141,7 +141,10 @@ def auto_config(args, cfg: DecodeConfig):
     same profile, which the plan measured with the calibration's sizes: the machine is profiled once."""
     import dataclasses
 
-    from .planning.auto import AUTO, AUTO_METHODS, PairCache, plan_auto, profile_for, search_space
+    from .planning.auto import plan_auto, profile_for
+    from .planning.pair_cache import PairCache
+    from .planning.pricing import AUTO_METHODS
+    from .planning.search_space import AUTO, search_space
     from .planning.tuning import CALIBRATION_NS
 
     def say(msg: str) -> None:
@@ -179,7 +182,7 @@ def auto_config(args, cfg: DecodeConfig):
 
 def tuned_config(pair, cfg: DecodeConfig, profile, refresh: bool = False) -> DecodeConfig:
     """``cfg`` with the budget/depth (and DySpec threshold control) calibrated on this machine's profile."""
-    from .planning.auto import calibration_prompts
+    from .planning.acceptance import calibration_prompts
     from .planning.tuning import load_or_tune
 
     def say(msg: str) -> None:

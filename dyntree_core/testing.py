@@ -116,7 +116,7 @@ def align_cpu_parameters(module: torch.nn.Module, align: int = CPU_PARAM_ALIGN) 
 
 
 class TinyPairCache:
-    """The tiny pair at any precision, with the interface of ``dyntree_core.planning.auto.PairCache``
+    """The tiny pair at any precision, with the interface of ``dyntree_core.planning.pair_cache.PairCache``
     (``model`` / ``timing_model(role, precision)``, ``pair(target_precision, draft_precision)``), so ``auto`` and the
     speed bench run on it in tests. Each call builds fresh models (quantizing mutates them)."""
 

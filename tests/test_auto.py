@@ -8,8 +8,11 @@ import math
 import pytest
 import torch
 
-from dyntree_core.planning.auto import chain_expected_tokens, choose, price_candidates
-from dyntree_core.planning.machine_profile import MachineProfile, load_or_measure_profile
+from dyntree_core.planning.auto import choose
+from dyntree_core.planning.candidates import chain_expected_tokens
+from dyntree_core.planning.machine_profile import MachineProfile
+from dyntree_core.planning.pricing import price_candidates
+from dyntree_core.planning.profiling import load_or_measure_profile
 
 NS = [1, 2, 4, 8, 16, 32]
 
@@ -81,7 +84,7 @@ def test_one_resolution_rule_for_the_cli_and_the_app():
     """``search_space`` + ``AutoPlan.resolve``: method auto takes the plan's method, shape and stop
     rule; a fixed method keeps itself and gets only precisions (AR: the fastest target precision);
     fixed precisions are kept; the app's settings carry the chain's confidence stop to the engine."""
-    from dyntree_core.planning.auto import search_space
+    from dyntree_core.planning.search_space import search_space
     from ui.settings import RunSettings
 
     assert search_space("auto", "auto", "int4", "cpu") == (
@@ -163,7 +166,8 @@ def test_one_profile_per_machine_and_pair_grows_by_what_is_asked(tmp_path, monke
 
 
 def test_dropped_sizes_are_never_measured_again(tmp_path, monkeypatch):
-    from dyntree_core.planning.machine_profile import empty_profile, measure_into
+    from dyntree_core.planning.machine_profile import empty_profile
+    from dyntree_core.planning.profiling import measure_into
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     prof = empty_profile("k")
@@ -181,23 +185,22 @@ def test_dropped_sizes_are_never_measured_again(tmp_path, monkeypatch):
 def test_cli_method_auto_budget_auto_profiles_the_machine_once(tmp_path, monkeypatch, capsys):
     """``--method auto --budget auto`` goes through the one planner: one machine profile (each model
     timed once), auto's shape for the chosen method, no second tuner; a second run measures nothing."""
-    import dyntree_core.planning.auto as auto_mod
     from dyntree_core.__main__ import main
-    from dyntree_core.planning import machine_profile
+    from dyntree_core.planning import pair_cache, profiling
     from dyntree_core.testing import TinyPairCache
     from ui.tiny import TinyTokenizer
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     timed = []
-    real_timer = machine_profile.ForwardTimer
+    real_timer = profiling.ForwardTimer
 
     class CountingTimer(real_timer):
         def __init__(self, model, prefix_len, max_tokens=32):
             timed.append(type(model).__name__)
             super().__init__(model, prefix_len, max_tokens)
 
-    monkeypatch.setattr(machine_profile, "ForwardTimer", CountingTimer)
-    monkeypatch.setattr(auto_mod, "PairCache", lambda d, t, device="cpu": TinyPairCache(TinyTokenizer(64), vocab=64))
+    monkeypatch.setattr(profiling, "ForwardTimer", CountingTimer)
+    monkeypatch.setattr(pair_cache, "PairCache", lambda d, t, device="cpu": TinyPairCache(TinyTokenizer(64), vocab=64))
     tuned = []
     import dyntree_core.planning.tuning as tuning_mod
 
@@ -255,7 +258,8 @@ def test_speed_bench_runs_only_the_transformers_rows_asked_for(tmp_path, monkeyp
 
 
 def test_chain_replay_is_exact_on_a_deterministic_sequence():
-    from dyntree_core.planning.auto import STOP_GRID, Acceptance, simulate_chain
+    from dyntree_core.planning.acceptance import STOP_GRID, Acceptance
+    from dyntree_core.planning.candidates import simulate_chain
 
     # accept pattern 1 1 0 1, draft confident (>= every tau) except at position 1
     seq = ((1.0, *[1.0] * len(STOP_GRID)), (1.0, *[0.0] * len(STOP_GRID)),
@@ -310,25 +314,25 @@ def test_the_profile_key_is_the_machines_identity(monkeypatch):
 def test_cli_budget_auto_for_a_method_auto_cannot_price_calibrates_on_the_same_profile(tmp_path, monkeypatch, capsys):
     """``--method dyspec_greedy --budget auto``: no plan is needed with both precisions fixed; the one
     profile is measured once with the calibration's sizes and handed to ``tuning``; its shape is used."""
-    import dyntree_core.planning.auto as auto_mod
     import dyntree_core.planning.tuning as tuning_mod
     from dyntree_core.__main__ import main
-    from dyntree_core.planning import machine_profile
-    from dyntree_core.planning.tuning import CALIBRATION_NS, TuningPoint, TuningResult
+    from dyntree_core.planning import machine_profile, pair_cache, profiling
+    from dyntree_core.planning.tuning import CALIBRATION_NS
+    from dyntree_core.planning.tuning_result import TuningPoint, TuningResult
     from dyntree_core.testing import TinyPairCache
     from ui.tiny import TinyTokenizer
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     timed = []
-    real_timer = machine_profile.ForwardTimer
+    real_timer = profiling.ForwardTimer
 
     class CountingTimer(real_timer):
         def __init__(self, model, prefix_len, max_tokens=32):
             timed.append(max_tokens)
             super().__init__(model, prefix_len, max_tokens)
 
-    monkeypatch.setattr(machine_profile, "ForwardTimer", CountingTimer)
-    monkeypatch.setattr(auto_mod, "PairCache", lambda d, t, device="cpu": TinyPairCache(TinyTokenizer(64), vocab=64))
+    monkeypatch.setattr(profiling, "ForwardTimer", CountingTimer)
+    monkeypatch.setattr(pair_cache, "PairCache", lambda d, t, device="cpu": TinyPairCache(TinyTokenizer(64), vocab=64))
     seen = {}
 
     def fake_tune(draft, target, cfg, profile, **kw):
@@ -372,7 +376,7 @@ def test_the_pair_cache_keeps_at_most_keep_models_and_drops_the_least_recently_u
         Model("draft", draft_precision), Model("target", precision), "tok", draft_precision, precision))
     monkeypatch.setattr(load, "resolve_spec", lambda spec, role: role)
     monkeypatch.setattr(load, "load_model", lambda src, dtype, device, precision: Model(src, precision))
-    from dyntree_core.planning.auto import PairCache
+    from dyntree_core.planning.pair_cache import PairCache
 
     cache = PairCache("d", "t", keep=2)
     first = cache.pair("int4", "int4")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dyntree_core.planning.cost_model import ArReference, Verdict, ar_reference, logical_params, step_cost
-from dyntree_core.planning.machine_profile import ForwardTiming, time_forward
+from dyntree_core.planning.forward_timer import ForwardTiming, time_forward
 from dyntree_core.quant.apply import quantize_model
 from dyntree_core.testing import tiny_pair
 from dyntree_core.trace import PhaseTimings, StepTrace, TokenProvenance

@@ -123,7 +123,7 @@ def test_the_cost_panels_reference_and_waits_survive_the_export(runs, tmp_path):
     live one did."""
     from dataclasses import replace
 
-    from dyntree_core.planning.machine_profile import ForwardTiming
+    from dyntree_core.planning.forward_timer import ForwardTiming
 
     run = replace(runs[0], ar_timing=ForwardTiming(0.05, 0.06, 1, 140, 3, "2026-11-26 05:00:00", 1.5, 2),
                   one_token_forward_s=0.06, wait_seconds=2.5)

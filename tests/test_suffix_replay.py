@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
-from dyntree_core.planning.auto import Acceptance, choose, price_candidates, simulate_suffix
+from dyntree_core.planning.acceptance import Acceptance
+from dyntree_core.planning.auto import choose
+from dyntree_core.planning.candidates import simulate_suffix
+from dyntree_core.planning.pricing import price_candidates
 from dyntree_core.drafting.suffix import accepted_along, size_cap, suffix_tree
 from dyntree_core.drafting.suffix_replay import replay_suffix
 from dyntree_core.drafting.suffix_index import SuffixIndex
@@ -214,7 +217,7 @@ def test_hybrid_replay_takes_the_suffix_tree_exactly_where_the_hybrid_drafter_do
 
 
 def test_auto_prices_hybrid_and_takes_it_where_text_repeats_in_parts_and_the_draft_is_cheap():
-    from dyntree_core.planning.auto import HYBRID_BUDGETS, HYBRID_DEPTHS, sequoia_shapes, simulate_suffix_shapes
+    from dyntree_core.planning.candidates import HYBRID_BUDGETS, HYBRID_DEPTHS, sequoia_shapes, simulate_suffix_shapes
     from dyntree_core.drafting.suffix_replay import SuffixShape
 
     rng = random.Random(1)

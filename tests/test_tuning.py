@@ -16,18 +16,9 @@ from dyntree_core.config import DecodeConfig
 from dyntree_core.drafting.threshold_control import ThresholdController
 from dyntree_core.planning.machine_profile import MachineProfile
 from dyntree_core.testing import tiny_pair
-from dyntree_core.planning.tuning import (
-    CALIBRATION_NS,
-    TuningPoint,
-    TuningResult,
-    TUNING_VERSION,
-    coordinate_search,
-    load_or_tune,
-    paired_standard_error,
-    select_within_noise,
-    tune,
-    tuning_cache_path,
-)
+from dyntree_core.planning.grid_search import coordinate_search, paired_standard_error, select_within_noise
+from dyntree_core.planning.tuning import CALIBRATION_NS, TUNING_VERSION, load_or_tune, tune, tuning_cache_path
+from dyntree_core.planning.tuning_result import TuningPoint, TuningResult
 
 
 def point(budget: int, depth: int, width: int, latency: float) -> TuningPoint:

@@ -73,7 +73,7 @@ def _record_from(d: dict) -> RunRecord:
     from dataclasses import MISSING, fields
 
     from dyntree_core.config import DecodeConfig
-    from dyntree_core.planning.machine_profile import ForwardTiming
+    from dyntree_core.planning.forward_timer import ForwardTiming
     from dyntree_core.trace import StepTrace
 
     from .settings import RunSettings

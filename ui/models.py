@@ -31,10 +31,10 @@ class LoadedPair:
 
     def time_one_token_forward(self, config: Any, context_len: int) -> Any:
         """``ForwardTiming`` of the prepared target's one-token forward after ``context_len`` cached
-        tokens, timed now (``dyntree_core.planning.machine_profile.time_forward``: one warm-up, then 3
+        tokens, timed now (``dyntree_core.planning.forward_timer.time_forward``: one warm-up, then 3
         timed, with the time and the machine's load); never reused, so a value taken while
         the machine was busy does not stand for later runs."""
-        from dyntree_core.planning.machine_profile import time_forward
+        from dyntree_core.planning.forward_timer import time_forward
 
         return time_forward(self.prepared(config).target, context_len, 1, samples=3)
 
@@ -74,7 +74,7 @@ class ModelProvider(Protocol):
 
 
 class HubModelProvider:
-    """Loads pairs through ``dyntree_core.planning.auto.PairCache`` (one cache per draft/target/device: the
+    """Loads pairs through ``dyntree_core.planning.pair_cache.PairCache`` (one cache per draft/target/device: the
     models of the last two precisions stay loaded, so auto's profiling, its choice and the run
     share them), or ``load_pair`` for an offloaded target."""
 
@@ -108,7 +108,7 @@ class HubModelProvider:
         return pair is not None and pair.spec == spec
 
     def _pair_cache(self, draft: str, target: str, device: str):
-        from dyntree_core.planning.auto import PairCache
+        from dyntree_core.planning.pair_cache import PairCache
         from dyntree_core.models import precheck_pair
 
         key = (draft, target, device)
@@ -121,7 +121,9 @@ class HubModelProvider:
     def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
         """Resolve ``auto`` (method and/or precisions) with the measured cost model: from the caches,
         or with a ``ui.planner.BackgroundPlanner`` the provisional plan while it measures."""
-        from dyntree_core.planning.auto import PairCache, plan_auto, search_space
+        from dyntree_core.planning.auto import plan_auto
+        from dyntree_core.planning.pair_cache import PairCache
+        from dyntree_core.planning.search_space import search_space
 
         from .planner import plan_auto_for_app
 

@@ -83,7 +83,7 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
     """``auto``'s plan for a Run: ``cached()`` when everything it needs is measured; else, with a
     ``planner``, the provisional plan while ``measure`` runs in the background (without one,
     ``foreground()`` measures first, as the CLI does)."""
-    from dyntree_core.planning.auto import provisional_plan
+    from dyntree_core.planning.provisional import provisional_plan
     from dyntree_core.planning.machine_profile import NotMeasuredYet
 
     if planner is None:

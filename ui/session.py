@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Optional
 
 from dyntree_core.config import DecodeConfig
-from dyntree_core.planning.machine_profile import ForwardTiming
+from dyntree_core.planning.forward_timer import ForwardTiming
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
 from .settings import RunSettings

@@ -65,7 +65,8 @@ class TinyModelProvider:
     def auto_plan(self, settings, progress=None, planner=None):
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
-        from dyntree_core.planning.auto import plan_auto, search_space
+        from dyntree_core.planning.auto import plan_auto
+        from dyntree_core.planning.search_space import search_space
 
         from .planner import plan_auto_for_app
 

@@ -390,7 +390,7 @@ def _tuning_plan(args, pair, dtype: str, methods: Sequence[str], make_cfg, tunin
     plan the comparison: AR, every fixed budget, the tuned configuration (same prompts)."""
     import dataclasses
 
-    from ..planning.machine_profile import load_or_measure_profile
+    from ..planning.profiling import load_or_measure_profile
     from ..planning.tuning import CALIBRATION_NS, load_or_tune
     from ..prompts import load_prompts
 

@@ -159,7 +159,7 @@ def measure_all(shape: kt.LayerShape, rows: list[int], extra: tuple[str, ...], i
 def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
     """t(n) ms of the embedded target at int4 under each kernel policy (one model loaded at a time)."""
     from ..models.load import load_model, resolve_spec
-    from ..planning.machine_profile import ForwardTimer
+    from ..planning.forward_timer import ForwardTimer
     from ..quant.linear import enable_dense_rows
 
     src = resolve_spec("embedded", "target")
@@ -226,7 +226,7 @@ def narrow_twin(kind: str):
 
 def forward_overhead(kinds: tuple[str, ...], say: Callable[[str], None]) -> dict:
     """1-token forward ms (128-token prefix, best of 7) of the narrow twin per ``kind``."""
-    from ..planning.machine_profile import ForwardTimer
+    from ..planning.forward_timer import ForwardTimer
 
     out = {}
     for kind in kinds:
@@ -246,7 +246,7 @@ def profile_target(policy: str, top: int = 15) -> list[dict]:
     models come fused: ``models.gguf_model.fuse_native``): the ops with the most self CPU time (share of the
     profiled total)."""
     from ..models.load import load_model, resolve_spec
-    from ..planning.machine_profile import ForwardTimer
+    from ..planning.forward_timer import ForwardTimer
 
     saved = os.environ.get("DYNTREE_KERNELS")
     os.environ["DYNTREE_KERNELS"] = policy

@@ -20,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from ..planning.auto import PairCache, default_precisions
+from ..planning.pair_cache import PairCache
+from ..planning.search_space import default_precisions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     from ..machine import machine_info
-    from ..planning.machine_profile import measure_profile
+    from ..planning.profiling import measure_profile
 
     args = build_parser().parse_args(argv)
     d, _, t = args.pair.partition(",")

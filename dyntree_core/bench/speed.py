@@ -40,7 +40,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..planning.auto import PairCache, plan_auto
+from ..planning.auto import plan_auto
+from ..planning.pair_cache import PairCache
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
 from ..machine import machine_info

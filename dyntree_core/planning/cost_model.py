@@ -4,7 +4,7 @@ the break-even tokens per step, and the same tree priced with what a GPU measure
 Everything here is a pure function of numbers: the measured per-step times of a run
 (``StepTrace.step_seconds`` and its phases), a plain-decoding reference measured next to the run
 (``ArReference``: the autoregressive baseline run, or the target's one-token forward timed on the
-run's context by ``machine_profile.time_forward``), and the committed GPU measurements
+run's context by ``forward_timer.time_forward``), and the committed GPU measurements
 (``projection.GpuResults``). Prices follow ``pricing``: mean step over mean tokens per step, steps
 of each kind (a hybrid's model and suffix steps) averaged separately and weighted by how often they
 happened, never a median step.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..trace import StepTrace
-from .machine_profile import ForwardTiming
+from .forward_timer import ForwardTiming
 from .pricing import seconds_per_token
 
 #: named phases besides the draft and the target forward (``offload_transfer`` is part of the

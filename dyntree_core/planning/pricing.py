@@ -1,6 +1,7 @@
-"""The two rules every price in ``planning`` follows: the step-cost formula and the interpolation
-policy. Pure functions of numbers; ``auto``, its calibration (``tuning``), the app's cost panel
-(``cost_model``) and the offload projection (``projection``) all call these and nothing else.
+"""Prices: the two rules every price in ``planning`` follows (the step-cost formula and the
+interpolation policy, pure functions of numbers that ``auto``, its calibration ``tuning``, the app's
+cost panel ``cost_model`` and the GPU projection ``projection`` all call), and ``auto``'s price of
+every candidate configuration (``price_candidates``).
 
 **The step cost.** A speculative step runs the draft (forwards of the draft model, or a model-free
 suffix-tree build), one target forward of the tree, and everything else (verification, tree build,
@@ -19,12 +20,49 @@ size there is no price** (``math.inf``: never chosen). Extrapolating would price
 where forwards stop being flat (the knee of t(n) on a GPU, compute-bound int4 rows on a CPU) from
 numbers that do not contain the knee, and clamping would make every larger tree look free. A planner
 that needs a size measures it (``machine_profile.load_or_measure_profile`` takes the sizes to cover).
+
+**Per method** (``price_candidates``; forward times from the one ``MachineProfile``, expected tokens
+from Sequoia's positional acceptance model with the acceptance vector *measured on this pair*,
+``acceptance``; the shapes and replays in ``candidates``):
+
+* ``autoregressive``: one target forward of 1 token, 1 token.
+* ``chain`` of at most k tokens, optionally stopping after a token whose draft probability is below
+  τ (transformers' assistant_confidence_threshold rule): priced by replaying the chain on every
+  position of the calibration continuations (``candidates.simulate_chain``: expected drafted tokens,
+  the distribution of the target's forward size, expected committed tokens), so runs of easy tokens
+  (code) count as they are; without position data, ``1 + p1 + ... + p1^k`` tokens.
+* ``sequoia`` (n, d): the DP-optimal tree; one batched draft forward per level (its internal nodes),
+  ``G(n, d)`` tokens (Sequoia's optimizer, with every precision pair).
+* ``suffix`` (n, d, q, α): the model-free suffix tree (at most α × match length tokens), priced by
+  replaying the method on the calibration continuations (``drafting.suffix_replay``: the trees it
+  would build, how many tokens each step commits, the target forward of each tree's size, the
+  measured build time). No draft model runs. Only as repetitive as the calibration text (wiki and
+  code): a prompt that quotes what is to be written (editing, summaries) favours it more than ``auto``
+  can know.
+* ``hybrid`` (n, d, q, α): the same replay decides, step by step with the drafter's own rule, whether
+  the suffix tree is used (priced as above) or the draft model drafts; a model step is priced as
+  Sequoia's (n, d) tree under the measured acceptance vector (``G(n, d)`` tokens, its level forwards
+  on the draft model, an n-token target forward). The hybrid's model steps are OPT-Tree trees, which
+  this positional model only approximates, and they fall where the text does not repeat, where
+  acceptance is likely below the average the vector holds: the model steps' price is optimistic.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from .acceptance import STOP_GRID, Acceptance
+from .candidates import (CHAIN_LENGTHS, CHAIN_MAX, HYBRID_BUDGETS, HYBRID_DEPTHS, SEQUOIA_BUDGETS, SEQUOIA_DEPTHS,
+                         SUFFIX_BUDGETS, SUFFIX_DEPTHS, SUFFIX_FACTORS, SUFFIX_THRESHOLDS, ChainStats,
+                         chain_expected_tokens, sequoia_shapes, simulate_chain, simulate_suffix_shapes)
+
+if TYPE_CHECKING:  # (machine_profile imports this module's interpolate)
+    from .machine_profile import MachineProfile
+
+#: the methods ``auto`` prices (every other tree method is calibrated by ``tuning``)
+AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
 
 
 def seconds_per_token(target_s: float, draft_s: float, other_s: float, tokens_per_step: float) -> float:
@@ -54,3 +92,169 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
             f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
             return float(ys[i - 1] + f * (ys[i] - ys[i - 1]))
     return float(ys[-1])  # unreachable: x <= xs[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One priced configuration (built by keyword: nine of its fields are numbers)."""
+
+    method: str
+    target_precision: str
+    draft_precision: Optional[str]
+    budget: int
+    depth: int
+    expected_tokens: float
+    target_seconds: float
+    verify_seconds: float
+    draft_seconds: float
+    stop_confidence: Optional[float] = None
+    threshold: Optional[float] = None  # suffix: the path-probability cut-off
+    spec_factor: Optional[float] = None  # suffix: drafted tokens <= ceil(spec_factor x match length)
+    model_share: Optional[float] = None  # hybrid: share of steps drafted by the model
+    tree_size: Optional[int] = None  # sequoia: nodes of the DP-optimal tree (<= budget)
+
+    @property
+    def seconds_per_token(self) -> float:
+        return seconds_per_token(self.target_seconds, self.draft_seconds, self.verify_seconds, self.expected_tokens)
+
+    def label(self) -> str:
+        if self.method == "autoregressive":
+            return f"autoregressive @ {self.target_precision}"
+        cap = "" if self.spec_factor is None else f", <={self.spec_factor:g}x match length"
+        if self.method == "chain":
+            shape = f"k<={self.depth}, stop below q={self.stop_confidence:g}" if self.stop_confidence else f"k={self.depth}"
+        elif self.method == "suffix":
+            return (f"suffix (n<={self.budget}, d={self.depth}, paths with p>={self.threshold:g}{cap}; no draft model) "
+                    f"@ target {self.target_precision}")
+        elif self.method == "hybrid":
+            shape = (f"n<={self.budget}, d={self.depth}, suffix paths with p>={self.threshold:g}{cap}; "
+                     f"the draft model on {self.model_share or 0:.0%} of steps")
+        else:
+            shape = f"n={self.budget}, d={self.depth}"
+        return f"{self.method} ({shape}) @ target {self.target_precision}, draft {self.draft_precision}"
+
+
+def autoregressive_candidate(profile: MachineProfile, tp: str) -> Candidate:
+    """Plain decoding at target precision ``tp``: one 1-token target forward per token."""
+    return Candidate(method="autoregressive", target_precision=tp, draft_precision=None, budget=1, depth=0,
+                     expected_tokens=1.0, target_seconds=profile.target_time(tp, 1),
+                     verify_seconds=profile.verify_time(1), draft_seconds=0.0)
+
+
+def _chain_stats(sequences, max_tokens: int) -> dict[tuple[int, Optional[int]], ChainStats]:
+    """``{(k, stop index or None): ChainStats}`` of every chain up to ``CHAIN_MAX`` that fits ``max_tokens``."""
+    return {(k, stop): simulate_chain(sequences, k, stop)
+            for k in range(1, CHAIN_MAX + 1) if k + 1 <= max_tokens
+            for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)}
+
+
+def _replays(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[dict, dict]:
+    """``(model trees, replayed)``: the hybrid shapes' Sequoia model trees ``{(n, d): (size, G, levels)}``
+    and ``{SuffixShape: SuffixStats or None}`` of every suffix and hybrid shape, from one replay."""
+    from ..drafting.suffix_replay import SuffixShape
+
+    suffix_shapes = [SuffixShape(n, d, q, f) for n in SUFFIX_BUDGETS if n <= max_tokens
+                     for d in SUFFIX_DEPTHS for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS
+                     ] if ("suffix" in methods and acc.texts) else []
+    hybrid_budgets = [n for n in HYBRID_BUDGETS if n <= max_tokens]
+    model_trees = sequoia_shapes(acc.vector, hybrid_budgets, HYBRID_DEPTHS) if (
+        "hybrid" in methods and acc.texts and hybrid_budgets and len(acc.vector)) else {}
+    hybrid_shapes = [SuffixShape(n, d, q, f, hybrid=True) for (n, d) in model_trees
+                     for q in SUFFIX_THRESHOLDS for f in SUFFIX_FACTORS]
+    model_commit = {s: max(1, round(model_trees[(s.budget, s.depth)][1])) for s in hybrid_shapes}
+    replayed = simulate_suffix_shapes(acc.texts, suffix_shapes + hybrid_shapes, model_commit) if (
+        suffix_shapes or hybrid_shapes) else {}
+    return model_trees, replayed
+
+
+def _price_replayed(profile: MachineProfile, replayed: dict, model_trees: dict, tp: str,
+                    draft_precisions: Sequence[str]) -> list[Candidate]:
+    """``suffix`` and ``hybrid`` candidates at target precision ``tp`` from their replays."""
+    cands = []
+    for sh, st in replayed.items():
+        if st is None:
+            continue
+        t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
+        v_s = sum(p * profile.verify_time(size) for size, p in st.size_probs.items())
+        shape = dict(budget=sh.budget, depth=sh.depth, threshold=sh.threshold, spec_factor=sh.spec_factor)
+        if not sh.hybrid:
+            cands.append(Candidate(method="suffix", target_precision=tp, draft_precision=None,
+                                   expected_tokens=st.suffix_tokens, target_seconds=t_s, verify_seconds=v_s,
+                                   draft_seconds=st.build_seconds, **shape))
+            continue
+        size, g, levels = model_trees[(sh.budget, sh.depth)]
+        m = st.model_share
+        for dp in draft_precisions:
+            cands.append(Candidate(
+                method="hybrid", target_precision=tp, draft_precision=dp, expected_tokens=st.suffix_tokens + m * g,
+                target_seconds=t_s + m * profile.target_time(tp, size),
+                verify_seconds=v_s + m * profile.verify_time(size),
+                draft_seconds=st.build_seconds + m * sum(profile.draft_time(dp, w) for w in levels),
+                model_share=m, **shape))
+    return cands
+
+
+def _price_chain(profile: MachineProfile, tp: str, dp: str, stats: Optional[dict], p1: float,
+                 lengths: Sequence[int]) -> list[Candidate]:
+    """``chain`` candidates at (``tp``, ``dp``): replayed on the calibration positions (``stats``), or
+    with the geometric positional model where there are none (``stats`` None)."""
+    cands = []
+    if stats is not None:
+        td = profile.draft_time(dp, 1)
+        for (k, stop), st in stats.items():
+            sizes = range(2, k + 2)
+            cands.append(Candidate(
+                method="chain", target_precision=tp, draft_precision=dp, budget=k + 1, depth=k,
+                expected_tokens=st.tokens,
+                target_seconds=sum(p * profile.target_time(tp, n) for p, n in zip(st.size_probs, sizes)),
+                verify_seconds=sum(p * profile.verify_time(n) for p, n in zip(st.size_probs, sizes)),
+                draft_seconds=st.drafted * td, stop_confidence=None if stop is None else STOP_GRID[stop]))
+        return cands
+    for k in lengths:
+        if k + 1 > profile.max_tokens:
+            continue
+        cands.append(Candidate(method="chain", target_precision=tp, draft_precision=dp, budget=k + 1, depth=k,
+                               expected_tokens=chain_expected_tokens(p1, k),
+                               target_seconds=profile.target_time(tp, k + 1),
+                               verify_seconds=profile.verify_time(k + 1), draft_seconds=k * profile.draft_time(dp, 1)))
+    return cands
+
+
+def _price_sequoia(profile: MachineProfile, tp: str, dp: str, shapes: dict) -> list[Candidate]:
+    """``sequoia`` candidates at (``tp``, ``dp``) from ``{(n, d): (tree size, G, draft level widths)}``."""
+    return [Candidate(method="sequoia", target_precision=tp, draft_precision=dp, budget=n, depth=d, expected_tokens=g,
+                      target_seconds=profile.target_time(tp, size), verify_seconds=profile.verify_time(size),
+                      draft_seconds=sum(profile.draft_time(dp, w) for w in levels), tree_size=size)
+            for (n, d), (size, g, levels) in shapes.items()]
+
+
+def price_candidates(
+    profile: MachineProfile,
+    acceptance: Sequence[float] | Acceptance,
+    target_precisions: Sequence[str],
+    draft_precisions: Sequence[str],
+    methods: Sequence[str] = AUTO_METHODS,
+    chain_lengths: Sequence[int] = CHAIN_LENGTHS,
+    budgets: Sequence[int] = SEQUOIA_BUDGETS,
+    depths: Sequence[int] = SEQUOIA_DEPTHS,
+) -> list[Candidate]:
+    """Every (method, shape, precision pair) priced from the profile (unmeasured sizes: skipped).
+
+    Chains are priced on the calibration positions (``simulate_chain``) when ``acceptance`` carries
+    them, with and without each confidence stop; otherwise with the geometric positional model."""
+    acc = acceptance if isinstance(acceptance, Acceptance) else Acceptance(tuple(acceptance))
+    p1 = float(acc.vector[0]) if len(acc.vector) else 0.0
+    budgets = [b for b in budgets if b <= profile.max_tokens]
+    shapes = sequoia_shapes(acc.vector, budgets, depths) if ("sequoia" in methods and budgets) else {}
+    chains = _chain_stats(acc.sequences, profile.max_tokens) if ("chain" in methods and acc.sequences) else None
+    model_trees, replayed = _replays(acc, methods, profile.max_tokens)
+    cands: list[Candidate] = []
+    for tp in target_precisions:
+        cands += _price_replayed(profile, replayed, model_trees, tp, draft_precisions)
+        if "autoregressive" in methods:
+            cands.append(autoregressive_candidate(profile, tp))
+        for dp in draft_precisions:
+            if "chain" in methods:
+                cands += _price_chain(profile, tp, dp, chains, p1, chain_lengths)
+            cands += _price_sequoia(profile, tp, dp, shapes)
+    return [c for c in cands if math.isfinite(c.seconds_per_token)]

@@ -8,7 +8,7 @@ target forward of an n-node tree at the run's target precision from the one mach
 verification, KV work) measured by the calibration decodes, divided by the tokens per step the
 method reaches with this pair.
 
-* ``sequoia``: no decoding is needed: ``auto``'s closed-form price (``auto.price_candidates``:
+* ``sequoia``: no decoding is needed: ``auto``'s closed-form price (``pricing.price_candidates``:
   Sequoia's DP under the acceptance vector, one batched draft forward per level) over the grid.
 * every other tree method: candidate (budget, depth) points are *calibrated*: short decodes on
   prompts disjoint from any evaluation (the ``calib`` slice), recording tokens/step, tree sizes and
@@ -34,14 +34,15 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..config import DecodeConfig, default_threshold
 from ..methods import method_spec
+from .grid_search import coordinate_search, middle, paired_standard_error, select_within_noise
 from .machine_profile import MachineProfile
-from .pricing import seconds_per_token
+from .pricing import price_candidates
+from .tuning_result import TuningPoint, TuningResult
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
 DEPTH_GRID: tuple[int, ...] = (2, 3, 4, 6, 8)
@@ -51,161 +52,6 @@ TUNING_VERSION = 3  # cached tunings of another version are recomputed (2: one-s
 # 3: priced from the one machine profile at the run's precisions)
 #: target sizes the profile must cover before a calibration (every tree size up to the largest budget)
 CALIBRATION_NS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
-
-
-@dataclass(frozen=True)
-class TuningPoint:
-    """One calibrated (or, for Sequoia, modelled) configuration.
-
-    Attributes:
-        budget, depth, width: the configuration (``DecodeConfig`` fields).
-        tokens_per_step: mean committed tokens per step (accepted + bonus).
-        mean_tree_size: mean drafted tree size (root included).
-        target_seconds: mean profiled target forward per step, ``t(tree size)``.
-        overhead_seconds: mean measured (Sequoia: profiled) seconds per step outside the target
-            forward: draft forwards, tree construction, verification, KV compaction.
-        measured_seconds_per_token: wall seconds per token of the calibration decodes (NaN for
-            modelled points).
-        per_prompt_seconds_per_token: predicted seconds per token of each calibration prompt, in
-            prompt order (the same prompts and seeds for every point, so two points can be
-            compared prompt by prompt); empty for modelled points.
-    """
-
-    budget: int
-    depth: int
-    width: int
-    tokens_per_step: float
-    mean_tree_size: float
-    target_seconds: float
-    overhead_seconds: float
-    measured_seconds_per_token: float = float("nan")
-    per_prompt_seconds_per_token: tuple[float, ...] = ()
-
-    @property
-    def predicted_seconds_per_token(self) -> float:
-        return seconds_per_token(self.target_seconds, 0.0, self.overhead_seconds, self.tokens_per_step)
-
-
-@dataclass(frozen=True)
-class TuningResult:
-    """The chosen configuration and every point that was evaluated to choose it."""
-
-    method: str
-    temperature: float
-    profile_key: str
-    strategy: str
-    best: TuningPoint
-    points: tuple[TuningPoint, ...]
-    calib_prompts: int = 0
-    calib_tokens: int = 0
-    seconds: float = 0.0
-    created: str = ""
-    meta: dict = field(default_factory=dict)
-
-    def apply(self, cfg: DecodeConfig) -> DecodeConfig:
-        """``cfg`` with the tuned budget / depth / width (and the threshold controller for the methods
-        the registry marks ``threshold_controlled``)."""
-        if cfg.method != self.method:
-            raise ValueError(f"tuned for {self.method!r}, not {cfg.method!r}")
-        extra = {}
-        if method_spec(cfg.method).threshold_controlled:
-            extra = {"adaptive_threshold": True, "threshold": default_threshold(self.best.budget)}
-        return dataclasses.replace(cfg, budget=self.best.budget, depth=self.best.depth, width=self.best.width, **extra)
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["best"]["predicted_seconds_per_token"] = self.best.predicted_seconds_per_token
-        return json.dumps(d, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "TuningResult":
-        d = json.loads(text)
-        d["best"].pop("predicted_seconds_per_token", None)
-        d["best"] = _point_from_dict(d["best"])
-        d["points"] = tuple(_point_from_dict(p) for p in d["points"])
-        return cls(**d)
-
-
-def _point_from_dict(d: dict) -> TuningPoint:
-    d = dict(d)
-    d["per_prompt_seconds_per_token"] = tuple(d.get("per_prompt_seconds_per_token", ()))
-    return TuningPoint(**d)
-
-
-Evaluate = Callable[[int, int, int], TuningPoint]
-
-
-def coordinate_search(
-    evaluate: Evaluate,
-    axes: dict[str, Sequence[int]],
-    start: dict[str, int],
-    fixed: Optional[dict[str, int]] = None,
-    max_points: int = 24,
-) -> tuple[TuningPoint, list[TuningPoint]]:
-    """Minimise ``predicted_seconds_per_token`` over a grid by moving to the best neighbour.
-
-    Args:
-        evaluate: ``(budget, depth, width) -> TuningPoint`` (called at most once per point).
-        axes: the searched axes among ``budget``, ``depth``, ``width``, each a sorted grid.
-        start: a grid point to start from (one value per searched axis).
-        fixed: values of the axes that are not searched.
-        max_points: evaluation cap.
-    Returns:
-        (best point, every evaluated point in evaluation order).
-    """
-    names = list(axes)
-    fixed = dict(fixed or {})
-    seen: dict[tuple[int, ...], TuningPoint] = {}
-    order: list[TuningPoint] = []
-
-    def at(idx: tuple[int, ...]) -> TuningPoint:
-        if idx not in seen:
-            args = dict(fixed)
-            args.update({n: axes[n][i] for n, i in zip(names, idx)})
-            seen[idx] = evaluate(args.get("budget", 0), args.get("depth", 0), args.get("width", 0))
-            order.append(seen[idx])
-        return seen[idx]
-
-    cur = tuple(list(axes[n]).index(start[n]) for n in names)
-    best = at(cur)
-    while len(seen) < max_points:
-        moves = []
-        for a in range(len(names)):
-            for step in (-1, 1):
-                j = cur[a] + step
-                if 0 <= j < len(axes[names[a]]):
-                    moves.append(cur[:a] + (j,) + cur[a + 1:])
-        evaluated = [at(m) for m in moves if m in seen or len(seen) < max_points]
-        cand = min(evaluated, key=lambda p: p.predicted_seconds_per_token, default=None)
-        if cand is None or cand.predicted_seconds_per_token >= best.predicted_seconds_per_token:
-            break
-        best = cand
-        cur = next(k for k, v in seen.items() if v is cand)
-    return best, order
-
-
-def paired_standard_error(a: TuningPoint, b: TuningPoint) -> float:
-    """Standard error of the mean per-prompt difference of predicted seconds/token between two
-    points calibrated on the same prompts; 0 when fewer than two paired prompts are recorded."""
-    xs, ys = a.per_prompt_seconds_per_token, b.per_prompt_seconds_per_token
-    if len(xs) != len(ys) or len(xs) < 2:
-        return 0.0
-    return statistics.stdev(x - y for x, y in zip(xs, ys)) / math.sqrt(len(xs))
-
-
-def select_within_noise(points: Sequence[TuningPoint]) -> TuningPoint:
-    """The one-standard-error rule: the argmin of predicted seconds/token, unless a point with a
-    smaller mean tree (then smaller depth) is within one paired standard error of it.
-
-    Smaller trees cost less to verify on every machine and their acceptance varies less, so
-    among configurations the calibration cannot tell apart the cheapest is the safer choice.
-    """
-    if not points:
-        raise ValueError("no tuning points to select from")
-    best = min(points, key=lambda p: p.predicted_seconds_per_token)
-    tied = [p for p in points
-            if p.predicted_seconds_per_token - best.predicted_seconds_per_token <= paired_standard_error(p, best)]
-    return min(tied, key=lambda p: (p.mean_tree_size, p.depth, p.predicted_seconds_per_token))
 
 
 def calibrate_point(
@@ -302,18 +148,18 @@ def tune(
         if spec.tuning == "chain_length":
             grid = sorted(set(CHAIN_GRID) | {cfg.depth})
             best, points = coordinate_search(
-                lambda b, d, w: evaluate(d + 1, d, cfg.width), {"depth": grid}, {"depth": _middle(grid, 4)})
+                lambda b, d, w: evaluate(d + 1, d, cfg.width), {"depth": grid}, {"depth": middle(grid, 4)})
             strategy = "calibrated coordinate search over the chain length"
         elif spec.tuning == "width_depth":
             wgrid = sorted(set(widths))
             best, points = coordinate_search(
                 lambda b, d, w: evaluate(w * d + 1, d, w), {"width": wgrid, "depth": depths},
-                {"width": _middle(wgrid, 4), "depth": _middle(depths, 4)})
+                {"width": middle(wgrid, 4), "depth": middle(depths, 4)})
             strategy = "calibrated coordinate search over width x depth"
         elif spec.tuning == "budget_depth":
             best, points = coordinate_search(
                 evaluate, {"budget": budgets, "depth": depths},
-                {"budget": _middle(budgets, 32), "depth": _middle(depths, 4)}, fixed={"width": cfg.width})
+                {"budget": middle(budgets, 32), "depth": middle(depths, 4)}, fixed={"width": cfg.width})
             strategy = "calibrated coordinate search over budget x depth"
         else:
             raise ValueError(f"method {cfg.method!r}: unknown tuning kind {spec.tuning!r}")
@@ -342,18 +188,12 @@ def calibration_fingerprint(cfg: DecodeConfig, prompts: Sequence[Sequence[int]],
     return hashlib.sha1(data.encode()).hexdigest()[:16]
 
 
-def _middle(grid: Sequence[int], preferred: int) -> int:
-    """``preferred`` if on the grid, else the grid value closest to it."""
-    return min(grid, key=lambda g: (abs(g - preferred), g))
-
-
 def _precision(cfg: DecodeConfig) -> str:
     return cfg.precision or cfg.dtype
 
 
 def _tune_sequoia(cfg: DecodeConfig, profile: MachineProfile, budgets: Sequence[int], depths: Sequence[int]):
     from ..drafting.sequoia import default_acceptance_vector
-    from .auto import price_candidates
 
     acc = cfg.sequoia_acceptance or default_acceptance_vector()
     cands = price_candidates(profile, acc, [_precision(cfg)], [cfg.draft_precision or _precision(cfg)],
@@ -370,8 +210,6 @@ def _tune_sequoia(cfg: DecodeConfig, profile: MachineProfile, budgets: Sequence[
 
 
 # ------------------------------------------------------------------------------------- cache
-
-
 def tuning_cache_path(profile_key: str, cfg: DecodeConfig) -> Path:
     from ..paths import cache_file
 

@@ -1,0 +1,83 @@
+"""``PairCache``: the draft and target models of one pair, loaded once per (role, precision) and
+handed out as pairs at any precision pair, at most ``keep`` models in memory (least recently used go
+first). ``auto`` loads everything it measures through one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .machine_profile import NotMeasuredYet
+
+
+@dataclass
+class PairCache:
+    """Loads models per (role, precision) once; hands out pairs at a precision pair.
+
+    Holding every precision of both models would need ~15 GB for the embedded pair, so at most
+    ``keep`` models stay loaded (least recently used go first)."""
+
+    draft_spec: str
+    target_spec: str
+    device: str = "cpu"
+    keep: int = 2
+    _models: dict = field(default_factory=dict)
+    _base: object = None
+
+    def model(self, role: str, precision: str):
+        key = (role, precision)
+        if key in self._models:
+            m = self._models.pop(key)
+            self._models[key] = m
+            return m
+        from ..models.load import load_model, resolve_spec
+
+        src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
+        m = load_model(src, "float32", self.device, precision)
+        while len(self._models) >= self.keep:
+            self._models.pop(next(iter(self._models)))
+        self._models[key] = m
+        return m
+
+    def text_tokenizer(self):
+        """The pair's tokenizer without loading weights (the loaded pair's, else the target's files
+        on this machine); ``NotMeasuredYet`` where that would need a download."""
+        if self._base is not None:
+            return self._base.tokenizer
+        from ..models.load import local_text_info
+
+        found = local_text_info(self.target_spec, "target")
+        if found is None:
+            raise NotMeasuredYet(f"the tokenizer of {self.target_spec!r} is not on this machine yet")
+        return found[0]
+
+    def timing_model(self, role: str, precision: str):
+        """A model that costs what ``model(role, precision)`` costs per forward: its zero-weight shape
+        twin where one can be built (a GGUF preset on the CPU: seconds instead of a full load), else
+        the model itself. Twins are not kept."""
+        from ..models.load import load_shape_twin, resolve_spec
+
+        src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
+        twin = load_shape_twin(src, self.device, precision)
+        return twin if twin is not None else self.model(role, precision)
+
+    def pair(self, target_precision: str, draft_precision: str):
+        """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""
+        import dataclasses
+
+        from ..models.load import load_pair
+
+        if self._base is None:
+            pair = load_pair(self.draft_spec, self.target_spec, device=self.device,
+                             precision=target_precision, draft_precision=draft_precision)
+            # the template of later pairs keeps the tokenizer and checks, not these weights: holding
+            # them would keep the first precisions in memory beside the ``keep`` models
+            self._base = dataclasses.replace(pair, draft=None, target=None)
+            self._models[("draft", draft_precision)] = pair.draft
+            self._models[("target", target_precision)] = pair.target
+            while len(self._models) > max(self.keep, 2):
+                self._models.pop(next(iter(self._models)))
+            return pair
+        t = self.model("target", target_precision)
+        d = self.model("draft", draft_precision)
+        return dataclasses.replace(self._base, draft=d, target=t, draft_precision=draft_precision,
+                                   target_precision=target_precision)

@@ -1,0 +1,153 @@
+"""Measuring the machine profile: what a request lacks of it is timed once and written back.
+
+Forwards run on top of a 128-token prefix whose keys and values are zeros (attention costs the same
+for any values, and a real 128-token prefill of a bf16 model on an AVX2 CPU alone takes tens of
+seconds); with a 32-token prefix, bf16 on an AVX2 CPU measured 201 ms for one target token, but
+decoding after a 128-token prompt took 435 ms/token (its attention cost grows with the context).
+Profiling is kept short: one warm-up forward, two or three timed samples per size, the fastest kept
+(interference only adds time), and a precision is dropped for the larger sizes once it is more than
+``prune_factor`` times slower than the best precision at the same size (bf16 on AVX2: 11x at 16
+tokens); dropped sizes are never measured again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..machine import machine_info
+from .forward_timer import ForwardTimer, Progress, Turn
+from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachineProfile, NotMeasuredYet, empty_profile,
+                              profile_key, profile_path)
+
+#: loads one model ("draft" | "target") at a precision
+ModelLoader = Callable[[str, str], object]
+
+
+def _verify_seconds(vocab: int, n: int) -> float:
+    from ..sampling import probs_from_logits
+
+    logits = torch.randn(n, vocab)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        probs_from_logits(logits, 1.0).cpu().max(dim=-1)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
+    """Add the columns ``ns`` to every row (None where not measured)."""
+    new = sorted(set(prof.ns) | set(int(n) for n in ns))
+    if new == prof.ns:
+        return
+
+    def remap(row: list[Optional[float]]) -> list[Optional[float]]:
+        old = dict(zip(prof.ns, row))
+        return [old.get(n) for n in new]
+
+    for table in (prof.target, prof.draft):
+        for prec in table:
+            table[prec] = remap(table[prec])
+    prof.verify = remap(prof.verify)
+    prof.ns = new
+
+
+def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
+                 prune_factor: float = 2.0, progress: Optional[Progress] = None, turn: Turn = nullcontext) -> int:
+    """Measure what ``prof`` lacks of ``wanted`` (``{(role, precision): sizes}``), loading each model
+    once, and write it into ``prof``. Returns the number of (role, precision) rows timed (0 when
+    everything asked for was there). Each size is timed inside ``turn()`` (the app passes a turn on
+    its shared models, so nothing is timed while a session decodes)."""
+    say = progress or (lambda _m: None)
+    todo = [(role, prec, prof.missing(role, prec, ns)) for (role, prec), ns in wanted.items()]
+    todo = [t for t in todo if t[2]]
+    all_ns = {n for ns in wanted.values() for n in ns}
+    _widen(prof, all_ns)
+    verify_todo = [n for n in sorted(all_ns) if prof.verify[prof.ns.index(n)] is None]
+    if not todo and not verify_todo:
+        return 0
+    t_start = time.perf_counter()
+    vocab = 0
+    for done, (role, prec, sizes) in enumerate(todo, 1):
+        say(f"[{done}/{len(todo)}] loading the {role} at {prec} ...")
+        with turn(), torch.inference_mode():  # (loading is model work too: not beside a session's step)
+            model = load(role, prec)
+            timer = ForwardTimer(model, prof.prefix_len, max(sizes))
+            vocab = timer.vocab
+            timer.once(1)  # warm-up (allocations, first-call paths)
+        with torch.inference_mode():
+            table = getattr(prof, role)
+            row = table.setdefault(prec, [None] * len(prof.ns))
+            for n in sizes:
+                i = prof.ns.index(n)
+                others = [r[i] for p, r in table.items() if p != prec and r[i] is not None]
+                with turn():
+                    t = timer.best(n, 3 if n <= 4 else 2)
+                if others and t > prune_factor * min(others):
+                    say(f"    {role} {prec} n={n}: {t * 1e3:.0f} ms, > {prune_factor:g}x the best precision: "
+                        "dropped from here on")
+                    prof.dropped[f"{role}:{prec}"] = n
+                    break
+                row[i] = t
+                say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
+        del model, timer
+    if verify_todo:
+        with turn():
+            if not vocab:
+                from ..quant.apply import output_dim
+
+                vocab = output_dim(load("target", next(iter(prof.target), "float32")))
+            for n in verify_todo:
+                prof.verify[prof.ns.index(n)] = _verify_seconds(vocab, n)
+    prof.seconds += time.perf_counter() - t_start
+    prof.machine = machine_info().to_dict()
+    return len(todo)
+
+
+def measure_profile(load: ModelLoader, precisions: Sequence[str], key: str, ns: Sequence[int] = DEFAULT_NS,
+                    prefix_len: int = PREFIX_LEN, prune_factor: float = 2.0, progress: Optional[Progress] = None,
+                    draft_precisions: Optional[Sequence[str]] = None) -> MachineProfile:
+    """A new profile of both models at every precision and size (nothing read from or written to the
+    cache; ``bench profile`` uses it)."""
+    prof = empty_profile(key, prefix_len)
+    wanted = {(role, p): ns for role, precs in (("target", precisions), ("draft", draft_precisions or precisions))
+              for p in precs}
+    measure_into(prof, load, wanted, prune_factor, progress)
+    return prof
+
+
+def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, precisions: Sequence[str],
+                            ns: Sequence[int] = DEFAULT_NS, refresh: bool = False,
+                            progress: Optional[Progress] = None,
+                            draft_precisions: Optional[Sequence[str]] = None,
+                            target_ns: Optional[Sequence[int]] = None, measure: bool = True,
+                            turn: Turn = nullcontext) -> MachineProfile:
+    """This machine's profile of the pair with at least ``ns`` for both models at their precisions
+    (and ``target_ns`` too for the target): read from the cache, and what it lacks measured once and
+    written back. ``refresh`` measures everything asked for anew; ``measure=False`` raises
+    ``NotMeasuredYet`` instead of measuring; ``turn`` as in ``measure_into``."""
+    key = profile_key(pair_name, device)
+    path = profile_path(key)
+    prof: Optional[MachineProfile] = None
+    if path.is_file() and not refresh:
+        try:
+            prof = MachineProfile.load(path)
+            if prof.version != PROFILE_VERSION:
+                prof = None
+        except (OSError, ValueError, TypeError):
+            prof = None
+    prof = prof or empty_profile(key)
+    t_ns = sorted(set(ns) | set(target_ns or ()))
+    wanted = {("target", p): t_ns for p in precisions}
+    wanted.update({("draft", p): list(ns) for p in (draft_precisions or precisions)})
+    if not measure and (refresh or any(prof.missing(role, p, ns) for (role, p), ns in wanted.items())
+                        or any(n not in prof.ns or prof.verify[prof.ns.index(n)] is None for n in t_ns)):
+        raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
+    if measure_into(prof, load, wanted, progress=progress, turn=turn) or not path.is_file() or refresh:
+        prof.save(path)
+    return prof
