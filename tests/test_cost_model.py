@@ -119,11 +119,11 @@ def test_the_panel_on_a_tiny_run_states_the_break_even_and_the_references_time()
 
 def test_the_panel_shows_the_measured_h200_offload_row_from_the_committed_file():
     from test_ui_figures import _settings
-    from ui.cost_view import cost_model_html
+    from ui.cost_view import GPU_RESULTS, cost_model_html
 
     from dyntree_core.planning.projection import GpuResults
 
-    off = GpuResults.load().offload  # bench/results/gpu-h200/offload.json
+    off = GpuResults.load(GPU_RESULTS).offload  # bench/results/gpu-h200/offload.json
     page = cost_model_html(_run(_settings(max_new_tokens=8)), None)
     assert "70B-shaped target offloaded to host memory" in page and "NVIDIA H200" in page
     assert f"{off.at(1):.3f} s at {off.gbps:.1f} GB/s" in page and "2.475 s at 55.3 GB/s" in page

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from dyntree_core.planning.pricing import interpolate, seconds_per_token
-from dyntree_core.planning.projection import GPU_RESULTS, GpuResults, MeasuredStep, OffloadCost, gpu_rows, step_time_at
+from dyntree_core.planning.projection import GpuResults, MeasuredStep, OffloadCost, gpu_rows, step_time_at
+from ui.cost_view import GPU_RESULTS  # the app's: the repository's committed results
 
 
 def test_the_step_cost_formula():
@@ -46,7 +47,7 @@ def test_the_committed_h200_offload_row():
     streamed from pinned host memory at the PCIe floor, flat in the tree size."""
     raw = json.loads((GPU_RESULTS / "offload.json").read_text())
     assert raw["environment"]["device_name"] == "NVIDIA H200"
-    gpu = GpuResults.load()
+    gpu = GpuResults.load(GPU_RESULTS)
     assert gpu is not None and "H200" in gpu.machine and gpu.date.startswith("2026-11-26")
     off = gpu.offload
     assert off.tokens == (1, 64, 256, 768)
@@ -61,7 +62,7 @@ def test_the_committed_h200_offload_row():
 
 
 def test_gpu_rows_price_this_runs_tree_with_the_measured_steps():
-    gpu = GpuResults.load()
+    gpu = GpuResults.load(GPU_RESULTS)
     rows = gpu_rows(gpu, tree_size=100, tokens_per_step=3.0, target_params=1.5e9)
     off, resident = rows
     # offload: measured steps at 64 (2.537 s) and 128 (2.568 s) nodes, linear between: 100 nodes

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import html
+from pathlib import Path
 from typing import Optional
 
 from dyntree_core.planning.cost_model import StepCost, Verdict, ar_reference, step_cost
@@ -20,6 +21,9 @@ STYLE = ("<style>#cost-model table{border-collapse:collapse;font-size:0.85em;mar
          "#cost-model .dt-win{color:#1a7f37;font-weight:bold}#cost-model .dt-lose{color:#b42318;font-weight:bold}"
          "#cost-model details{font-size:0.8em;color:#555}</style>")
 
+#: the H200 results committed in this repository (absent beside an installed package: no GPU rows)
+GPU_RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "gpu-h200"
+
 KIND_NAMES = {"model": "model-drafted steps", "suffix": "suffix-tree steps (no draft forward)", "": "tree steps"}
 
 
@@ -30,7 +34,7 @@ def _ms(s: float) -> str:
 @functools.lru_cache(maxsize=1)
 def gpu_results() -> Optional[GpuResults]:
     """The committed GPU measurements (read once)."""
-    return GpuResults.load()
+    return GpuResults.load(GPU_RESULTS)
 
 
 def _step_table(cost: StepCost) -> str:

@@ -3,7 +3,8 @@ run's tree priced with those numbers.
 
 The numbers come from ``python -m dyntree_core.bench gpu`` (and two probes run beside it) on one
 NVIDIA H200, committed under ``bench/results/gpu-h200/`` with a README naming the machine and the
-commit. Nothing here is assumed: a GPU row the files do not contain is not shown. The pricing follows
+commit; the caller names that directory (``GpuResults.load(root)``: the app reads the repository's).
+Nothing here is assumed: a GPU row the files do not contain is not shown. The pricing follows
 the one step-cost formula and interpolation policy of ``pricing``: a step time measured at a tree
 size is used at the sizes between measured ones, the smallest measured size stands for smaller trees
 (an upper bound), and a tree larger than any measured one has no price.
@@ -27,9 +28,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .pricing import interpolate, seconds_per_token
-
-#: the committed H200 results (absent in an installed package without the repository: no GPU rows)
-GPU_RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-h200"
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,7 @@ class GpuResults:
     source: str = ""
 
     @classmethod
-    def load(cls, root: Path = GPU_RESULTS) -> Optional["GpuResults"]:
+    def load(cls, root: Path) -> Optional["GpuResults"]:
         """The results under ``root``, or None when the directory or its offload file is missing."""
         root = Path(root)
         try:
