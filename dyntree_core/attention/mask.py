@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from dyntree_core.tree import TokenTree, ancestor_matrix, count_nonzero_blocks, order_of
+from dyntree_core.tree import TokenTree, ancestor_matrix, order_of
 
 Order = str  # "bfs" | "dfs" | "hpd" | "gen" (construction order)
 
@@ -280,8 +280,3 @@ def placeholder_mask(q: int, kv: int, device: torch.device | str = "cpu") -> tor
 def is_placeholder(mask: torch.Tensor) -> bool:
     """Whether ``mask`` is a ``placeholder_mask`` (possibly with leading unit dims added)."""
     return mask.dtype == torch.bool and mask.numel() > 1 and all(s == 0 for s in mask.stride())
-
-
-def block_count_full(mask: torch.Tensor, block_size: int) -> int:
-    """Non-empty ``block_size``² tiles of a whole ``[Q, KV]`` mask (prefix columns included)."""
-    return count_nonzero_blocks(mask.cpu(), block_size)

@@ -40,11 +40,6 @@ def _scratch(n: int) -> torch.Tensor:
     return buf[:n]
 
 
-def release_scratch() -> None:
-    """Free the shared ``dequant_mm`` buffer (it is re-made on the next use)."""
-    _SCRATCH.clear()
-
-
 def row_bytes(type_name: str, k: int) -> int:
     _, elems, nbytes = BLOCKS[type_name]
     if k % elems:
