@@ -6,6 +6,7 @@ interpreter is selected here and nowhere else, only without CUDA, and before any
 Triton (transformers does on import): on a GPU machine ``pytest`` runs the compiled kernel on the
 GPU, without one every Triton kernel runs on the CPU through the interpreter."""
 
+import contextlib
 import os
 
 import torch
@@ -25,6 +26,26 @@ torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // max(1, _workers)))
 
 
 import pytest  # noqa: E402
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op thread count set to ``n`` inside, the previous count restored after (a test
+    never leaves it changed for the tests after it). Module-scoped fixtures use it directly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """One torch thread for this test, the count restored after it: tiny models gain nothing from
+    threads, and OpenMP's spinning threads slow their many small ops down on a busy machine."""
+    with torch_threads(1):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -216,11 +216,10 @@ def test_cli_method_auto_budget_auto_profiles_the_machine_once(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
+def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys, one_torch_thread):
     from dyntree_core.bench.speed import main
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
-    torch.set_num_threads(1)
     out = tmp_path / "speed.json"
     rc = main(["--pair", "tiny", "--datasets", "wiki", "code", "--prompts", "2", "--prompt-tokens", "16",
                "--new-tokens", "8", "--temperatures", "0", "0.6", "--precisions", "float32", "int8",
@@ -244,11 +243,10 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_speed_bench_runs_only_the_transformers_rows_asked_for(tmp_path, monkeypatch):
+def test_speed_bench_runs_only_the_transformers_rows_asked_for(tmp_path, monkeypatch, one_torch_thread):
     from dyntree_core.bench.speed import main
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
-    torch.set_num_threads(1)
     out = tmp_path / "speed.json"
     assert main(["--pair", "tiny", "--datasets", "code", "--prompts", "1", "--prompt-tokens", "16", "--new-tokens", "6",
                  "--temperatures", "0", "--precisions", "float32", "--auto-precisions", "float32", "--fixed",

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from dyntree_core.bench import llamacpp as lc
 
@@ -21,12 +20,11 @@ def test_status_without_llama_cpp_says_how_to_install_it(monkeypatch):
 
 
 @pytest.mark.slow
-def test_speed_bench_records_why_llama_cpp_rows_are_missing(tmp_path, monkeypatch, capsys):
+def test_speed_bench_records_why_llama_cpp_rows_are_missing(tmp_path, monkeypatch, capsys, one_torch_thread):
     from dyntree_core.bench.speed import main
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
-    torch.set_num_threads(1)
     out = tmp_path / "speed.json"
     assert main(["--pair", "tiny", "--datasets", "code", "--prompts", "1", "--prompt-tokens", "16", "--new-tokens", "4",
                  "--temperatures", "0", "--precisions", "float32", "--auto-precisions", "float32", "--fixed",

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-import torch
 
+from conftest import torch_threads
 from dyntree_core.bench.hf_baselines import HFRun, hf_assisted_defaults, hf_generate
 from dyntree_core.config import DecodeConfig
 from dyntree_core.decode.engine import SpeculativeDecoder
@@ -18,14 +18,12 @@ N = 24
 def pair():
     # 64-wide layers gain nothing from threads, and assisted generation's many tiny ops slow down
     # by ~50x with two OpenMP threads on a busy 2-core machine; restored after this module
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    draft, target = tiny_pair(seed=0)
-    # one untimed warm-up of each path, as a benchmark would do
-    hf_generate(target, [3, 4], 4)
-    hf_generate(target, [3, 4], 4, draft=draft)
-    yield draft, target
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        draft, target = tiny_pair(seed=0)
+        # one untimed warm-up of each path, as a benchmark would do
+        hf_generate(target, [3, 4], 4)
+        hf_generate(target, [3, 4], 4, draft=draft)
+        yield draft, target
 
 
 def _eos(pair):
