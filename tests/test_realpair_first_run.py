@@ -9,6 +9,8 @@ import types
 
 import pytest
 
+from ui_form import form_values
+
 pytestmark = pytest.mark.realpair
 
 
@@ -25,8 +27,10 @@ def test_the_first_run_with_the_apps_defaults_on_a_fresh_cache(tmp_path, monkeyp
         (fresh / sub).symlink_to(cache_root() / sub)
     monkeypatch.setenv("DYNTREE_CACHE", str(fresh))
     d = AppDefaults()
-    form = ["embedded", "embedded", d.device, d.dtype, d.prompt, d.chat, d.method, "auto", 0.0, 1.0, d.budget,
-             d.depth, d.width, 0.05, d.max_new_tokens, 0, False, d.precision, d.draft_precision, "refuse"]
+    form = form_values(draft="embedded", target="embedded", device=d.device, dtype=d.dtype, prompt=d.prompt,
+                       chat=d.chat, method=d.method, verifier="auto", temperature=0.0, top_p=1.0, budget=d.budget,
+                       depth=d.depth, width=d.width, threshold=0.05, max_new_tokens=d.max_new_tokens, seed=0,
+                       offload=False, precision=d.precision, draft_precision=d.draft_precision, long_prompt="refuse")
     ctl = Controller(HubModelProvider(), types.SimpleNamespace(), [], stream_interval_s=1.0)
     state = SessionState()
     try:

@@ -14,6 +14,7 @@ from ui.layout import N_COMPARE, AppDefaults
 from ui.session import SessionState
 from ui.settings import settings_from_form
 from ui.tiny import TinyModelProvider
+from ui_form import form_values
 
 DEFAULTS = AppDefaults()
 
@@ -26,7 +27,7 @@ def _form(**kw) -> list:
                   depth=d.depth, width=d.width, threshold=0.05, max_new_tokens=12, seed=0, offload=False,
                   precision=d.precision, draft_precision=d.draft_precision)
     values.update(kw)
-    return list(values.values())
+    return form_values(**values)
 
 
 @pytest.fixture()
