@@ -19,7 +19,7 @@ forward never gets cheaper with more tokens, so that is an upper bound); **above
 size there is no price** (``math.inf``: never chosen). Extrapolating would price exactly the sizes
 where forwards stop being flat (the knee of t(n) on a GPU, compute-bound int4 rows on a CPU) from
 numbers that do not contain the knee, and clamping would make every larger tree look free. A planner
-that needs a size measures it (``machine_profile.load_or_measure_profile`` takes the sizes to cover).
+that needs a size measures it (``profiling.load_or_measure_profile`` takes the sizes to cover).
 
 **Per method** (``price_candidates``; forward times from the one ``MachineProfile``, expected tokens
 from Sequoia's positional acceptance model with the acceptance vector *measured on this pair*,
