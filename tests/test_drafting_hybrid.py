@@ -59,10 +59,9 @@ def test_greedy_hybrid_decoding_equals_autoregressive():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", [[3, 7, 3, 7, 3], [3, 7, 5]], ids=["suffix-step", "model-step"])
-def test_hybrid_sampling_matches_the_target(prompt):
+def test_hybrid_sampling_matches_the_target(prompt, one_torch_thread):
     """Chi-square on the first two sampled tokens at T = 0.6 (point-mass verification), once with a
     first step the suffix tree drafts and once with one the draft model drafts."""
-    torch.set_num_threads(1)
     draft, target = tiny_pair(vocab=16, seed=12, layers=2, hidden=32)
     exact = exact_first_two(target, prompt, 0.6)
     cfg = DecodeConfig(method="hybrid", temperature=0.6, budget=6, depth=2, threshold=0.01,

@@ -96,10 +96,9 @@ def test_greedy_suffix_decoding_equals_autoregressive(seed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
-def test_suffix_sampling_matches_the_target(temperature):
+def test_suffix_sampling_matches_the_target(temperature, one_torch_thread):
     """Chi-square on the first two sampled tokens after a prompt whose repeats make the drafter
     propose a tree (point-mass verification)."""
-    torch.set_num_threads(1)
     draft, target = tiny_pair(vocab=16, seed=12, layers=2, hidden=32)
     prompt = [3, 7, 3, 7, 3]
     exact = exact_first_two(target, prompt, temperature)

@@ -5,6 +5,7 @@ random model pair. Seeds are fixed, so every run of this file is deterministic."
 import pytest
 import torch
 
+from conftest import torch_threads
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.testing import tiny_pair
 
@@ -16,8 +17,8 @@ VOCAB = 16
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.set_num_threads(1)
-    return tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
+    with torch_threads(1):  # restored after this module
+        yield tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
 
 
 def decoder_factory(pair, **cfg):
@@ -119,9 +120,9 @@ def quant_draft_pair(request):
     uses the distribution the quantized draft really produced, so the output stays the target's."""
     from dyntree_core.quant import quantize_model
 
-    torch.set_num_threads(1)
-    draft, target = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
-    return request.param, (quantize_model(draft, request.param), target)
+    with torch_threads(1):  # restored after this module
+        draft, target = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
+        yield request.param, (quantize_model(draft, request.param), target)
 
 
 @pytest.mark.slow
