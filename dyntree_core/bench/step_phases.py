@@ -2,14 +2,20 @@
 
     python -m dyntree_core.bench step-phases [--pair embedded] [--method dyspec_greedy]
         [--budgets 64 256 768] [--depth 8] [--temperatures 0 0.6] [--steps 3] [--prompts 2]
-        [--precision int4] [--draft-precision int4] [--device-side] [--json out.json]
+        [--precision int4] [--draft-precision int4] [--device-side | --graph-steps] [--count-ops]
+        [--json out.json]
 
 For each budget and temperature, ``--steps`` steps after a 128-token prompt of each of ``--prompts``
 wiki/code prompts; per phase (draft forwards, tree build, mask, target forward, verify, KV compaction)
 the mean and the median seconds per step, and the time spent outside the two forwards (tree build,
 order and mask, verification including forming the target distributions, KV compaction, trace):
 its mean share of the step and its median per step. ``--device-side`` runs greedy dyspec_greedy /
-chain steps on device tensors (``SpeculativeDecoder.device_side``; the default on CUDA).
+chain steps on device tensors through the HF forward (``SpeculativeDecoder.device_side``);
+``--graph-steps`` runs steps as fixed-shape programs (``decode.graph_step``; the default on CUDA).
+
+``--count-ops`` adds, per phase, the median per step of the torch ops dispatched eagerly, the
+compiled-graph calls and the device -> host reads (``decode.op_count``), counted in separate runs of
+the same steps (the counter slows the step down): what a step launches, measured on any device.
 """
 
 from __future__ import annotations
@@ -41,8 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="int4")
     p.add_argument("--draft-precision", default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--device-side", action="store_true",
-                   help="draft greedy dyspec_greedy/chain steps on device tensors (default: only on CUDA)")
+    side = p.add_mutually_exclusive_group()
+    side.add_argument("--device-side", action="store_true",
+                      help="draft greedy dyspec_greedy/chain steps on device tensors through the HF forward")
+    side.add_argument("--graph-steps", action="store_true",
+                      help="steps as fixed-shape programs (decode.graph_step; the default on CUDA)")
+    p.add_argument("--count-ops", action="store_true",
+                   help="also count ops, graph calls and host reads per phase (decode.op_count)")
     p.add_argument("--json", type=Path, default=None)
     return p
 
@@ -64,13 +75,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                            threshold=default_threshold(budget), device=args.device, trace_block_counts=False,
                            node_order=order)
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg)
-        if args.device_side:
-            dec.device_side = True
+        dec.device_side = bool(args.device_side)
+        dec.graph_steps = bool(args.graph_steps) or (dec.graph_steps and not args.device_side)
+        prompts = [_encode(pair.tokenizer, prompt.text, 128) for prompt in texts]
         sums = {p: [] for p in PHASES}
         step_s: list[float] = []
         sizes: list[int] = []
-        for i, prompt in enumerate(texts):
-            for tr in dec.generate(_encode(pair.tokenizer, prompt.text, 128), 10**6, seed=i):
+        for i, ids in enumerate(prompts):
+            for tr in dec.generate(ids, 10**6, seed=i):
                 for p in PHASES:
                     sums[p].append(getattr(tr.timings, p))
                 step_s.append(tr.step_seconds)
@@ -86,21 +98,51 @@ def main(argv: Optional[list[str]] = None) -> int:
                "outside_share": outside / step, "step_seconds_median": statistics.median(step_s),
                "phases_median": {p: statistics.median(v) for p, v in sums.items()},
                "outside_forwards_seconds_median": statistics.median(outside_each)}
+        row["graph_reason"] = dec.graph_reason()
+        if args.count_ops:
+            row["ops"] = count_ops(dec, prompts, args.steps)
         rows.append(row)
         print(f"T={temp:<4g} budget {budget:4d} {order} (tree {row['mean_tree_size']:6.1f}): step {step:7.3f} s, "
               + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
               + f"; outside the forwards {outside:.3f} s = {100 * outside / step:.1f}%"
               + f"; medians: step {row['step_seconds_median']:.4f} s, outside {row['outside_forwards_seconds_median']:.4f} s",
               flush=True)
+        if args.count_ops:
+            print("  per step (median): " + "; ".join(
+                f"{p} {c['ops']:g} ops {c['graphs']:g} graphs {c['host_reads']:g} reads"
+                for p, c in row["ops"].items()) + f"  [graph steps: {row['graph_reason'] or 'on'}]", flush=True)
     record = {"bench": "step-phases", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv or sys.argv[1:],
               "machine_info": machine_info().to_dict(), "pair": args.pair, "method": args.method,
               "precision": args.precision, "draft_precision": args.draft_precision or args.precision,
-              "device_side": bool(args.device_side), "rows": rows}
+              "device_side": bool(args.device_side), "graph_steps": bool(args.graph_steps), "rows": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1))
         print(f"wrote {args.json}")
     return 0
+
+
+def count_ops(dec, prompts: list[list[int]], steps: int) -> dict[str, dict[str, float]]:
+    """Per phase, the median over steps (the first step of each prompt left out: it also ends the
+    prefill) of ops, graph calls, host reads and ops on host data (``decode.op_count.PhaseOps``)."""
+    from ..decode.op_count import OpCounter, PhaseOps
+
+    per_step: list[dict[str, PhaseOps]] = []
+    with OpCounter() as counter:
+        for i, ids in enumerate(prompts):
+            for tr in dec.generate(ids, 10**6, seed=i):
+                counts = counter.take_step()
+                if tr.step > 0:
+                    per_step.append(counts)
+                if tr.step + 1 >= max(steps, 2):
+                    break
+    phases = sorted({p for counts in per_step for p in counts}, key=lambda p: (p not in PHASES, PHASES.index(p)
+                                                                                if p in PHASES else 0, p))
+    out: dict[str, dict[str, float]] = {}
+    for p in phases:
+        got = [counts.get(p, PhaseOps()) for counts in per_step]
+        out[p] = {f: statistics.median(getattr(c, f) for c in got) for f in ("ops", "graphs", "host_reads", "host_ops")}
+    return out
 
 
 if __name__ == "__main__":

@@ -50,10 +50,10 @@ class FetchedRows:
     """``TargetRows`` of a greedy step from values read once: ``argmax``, ``token_probs`` of the
     tree's own (parent, token) pairs and of each node's argmax. Anything else (a whole row, other
     pairs: an ``on_verify`` consumer evaluating another verifier) falls back to ``fallback``,
-    which reads the device again."""
+    which reads the device again (a graph step has none: its logits stay on the device)."""
 
     def __init__(self, argmax: np.ndarray, p_node: np.ndarray, p_argmax: np.ndarray, parents: np.ndarray,
-                 tokens: np.ndarray, vocab: int, fallback: LogitRows):
+                 tokens: np.ndarray, vocab: int, fallback: Optional[LogitRows]):
         self._argmax, self._p_node, self._p_argmax = argmax, p_node, p_argmax
         self._parents, self._tokens = parents, tokens
         self._vocab = vocab
@@ -67,7 +67,7 @@ class FetchedRows:
         return self._argmax.copy()
 
     def row(self, r: int) -> np.ndarray:
-        return self.fallback.row(r)
+        return self._fallback().row(r)
 
     def token_probs(self, parents: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
         par = parents.cpu().numpy()
@@ -77,7 +77,12 @@ class FetchedRows:
             return self._p_node[1:].copy()
         if np.array_equal(tok, self._argmax[par]):
             return self._p_argmax[par].copy()
-        return self.fallback.token_probs(parents, tokens)
+        return self._fallback().token_probs(parents, tokens)
+
+    def _fallback(self) -> LogitRows:
+        if self.fallback is None:
+            raise RuntimeError("this step read only the greedy verifier's numbers; its target logits stayed on the device")
+        return self.fallback
 
     def prob(self, r: int, token: int) -> float:
         return float(self.token_probs(torch.tensor([r]), torch.tensor([token]))[0])

@@ -22,7 +22,7 @@ from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward
 from .kv import cache_length, compact, new_cache
 from . import host
-from .device_step import read_greedy_step
+from .device_step import FetchedRows, read_greedy_step
 from .timer import StepTimer
 from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
                        prepare_model, resolve_device)
@@ -102,9 +102,16 @@ class SpeculativeDecoder:
                 raise ConfigError(f"attention='triton': {e}") from None
         self.attn_kwargs = {BACKEND_KWARG: backend}
         self.kernel = kernel_runs(backend, self.device)
-        #: greedy dyspec_greedy / chain steps draft on the device and read it once per step
-        #: (default on CUDA; settable, e.g. to exercise that path on the CPU)
-        self.device_side = self.device.type == "cuda"
+        #: steps run as fixed-shape programs over device state (``graph_step``) when the models and the
+        #: configuration allow it (``graph_reason``): the default on CUDA; settable (CPU tests, A/B benches)
+        self.graph_steps = self.device.type == "cuda"
+        #: the padded device-side drafting of greedy dyspec_greedy / chain through the HF forward
+        #: (``drafting.device``, one read per step): opt-in, for models the graph steps cannot take
+        self.device_side = False
+        #: told of each program compiled for a bucket (``compiled.CompileEvent``): the app shows it
+        self.on_compile = None
+        #: how the graph steps' programs run (None: ``compiled.CompileMode.for_device``)
+        self.compile_mode = None
         from .graphs import capture_support, report_once
 
         self.capture = capture_support(self.device)  # graph-captured forwards: off, with the reason logged once
@@ -186,25 +193,53 @@ class SpeculativeDecoder:
         return prompt
 
     # ------------------------------------------------------------------ the loop
-    def _prefill(self, models: list, prompt: list[int],
+    def _prefill(self, feeds: list[Callable[[list[int], int], Any]], prompt: list[int],
                  stop_event: Optional[threading.Event] = None) -> Iterator[PrefillProgress]:
-        """Feed ``prompt[:-1]`` to each ``(model, cache)`` in chunks of ``PREFILL_CHUNK`` tokens,
-        yielding the progress before the first chunk and after each; it ends early (with
-        ``stopped=True`` progress) when ``stop_event`` is set between two chunks."""
+        """Feed ``prompt[:-1]`` through each ``feed(chunk, start)`` (one per model) in chunks of
+        ``PREFILL_CHUNK`` tokens, yielding the progress before the first chunk and after each; it
+        ends early (with ``stopped=True`` progress) when ``stop_event`` is set between two chunks."""
         body = prompt[:-1]
-        total = len(body) * len(models)
+        total = len(body) * len(feeds)
         done = 0
         t0 = time.perf_counter()
         yield PrefillProgress(0, total, 0.0)
-        for model, cache in models:
+        for feed in feeds:
             for start in range(0, len(body), PREFILL_CHUNK):
                 if stop_event is not None and stop_event.is_set():
                     yield PrefillProgress(done, total, time.perf_counter() - t0, stopped=True)
                     return
                 chunk = body[start:start + PREFILL_CHUNK]
-                causal_forward(model, cache, chunk, start, logits_rows=[len(chunk) - 1], attn_kwargs=self.attn_kwargs)
+                feed(chunk, start)
                 done += len(chunk)
                 yield PrefillProgress(done, total, time.perf_counter() - t0)
+
+    def _hf_feed(self, model, cache) -> Callable[[list[int], int], Any]:
+        return lambda chunk, start: causal_forward(model, cache, chunk, start, logits_rows=[len(chunk) - 1],
+                                                   attn_kwargs=self.attn_kwargs)
+
+    def _stepper(self, tokens: int):
+        """The pair's graph stepper for this configuration and a run of ``tokens`` committed tokens
+        (capacities in buckets, so runs of similar lengths share compiled programs)."""
+        from .compiled import CompileMode
+        from .graph_step import Envelope, GraphStepper, capacity_bucket
+
+        cfg = self.config
+        env = None if cfg.method == "autoregressive" else Envelope.of(cfg)
+        mode = self.compile_mode or CompileMode.for_device(self.device)
+        capacity = capacity_bucket(tokens)
+        temperature, top_p = (cfg.temperature, cfg.top_p) if env is None else (0.0, 1.0)
+        return self.pair.stepper(("graph", env, capacity, temperature, top_p, mode),
+                                 lambda: GraphStepper(self.draft, self.target, env, capacity, temperature, top_p, mode))
+
+    def graph_reason(self) -> Optional[str]:
+        """Why this decoder's steps do not run as fixed-shape programs (None: they do)."""
+        from .graph_step import graph_reason
+
+        if not self.graph_steps:
+            return "graph steps are off (graph_steps=False; the default off the GPU)"
+        if self.on_verify is not None:
+            return "an on_verify consumer reads the target's logits"
+        return graph_reason(self.config, self.draft, self.target, self.offload is not None)
 
     def _run(self, prompt: list[int], max_new_tokens: int, stop_event,
              seed: int) -> Iterator[StepTrace | PrefillProgress]:
@@ -224,45 +259,64 @@ class SpeculativeDecoder:
             verifier = make_verifier(self.verifier_name)
         from ..methods import method_spec
 
-        # sized for the whole run: prompt, new tokens and the largest tree in flight (the draft's
-        # forwarded nodes may exceed the kept tree); a cache only grows if a drafter exceeds this
-        tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
-        capacity = len(prompt) + max_new_tokens + tree_cap
-        t_cache = new_cache(self.target, capacity)
-        if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
-            tree_cap = max(tree_cap, 1 + (cfg.depth - 1) * (cfg.budget - 1), cfg.depth)
-        d_cache = (new_cache(self.draft, capacity + tree_cap)
-                   if not is_ar and method_spec(cfg.method).uses_draft_model else None)
-        if len(prompt) > 1:
-            for progress in self._prefill([(self.target, t_cache)] + ([(self.draft, d_cache)] if d_cache is not None
-                                                                      else []), prompt, stop_event):
-                yield progress
-                if progress.stopped:
-                    return  # stopped during the prefill: no step was decoded
-        self._sync()
-        state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1,
-                      max_new_tokens=max_new_tokens)
-        while True:
-            self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
-            t_step = time.perf_counter()
-            if is_ar:
-                trace, timer = self._ar_step(state, t_cache, rng)
-            else:
-                trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
-            if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
-                trace.finish_reason = "stopped"
-            self._sync()  # the step's last wait: its phases' CUDA events are complete after it
-            trace.timings = timer.timings()
-            now = time.perf_counter()
-            trace.step_seconds = now - t_step
-            trace.elapsed = now - t_start
-            trace.total_new_tokens = state.produced
-            trace.tokens_per_s = state.produced / trace.elapsed if trace.elapsed > 0 else 0.0
-            trace.finished = trace.finish_reason is not None
-            state.step += 1
-            yield trace
-            if trace.finished:
-                return
+        graph = None
+        if self.graph_reason() is None:
+            graph = self._stepper(len(prompt) + max_new_tokens)
+            graph.begin(self.on_compile)
+            t_cache = d_cache = None
+            feeds = [lambda chunk, start: graph.prefill("target", chunk, start)]
+            if graph.df is not None:
+                feeds.append(lambda chunk, start: graph.prefill("draft", chunk, start))
+        else:
+            # sized for the whole run: prompt, new tokens and the largest tree in flight (the draft's
+            # forwarded nodes may exceed the kept tree); a cache only grows if a drafter exceeds this
+            tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
+            capacity = len(prompt) + max_new_tokens + tree_cap
+            t_cache = new_cache(self.target, capacity)
+            if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
+                tree_cap = max(tree_cap, 1 + (cfg.depth - 1) * (cfg.budget - 1), cfg.depth)
+            d_cache = (new_cache(self.draft, capacity + tree_cap)
+                       if not is_ar and method_spec(cfg.method).uses_draft_model else None)
+            feeds = [self._hf_feed(self.target, t_cache)] + ([self._hf_feed(self.draft, d_cache)]
+                                                             if d_cache is not None else [])
+        try:
+            if len(prompt) > 1:
+                for progress in self._prefill(feeds, prompt, stop_event):
+                    yield progress
+                    if progress.stopped:
+                        return  # stopped during the prefill: no step was decoded
+            if graph is not None:
+                graph.start(prompt)
+            self._sync()
+            state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1,
+                          max_new_tokens=max_new_tokens)
+            while True:
+                self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
+                t_step = time.perf_counter()
+                if graph is not None:
+                    trace, timer = (self._graph_ar_step(state, graph, rng) if is_ar
+                                    else self._graph_tree_step(state, graph, verifier, rng))
+                elif is_ar:
+                    trace, timer = self._ar_step(state, t_cache, rng)
+                else:
+                    trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
+                if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
+                    trace.finish_reason = "stopped"
+                self._sync()  # the step's last wait: its phases' CUDA events are complete after it
+                trace.timings = timer.timings()
+                now = time.perf_counter()
+                trace.step_seconds = now - t_step
+                trace.elapsed = now - t_start
+                trace.total_new_tokens = state.produced
+                trace.tokens_per_s = state.produced / trace.elapsed if trace.elapsed > 0 else 0.0
+                trace.finished = trace.finish_reason is not None
+                state.step += 1
+                yield trace
+                if trace.finished:
+                    return
+        finally:
+            if graph is not None:
+                graph.end()  # the stepper is free for the pair's next run
 
     def _truncate(self, committed: list[TokenProvenance], remaining: int, context_left: int):
         out: list[TokenProvenance] = []
@@ -372,7 +426,58 @@ class SpeculativeDecoder:
             else:
                 src_ids = tree.source_ids().tolist()
                 state.draft_cached = source.commit_path([src_ids[i] for i in path])
-        return self._tree_trace(state.step, tree, result, committed, reason, perm, fwd, drafter), timer
+        return self._tree_trace(state.step, tree, result, committed, reason, perm, self.config.node_order,
+                                kernel_blocks=fwd.meta.blocks.num_nonzero if fwd.meta is not None else None,
+                                draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model"
+                                ), timer
+
+    # ------------------------------------------------------------------ graph steps
+    def _graph_ar_step(self, state: _Step, graph, rng: np.random.Generator) -> tuple[StepTrace, StepTimer]:
+        """``_ar_step`` as one program and one read (``graph_step.GraphStepper.ar_step``)."""
+        timer = StepTimer(self.device)
+        with timer.phase("target_forward"):
+            out = graph.ar_forward()
+        with timer.phase("verify"):
+            token, p_tok, probs = graph.ar_read(out)
+            if probs is not None:
+                token = sample_index(probs, rng.random())
+                p_tok = float(probs[token])
+                graph.set_root(token)
+        prov = TokenProvenance(token, state.step, 1, -1, "autoregressive", p_target=p_tok)
+        committed, reason = self._commit_tokens(state, [prov], None)
+        return StepTrace(step=state.step, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
+                         bonus_token=token, committed=committed, finish_reason=reason), timer
+
+    def _graph_tree_step(self, state: _Step, graph, verifier, rng) -> tuple[StepTrace, StepTimer]:
+        """A greedy tree step as fixed-shape programs (``graph_step``): draft, target forward, verify
+        and commit on the device, then one read; the host verifier re-walks the read numbers for the
+        trace's decisions and must find the device's path."""
+        timer = StepTimer(self.device)
+        with timer.phase("draft"):
+            graph.draft()
+        with timer.phase("target_forward"):
+            graph.target_forward()
+        with timer.phase("verify"):
+            graph.verify()
+        with timer.phase("kv_compaction"):
+            graph.commit()
+        with timer.phase("verify"):
+            read = graph.read()  # the step's one device read
+            tree, node_of = read.token_tree()
+            keep = np.flatnonzero(read.valid)
+            p_node = read.p_node[keep].copy()
+            p_node[0] = math.nan
+            rows = FetchedRows(read.argmax[keep], p_node, read.p_argmax[keep], tree.parents.numpy(),
+                               tree.tokens.numpy(), self.vocab_size, fallback=None)
+            result = verifier.verify(tree, rows, rng)
+            device_path = [int(node_of[s]) for s in read.path]
+            if list(result.path) != device_path or int(result.bonus_token) != read.bonus:
+                raise RuntimeError(f"the device accepted {device_path} + {read.bonus}, the host walk "
+                                   f"{list(result.path)} + {result.bonus_token}: a bug in graph_step's verify")
+            proposed = self._provenance(tree, result, rows, state.step, lambda _node: read.p_draft_bonus)
+        committed, reason = self._commit_tokens(state, proposed, None)
+        return self._tree_trace(state.step, tree, result, committed, reason, list(range(tree.size)), "bfs",
+                                kernel_blocks=None, draft_source="model"), timer
 
     def _device_drafting(self, d_cache) -> bool:
         """Whether this step drafts on the device: ``device_side`` is on, the step is greedy and
@@ -398,8 +503,10 @@ class SpeculativeDecoder:
                                 self.config.effective_draft_temperature, attn_kwargs=self.attn_kwargs)
 
     def _tree_trace(self, step: int, tree: TokenTree, result, committed: list[TokenProvenance],
-                    reason: Optional[str], perm: list[int], fwd: "_TreeForward", drafter) -> StepTrace:
-        """The step's record (its ``timings`` are filled in by ``_run`` after the step's last wait)."""
+                    reason: Optional[str], perm: list[int], node_order: str, kernel_blocks: Optional[int],
+                    draft_source: str) -> StepTrace:
+        """The step's record (its ``timings`` are filled in by ``_run`` after the step's last wait);
+        ``perm``: the node at each slot of the target's forward, in ``node_order``."""
         cfg = self.config
         path = list(result.path)
         on_path = set(path)
@@ -419,12 +526,12 @@ class SpeculativeDecoder:
             node_p_target=np.asarray(result.p_target, dtype=np.float64),
             node_accept_prob=np.asarray(result.accept_prob, dtype=np.float64),
             block_counts=_block_counts(tree) if counts else {},
-            node_order=cfg.node_order,
+            node_order=node_order,
             node_slots=perm,
             order_blocks=_order_blocks(tree, perm) if counts else {},
-            kernel_blocks=fwd.meta.blocks.num_nonzero if counts and fwd.meta is not None else None,
+            kernel_blocks=kernel_blocks if counts else None,
             decisions=result.decisions,
-            draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
+            draft_source=draft_source,
             finish_reason=reason,
         )
 

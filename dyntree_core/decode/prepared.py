@@ -13,8 +13,9 @@ previous pair stale, and decoders built on a stale pair refuse to run.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,6 +23,8 @@ from ..config import ConfigError, DecodeConfig
 from ..models.load import VocabMismatchError
 
 _ATTR = "_dyntree_prepared_pair"
+#: graph steppers a pair keeps (``PreparedPair.stepper``)
+MAX_STEPPERS = 4
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -132,6 +135,8 @@ class PreparedPair:
         self.stale = False
         self.closed = False
         self._undo = undo
+        #: graph steppers (``decode.graph_step``) kept between runs, so a run reuses compiled programs
+        self._steppers: "OrderedDict[tuple, Any]" = OrderedDict()
 
     @classmethod
     def prepare(cls, draft, target, config: DecodeConfig, offload_options: Optional[dict[str, Any]] = None,
@@ -202,6 +207,22 @@ class PreparedPair:
             raise ConfigError("the decoder's settings differ from the prepared pair's ("
                               + "; ".join(diff) + "): prepare a pair for these settings")
 
+    def stepper(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """The graph stepper for ``key`` (its programs' shapes and constants), made by ``make()`` when
+        there is none free; the last ``MAX_STEPPERS`` used are kept (each holds its KV buffers and
+        compiled programs), the pair's ``close`` releases them. A stepper in use by a running
+        generation is not shared: a second concurrent run gets one of its own, not kept."""
+        stepper = self._steppers.get(key)
+        if stepper is not None and stepper.in_use:
+            return make()
+        if stepper is None:
+            stepper = make()
+            self._steppers[key] = stepper
+            while len(self._steppers) > MAX_STEPPERS:
+                self._steppers.popitem(last=False)
+        self._steppers.move_to_end(key)
+        return stepper
+
     def restore_attention(self) -> None:
         """Put back the attention implementations the models had before preparation."""
         for h in self._undo:
@@ -215,6 +236,7 @@ class PreparedPair:
         if self.closed:
             return
         self.closed = self.stale = True
+        self._steppers.clear()
         for m in (self.draft, self.target):
             if m.__dict__.get(_ATTR) is self:
                 del m.__dict__[_ATTR]

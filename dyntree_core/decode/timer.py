@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 
 from ..trace import PHASES, PhaseTimings
+from . import op_count
 
 
 class StepTimer:
@@ -29,6 +30,15 @@ class StepTimer:
     def phase(self, name: str) -> Iterator[None]:
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}; phases: {PHASES}")
+        counted = op_count.enter_phase(name)
+        try:
+            with self._timed(name):
+                yield
+        finally:
+            op_count.exit_phase(counted)
+
+    @contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
         if self._cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

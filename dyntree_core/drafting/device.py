@@ -25,8 +25,9 @@ the padded tree lists the real nodes as the real tree's order does).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
@@ -120,61 +121,191 @@ def chain_greedy(source: LevelSource, root_token: int, depth: int, device: torch
                       row=rows, internal=ids < depth, draft_rows=draft_rows, levels=n)
 
 
+class Candidates(NamedTuple):
+    """DySpec's candidate set C on the device: ``n = budget - 1`` slots, the real ones (weight >
+    -inf) in (depth, creation) order. Every field is ``[n]`` unless said otherwise.
+
+    Attributes:
+        tok: int64 token.
+        w: float64 weight (product of draft probabilities along the path; -inf: empty slot).
+        q: float64 draft probability of the token under its parent's row.
+        depth: int64 depth below the root (empty slots: deeper than any level).
+        cid: int64 creation id (root 0); pcid: the parent's.
+        prow: int64 source row of the parent; row: own source row once forwarded (-1 before).
+        rows: ``[n, V]`` float32 draft distribution at each forwarded candidate.
+        next_cid: ``[]`` int64 the next creation id.
+    """
+
+    tok: torch.Tensor
+    w: torch.Tensor
+    q: torch.Tensor
+    depth: torch.Tensor
+    cid: torch.Tensor
+    pcid: torch.Tensor
+    prow: torch.Tensor
+    row: torch.Tensor
+    rows: torch.Tensor
+    next_cid: torch.Tensor
+
+
+def topn_start(root_probs: torch.Tensor, root_row: torch.Tensor, n: int, depth: int) -> Candidates:
+    """C after the root's level: its top-``n`` children (``root_probs`` ``[1, V]``, ``root_row`` ``[1]``)."""
+    device = root_probs.device
+    i64 = dict(dtype=torch.long, device=device)
+    f64 = dict(dtype=torch.float64, device=device)
+    empty = Candidates(
+        tok=torch.zeros(n, **i64), w=torch.full((n,), _NEG, **f64), q=torch.zeros(n, **f64),
+        depth=torch.full((n,), depth + 1, **i64), cid=torch.zeros(n, **i64), pcid=torch.zeros(n, **i64),
+        prow=torch.full((n,), -1, **i64), row=torch.full((n,), -1, **i64),
+        rows=torch.zeros(n, root_probs.shape[1], dtype=root_probs.dtype, device=device),
+        next_cid=torch.ones((), **i64))
+    live = torch.ones(1, dtype=torch.bool, device=device)
+    return _merge(empty, root_probs, root_row, live, torch.ones(1, **f64), torch.zeros(1, **i64),
+                  torch.zeros((), **i64))
+
+
+def topn_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor) -> Candidates:
+    """C after forwarding its nodes at depth ``level`` (a ``[]`` int64 tensor, >= 1).
+
+    Args:
+        c: the candidate set before the level.
+        probs: ``[n, V]`` draft distributions of the ``n`` candidate slots (rows of slots not at
+            depth ``level`` are ignored: they were forwarded as padding).
+        row: ``[n]`` int64 source row of each slot's forward.
+    """
+    c, live = _forwarded(c, probs, row, level)
+    return _merge(c, probs, row, live, c.w, c.cid, level)
+
+
+def _forwarded(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor
+               ) -> tuple[Candidates, torch.Tensor]:
+    """Record the rows of the candidates at depth ``level`` (the live rows of the level's forward)."""
+    live = (c.depth == level) & (c.w > _NEG)
+    return c._replace(row=torch.where(live, row, c.row), rows=torch.where(live[:, None], probs, c.rows)), live
+
+
+def _merge(c: Candidates, probs: torch.Tensor, row: torch.Tensor, live: torch.Tensor, f_w: torch.Tensor,
+           f_cid: torch.Tensor, level: torch.Tensor) -> Candidates:
+    """The ``n`` best of C and the top-``n`` children of the ``live`` forwarded rows, by (weight
+    desc, depth asc, cid asc): the pool is in (depth, cid) order for its real entries, so a stable
+    sort by weight is that order."""
+    n = c.tok.shape[0]
+    m = probs.shape[0]
+    k = min(n, probs.shape[1])
+    kid_tok, kid_p = _top_sorted(probs, k)
+    kid_w = torch.where(live[:, None] & (kid_p > 0), f_w[:, None] * kid_p.double(), _NEG).reshape(-1)
+    pick = torch.sort(torch.sort(-torch.cat([c.w, kid_w]), stable=True).indices[:n]).values
+    from_kid = pick >= n
+    old = pick.clamp(max=n - 1)
+    kid = (pick - n).clamp(min=0)
+    parent_slot = kid // k
+
+    def choose(current: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return torch.where(from_kid, new, current[old])
+
+    return Candidates(
+        tok=choose(c.tok, kid_tok.reshape(-1)[kid]),
+        w=choose(c.w, kid_w[kid]),
+        q=choose(c.q, kid_p.double().reshape(-1)[kid]),
+        depth=choose(c.depth, (level + 1).expand_as(kid)),
+        cid=choose(c.cid, c.next_cid + kid),
+        pcid=choose(c.pcid, f_cid[parent_slot]),
+        prow=choose(c.prow, row[parent_slot]),
+        row=choose(c.row, torch.full_like(kid, -1)),
+        rows=c.rows[old],  # children's rows are filled when they are forwarded
+        next_cid=c.next_cid + m * k,
+    )
+
+
+class ShapeSlots(NamedTuple):
+    """A static tree shape (chain, Sequoia) in the candidate layout: node ``i`` is slot ``i - 1``.
+    At T = 0 each node's children are its draft row's most probable tokens, in position order.
+
+    Attributes (``[n]`` each):
+        parent: int64 the parent's slot (-1: the root).
+        position: int64 0-based rank among its siblings (the top-k index it takes).
+        depth: int64 depth below the root.
+        score: float64 the node's value (Sequoia's DP score); NaN: the path's draft probability.
+    """
+
+    parent: torch.Tensor
+    position: torch.Tensor
+    depth: torch.Tensor
+    score: torch.Tensor
+
+    @classmethod
+    def build(cls, parents: Sequence[int], scores: Optional[Sequence[float]], device: torch.device) -> "ShapeSlots":
+        """From a parent list in breadth-first order (root first, siblings contiguous)."""
+        n = len(parents) - 1
+        depth = [0] * len(parents)
+        position = [0] * len(parents)
+        seen: dict[int, int] = {}
+        for i in range(1, len(parents)):
+            depth[i] = depth[parents[i]] + 1
+            position[i] = seen.get(parents[i], 0)
+            seen[parents[i]] = position[i] + 1
+        score = [math.nan] * n if scores is None else [float(x) for x in scores[1:]]
+        return cls(torch.tensor([p - 1 for p in parents[1:]], dtype=torch.long, device=device),
+                   torch.tensor(position[1:], dtype=torch.long, device=device),
+                   torch.tensor(depth[1:], dtype=torch.long, device=device),
+                   torch.tensor(score, dtype=torch.float64, device=device))
+
+    @property
+    def kmax(self) -> int:
+        return int(self.position.max()) + 1 if self.position.numel() else 1
+
+
+def shape_start(root_probs: torch.Tensor, root_row: torch.Tensor, shape: ShapeSlots, kmax: int) -> Candidates:
+    """The shape's slots after the root's level: its children drawn from ``root_probs`` ``[1, V]``."""
+    n = shape.parent.shape[0]
+    device = root_probs.device
+    ids = torch.arange(1, n + 1, dtype=torch.long, device=device)
+    c = Candidates(
+        tok=torch.zeros(n, dtype=torch.long, device=device), w=torch.full((n,), _NEG, dtype=torch.float64, device=device),
+        q=torch.zeros(n, dtype=torch.float64, device=device), depth=shape.depth, cid=ids, pcid=shape.parent + 1,
+        prow=torch.full((n,), -1, dtype=torch.long, device=device), row=torch.full((n,), -1, dtype=torch.long, device=device),
+        rows=torch.zeros(n, root_probs.shape[1], dtype=root_probs.dtype, device=device),
+        next_cid=torch.full((), n + 1, dtype=torch.long, device=device))
+    return _draw(c, root_probs, root_row, torch.zeros_like(shape.parent), torch.zeros((), dtype=torch.long, device=device),
+                 shape, kmax)
+
+
+def shape_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor, shape: ShapeSlots,
+                kmax: int) -> Candidates:
+    """The shape's slots after forwarding its nodes at depth ``level`` (``[]`` int64, >= 1); ``probs``
+    ``[n, V]`` and ``row`` ``[n]`` as in ``topn_level``."""
+    c, _ = _forwarded(c, probs, row, level)
+    return _draw(c, probs, row, shape.parent.clamp(min=0), level, shape, kmax)
+
+
+def _draw(c: Candidates, probs: torch.Tensor, row: torch.Tensor, src: torch.Tensor, level: torch.Tensor,
+          shape: ShapeSlots, kmax: int) -> Candidates:
+    """Children at depth ``level + 1``: each takes its ``position``-th most probable token of its
+    parent's row ``probs[src]`` (an empty slot when that probability is 0 or the parent is empty)."""
+    kid_tok, kid_p = _top_sorted(probs, kmax)
+    tok = kid_tok[src, shape.position]
+    q = kid_p[src, shape.position].double()
+    has_parent = shape.parent >= 0
+    parent_w = torch.where(has_parent, c.w[shape.parent.clamp(min=0)], 1.0)
+    drawn = (shape.depth == level + 1) & (q > 0) & (parent_w > _NEG)
+    value = torch.where(torch.isnan(shape.score), parent_w * q, shape.score)
+    return c._replace(tok=torch.where(drawn, tok, c.tok), q=torch.where(drawn, q, c.q),
+                      w=torch.where(drawn, value, c.w), prow=torch.where(drawn, row[src], c.prow))
+
+
 def topn_greedy(source: LevelSource, root_token: int, budget: int, depth: int, device: torch.device) -> DeviceTree:
     """DySpec's greedy tree at T = 0 (see the module docstring): ``budget`` nodes with the root."""
     n = budget - 1
-    k = min(n, int(source.vocab_size))
     source.reserve(1 + (depth - 1) * n)
-    i64 = dict(dtype=torch.long, device=device)
-    f64 = dict(dtype=torch.float64, device=device)
-    # candidates C (n slots; the real ones in (depth, cid) order); cid = creation id, root = 0
-    c_tok = torch.zeros(n, **i64)
-    c_w = torch.full((n,), _NEG, **f64)
-    c_q = torch.zeros(n, **f64)
-    c_depth = torch.full((n,), depth + 1, **i64)
-    c_cid = torch.zeros(n, **i64)
-    c_pcid = torch.zeros(n, **i64)
-    c_prow = torch.full((n,), -1, **i64)  # source row of the parent
-    c_row = torch.full((n,), -1, **i64)  # own source row once forwarded
-    next_cid = 1
-    for level in range(depth):
-        if level == 0:
-            live = torch.ones(1, dtype=torch.bool, device=device)
-            probs, row = source.expand(torch.full((1,), root_token, **i64), torch.full((1,), -1, **i64), live, 0)
-            root_rows, root_row_id = probs, row
-            c_rows = torch.zeros(n, probs.shape[1], dtype=probs.dtype, device=device)  # [n, V] forwarded candidates' rows
-            f_w, f_cid = torch.ones(1, **f64), torch.zeros(1, **i64)
-        else:
-            live = (c_depth == level) & (c_w > _NEG)
-            probs, row = source.expand(c_tok, c_prow, live, level)
-            c_row = torch.where(live, row, c_row)
-            c_rows = torch.where(live[:, None], probs, c_rows)
-            f_w, f_cid = c_w, c_cid
-        m = probs.shape[0]
-        kid_tok, kid_p = _top_sorted(probs, k)
-        kid_w = torch.where(live[:, None] & (kid_p > 0), f_w[:, None] * kid_p.double(), _NEG).reshape(-1)
-        # the n best of C and the new children by (weight desc, depth asc, cid asc): the pool is
-        # in (depth, cid) order for its real entries, so a stable sort by weight is that order
-        pick = torch.sort(torch.sort(-torch.cat([c_w, kid_w]), stable=True).indices[:n]).values
-        from_kid = pick >= n
-        old = pick.clamp(max=n - 1)
-        kid = (pick - n).clamp(min=0)
-        parent_slot = kid // k
-
-        def choose(c: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            return torch.where(from_kid, new, c[old])
-
-        c_tok = choose(c_tok, kid_tok.reshape(-1)[kid])
-        c_q = choose(c_q, kid_p.double().reshape(-1)[kid])
-        c_w = choose(c_w, kid_w[kid])
-        c_depth = choose(c_depth, torch.full_like(kid, level + 1))
-        c_cid = choose(c_cid, next_cid + kid)
-        c_pcid = choose(c_pcid, f_cid[parent_slot])
-        c_prow = choose(c_prow, row[parent_slot])
-        c_row = choose(c_row, torch.full_like(kid, -1))
-        c_rows = c_rows[old]  # children's rows are filled when they are forwarded
-        next_cid += m * k
-    return _assemble(root_token, root_rows[0], root_row_id, c_tok, c_w, c_q, c_cid, c_pcid, c_row, c_rows,
+    live = torch.ones(1, dtype=torch.bool, device=device)
+    root_probs, root_row = source.expand(torch.full((1,), root_token, dtype=torch.long, device=device),
+                                         torch.full((1,), -1, dtype=torch.long, device=device), live, 0)
+    c = topn_start(root_probs, root_row, n, depth)
+    for level in range(1, depth):
+        live = (c.depth == level) & (c.w > _NEG)
+        probs, row = source.expand(c.tok, c.prow, live, level)
+        c = topn_level(c, probs, row, torch.tensor(level, device=device))
+    return _assemble(root_token, root_probs[0], root_row, c.tok, c.w, c.q, c.cid, c.pcid, c.row, c.rows,
                      depth, device)
 
 

@@ -1,0 +1,135 @@
+"""The decoder forward of a dense Qwen2/Llama model over a ``StaticKV``, in constant shapes.
+
+One forward serves plain decoding, every draft level and the target's tree: ``R`` rows with their
+tokens, positions and cache slots (device tensors), a ``[R, C]`` visibility mask over the whole
+cache buffer, and the rows whose logits are wanted. Per layer, the papers' steps with one op each:
+
+    h += o_proj(SDPA(rope(q_proj(n1(h))), K, V, mask))   K, V = the buffers after writing rope(k), v
+    h += mlp(n2(h))
+
+Nothing in it depends on a Python value of the device's data, so ``torch.compile(fullgraph=True,
+dynamic=False)`` traces it whole for each row count (``decode.compiled.GraphFn``), and the same code
+runs eagerly on the CPU and for prefill chunks. The numbers are transformers' own up to float
+rounding (the whole buffer is attended with the unused slots masked, where transformers slices the
+cache; tested against it).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import rotate_half  # (Qwen2's is the same function)
+
+from .static_kv import StaticKV
+
+_ARCHS = ("qwen2", "llama")
+_ROPES = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at init (dynamic types rescale per call)
+
+
+def dense_reason(model) -> Optional[str]:
+    """Why ``model`` cannot run ``DenseForward`` (``None`` when it can)."""
+    cfg = getattr(model, "config", None)
+    arch = getattr(cfg, "model_type", None)
+    if arch not in _ARCHS:
+        return f"architecture {arch!r} (the compiled forward takes {', '.join(_ARCHS)})"
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())):
+        return "sliding-window layers"
+    if getattr(model, "hf_device_map", None):
+        return "a model dispatched over several devices"
+    inner = getattr(model, "model", None)
+    rope = getattr(inner, "rotary_emb", None)
+    if rope is None or getattr(rope, "rope_type", "default") not in _ROPES:
+        return f"rotary type {getattr(rope, 'rope_type', None)!r} (the compiled forward takes {', '.join(_ROPES)})"
+    for i, layer in enumerate(getattr(inner, "layers", ())):
+        attn = getattr(layer, "self_attn", None)
+        mlp = getattr(layer, "mlp", None)
+        projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        projs += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if any(type(p) is not torch.nn.Linear for p in projs):
+            kinds = sorted({type(p).__name__ for p in projs if type(p) is not torch.nn.Linear})
+            return f"layer {i} has {', '.join(kinds)} projections (the compiled forward takes dense nn.Linear layers)"
+        if getattr(attn, "q_norm", None) is not None or getattr(attn, "k_norm", None) is not None:
+            return "per-head q/k norms"
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return f"output head {type(head).__name__} (the compiled forward takes a dense nn.Linear head)"
+    return None
+
+
+class DenseForward:
+    """``model``'s decoder over its own ``StaticKV`` of ``capacity`` slots (see the module docstring).
+
+    The model's modules are used as they are (no copy of the weights)."""
+
+    def __init__(self, model, capacity: int):
+        reason = dense_reason(model)
+        if reason is not None:
+            raise ValueError(f"{type(model).__name__} cannot run the compiled dense forward: {reason}")
+        self.model = model
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.layers = list(inner.layers)
+        self.norm = inner.norm
+        self.head = model.get_output_embeddings()
+        self.inv_freq = inner.rotary_emb.inv_freq.to(torch.float32)
+        self.rope_scale = float(inner.rotary_emb.attention_scaling)
+        attn = self.layers[0].self_attn
+        self.head_dim = int(attn.head_dim)
+        self.scaling = float(attn.scaling)
+        self.kv = StaticKV.for_model(model, capacity)
+        self.vocab_size = int(self.head.weight.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.k.device
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
+                 rows: torch.Tensor) -> torch.Tensor:
+        """One forward.
+
+        Args:
+            tokens: ``[R]`` int64 token ids.
+            positions: ``[R]`` int64 position ids.
+            slots: ``[R]`` int64 cache slots the rows' keys and values are written to (distinct).
+            visible: ``[R, C]`` bool, True = the row may attend to the slot (its own slot included; each
+                row must see at least one slot).
+            rows: ``[M]`` int64 rows whose logits are returned.
+        Returns:
+            ``[M, V]`` logits (model dtype).
+        """
+        with torch.no_grad():
+            return self._forward(tokens, positions, slots, visible, rows)
+
+    def _forward(self, tokens, positions, slots, visible, rows):
+        n = tokens.shape[0]
+        d = self.head_dim
+        h = self.embed(tokens)[None]  # [1, R, hidden]
+        freqs = positions[:, None].to(torch.float32) * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(h.dtype)[None, None]  # [1, 1, R, d]
+        sin = (emb.sin() * self.rope_scale).to(h.dtype)[None, None]
+        mask = visible[None, None]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
+            k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
+            v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            self.kv.k[i].index_copy_(1, slots, k[0])
+            self.kv.v[i].index_copy_(1, slots, v[0])
+            keys, values = self.kv.k[i][None], self.kv.v[i][None]
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
+                                               enable_gqa=q.shape[1] != keys.shape[1])
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self.norm(h[0].index_select(0, rows))
+        return self.head(h)
+

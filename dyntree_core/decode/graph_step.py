@@ -1,0 +1,454 @@
+"""A decoding step as a few fixed-shape programs over device state, read by the host once.
+
+The tree's envelope is fixed per configuration (``Envelope``: ``n`` candidate slots below the root,
+``depth`` levels), so no shape changes between steps; what the dynamic tree decides lives in tensor
+contents (which slots are live, their parents, their weights). A greedy tree step is
+
+    draft_root               the draft forward of [A, root] (A: the last accepted token the draft has
+                             not cached, when there is one) and the root's children
+    draft_level x (depth-1)  the draft forward of all n slots, padded (the live ones are the slots
+                             at this depth), and the slots' update (DySpec's top-n merge, or a
+                             static shape's top-k fill: chain, Sequoia)
+    target_tree              the tree's parents and ancestor mask from the slots, the target forward
+                             of root + n slots, argmax and probabilities per node
+    verify                   the greedy acceptance walk, the accepted path and the bonus token
+    commit                   both caches keep the accepted path (fixed-size gathers), lengths advance
+    fetch                    one host read of the tree and the step's numbers (``host.fetch``)
+
+and plain decoding is one ``ar`` program and the same read. Each program is a ``compiled.GraphFn``
+(a CUDA graph per bucket on a GPU; eager, the same code, on the CPU); none reads the device, and all
+state they carry between steps lives in preallocated buffers updated in place (static addresses for
+CUDA graphs): lengths, the root token, the candidate slots, the ancestor tables, the KV buffers.
+
+Positions and cache layout. The target cache holds the committed tokens but the last (the root);
+the root is the tree's node 0, forwarded with the tree at slot ``t_len``. The draft cache holds
+``d_len`` committed tokens; the root's row sits at slot ``d_len + 1``, A's at ``d_len`` (seen only
+when A is live), and draft row ``r`` of the tree at ``d_len + 1 + r`` (row 0 = the root).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..config import DecodeConfig
+from ..drafting.device import Candidates, ShapeSlots, shape_level, shape_start, topn_level, topn_start
+from ..sampling import probs_from_logits
+from ..tree import TokenTree
+from . import host
+from .compiled import CompileEvent, CompileMode, GraphFn
+from .dense_forward import DenseForward, dense_reason
+
+_NEG = float("-inf")
+#: methods whose greedy trees have a fixed envelope here
+ENVELOPE_METHODS = ("chain", "dyspec_greedy", "sequoia")
+MIN_CAPACITY = 512
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The fixed shape of a method's greedy trees.
+
+    Attributes:
+        method: ``chain``, ``dyspec_greedy`` or ``sequoia``.
+        n: candidate slots (tree nodes without the root).
+        depth: drafted levels below the root.
+        parents: a static shape's parent list (root first, breadth-first), None for DySpec.
+        scores: a static shape's node values (Sequoia's DP scores), None: path probabilities.
+    """
+
+    method: str
+    n: int
+    depth: int
+    parents: Optional[tuple[int, ...]] = None
+    scores: Optional[tuple[float, ...]] = None
+
+    @property
+    def budget(self) -> int:
+        return self.n + 1
+
+    @property
+    def draft_rows(self) -> int:
+        """Draft rows forwarded per step: the root and ``n`` per level below it."""
+        return 1 + (self.depth - 1) * self.n
+
+    @classmethod
+    def of(cls, cfg: DecodeConfig) -> Optional["Envelope"]:
+        """The envelope of ``cfg``'s greedy trees (None: the method has none here)."""
+        if cfg.method == "dyspec_greedy":
+            return cls("dyspec_greedy", cfg.budget - 1, cfg.depth)
+        if cfg.method == "chain" and cfg.stop_confidence is None:
+            return cls("chain", cfg.depth, cfg.depth, tuple(range(-1, cfg.depth)))
+        if cfg.method == "sequoia":
+            from ..drafting.sequoia import SequoiaDrafter
+
+            shape = SequoiaDrafter(cfg).shape
+            depth = max(shape.depths())
+            if depth < 1:
+                return None
+            return cls("sequoia", shape.size - 1, depth, tuple(shape.parents), tuple(shape.score))
+        return None
+
+
+def capacity_bucket(tokens: int) -> int:
+    """Committed tokens a stepper is sized for: the next power of two >= ``tokens`` (at least 512),
+    so runs of similar lengths share one stepper's buffers and compiled programs."""
+    return max(MIN_CAPACITY, 1 << (max(1, int(tokens)) - 1).bit_length())
+
+
+def graph_reason(cfg: DecodeConfig, draft, target, offloaded: bool) -> Optional[str]:
+    """Why ``cfg``'s steps cannot run as fixed-shape programs (None: they can)."""
+    if offloaded:
+        return "the target streams from host memory"
+    if cfg.attention == "triton":
+        return "attention='triton': the compiled forward attends through SDPA"
+    reason = dense_reason(target)
+    if reason is not None:
+        return f"target: {reason}"
+    if cfg.method == "autoregressive":
+        return None
+    if not cfg.greedy:
+        return "T > 0 tree steps draft and verify on the host"
+    if Envelope.of(cfg) is None:
+        return f"method {cfg.method!r} has no fixed envelope here (chain without stop_confidence, dyspec_greedy, sequoia)"
+    reason = dense_reason(draft)
+    return None if reason is None else f"draft: {reason}"
+
+
+@dataclass
+class StepRead:
+    """What the host reads after a graph step (numpy, slot order: node 0 = root, slot i = node i + 1).
+
+    Attributes:
+        tokens, parents, depth, valid, q, value, cid, row: ``[B]`` the padded tree (parents: -1 root).
+        argmax, p_node, p_argmax: ``[B]`` the target's argmax at each node, the target probability of
+            each node's token under its parent, of each node's argmax.
+        path: accepted nodes (root first); bonus: the token after them; p_draft_bonus: the draft's
+            probability of the bonus token at the last accepted node (NaN: never forwarded).
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depth: np.ndarray
+    valid: np.ndarray
+    q: np.ndarray
+    value: np.ndarray
+    cid: np.ndarray
+    row: np.ndarray
+    argmax: np.ndarray
+    p_node: np.ndarray
+    p_argmax: np.ndarray
+    path: list[int]
+    bonus: int
+    p_draft_bonus: float
+
+    def token_tree(self) -> tuple[TokenTree, np.ndarray]:
+        """The drafted tree (its real nodes in slot order, which is (depth, creation) order) and
+        ``node_of_slot`` ``[B]`` (-1: a padding slot)."""
+        slots = np.flatnonzero(self.valid)
+        node_of = np.full(self.valid.shape[0], -1, dtype=np.int64)
+        node_of[slots] = np.arange(slots.shape[0])
+        parents = np.where(np.arange(slots.shape[0]) == 0, -1, node_of[self.parents[slots]])
+        cid = self.cid[slots]
+        rank = np.zeros(slots.shape[0], dtype=np.int64)
+        order = np.lexsort((cid, parents))
+        for a, b in zip(order[:-1], order[1:]):  # siblings are adjacent in (parent, cid) order
+            if parents[a] == parents[b]:
+                rank[b] = rank[a] + 1
+        q = self.q[slots]
+        tree = TokenTree(tokens=torch.from_numpy(self.tokens[slots].copy()), parents=torch.from_numpy(parents),
+                         child_rank=torch.from_numpy(rank),
+                         draft_logprob=torch.from_numpy(np.log(np.where(q > 0, q, 1.0)) + np.where(q > 0, 0.0, -np.inf)),
+                         sampled="topk", value=torch.from_numpy(self.value[slots].copy()))
+        return tree, node_of
+
+
+class GraphStepper:
+    """The device state and the programs of one decoding run (see the module docstring).
+
+    Args:
+        draft, target: dense models (``dense_reason`` None); ``draft`` unused without an envelope.
+        envelope: the trees' envelope; None = plain decoding.
+        capacity: committed tokens the run may reach (prompt + new tokens).
+        temperature, top_p: plain decoding's sampling at T > 0 (tree steps are greedy).
+        mode: how the programs run (``CompileMode.for_device`` by default).
+        on_compile: told of each program compiled for a bucket.
+    """
+
+    def __init__(self, draft, target, envelope: Optional[Envelope], capacity: int, temperature: float = 0.0,
+                 top_p: float = 1.0, mode: Optional[CompileMode] = None,
+                 on_compile: Optional[Callable[[CompileEvent], None]] = None):
+        self.in_use = False
+        self.env = envelope
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        b = envelope.budget if envelope is not None else 1
+        self.tf = DenseForward(target, capacity + max(b, envelope.depth + 1 if envelope is not None else 1) + 1)
+        dev = self.tf.device
+        self.device = dev
+        self.mode = mode if mode is not None else CompileMode.for_device(dev)
+        i64 = dict(dtype=torch.long, device=dev)
+        self.t_len = self._static(torch.zeros((), **i64))
+        self.root = self._static(torch.zeros(1, **i64))
+        self._t_cols = torch.arange(self.tf.capacity, **i64)
+        self._zero = torch.zeros(1, **i64)
+        self.programs: list[GraphFn] = []
+        self._ar = self._program(self._ar_program, "ar", on_compile)
+        self.df: Optional[DenseForward] = None
+        if envelope is None:
+            return
+        env = envelope
+        n, d = env.n, env.depth
+        self.df = DenseForward(draft, capacity + 2 + env.draft_rows)
+        vocab = self.df.vocab_size
+        self.d_len = self._static(torch.zeros((), **i64))
+        self.a_tok = self._static(torch.zeros(1, **i64))
+        self.a_valid = self._static(torch.zeros((), dtype=torch.bool, device=dev))
+        self._d_cols = torch.arange(self.df.capacity, **i64)
+        self._arange_n = torch.arange(n, **i64)
+        self._arange_b = torch.arange(n + 1, **i64)
+        self._arange_path = torch.arange(d + 1, **i64)
+        self._rows_d = torch.arange(env.draft_rows, **i64)
+        self._levels = [torch.tensor(level, **i64) for level in range(d)]
+        self.shape = None if env.parents is None else ShapeSlots.build(env.parents, env.scores, dev)
+        self._kmax = 1 if self.shape is None else self.shape.kmax
+        f64 = dict(dtype=torch.float64, device=dev)
+        self.c = Candidates(*(self._static(t) for t in (
+            torch.zeros(n, **i64), torch.full((n,), _NEG, **f64), torch.zeros(n, **f64), torch.zeros(n, **i64),
+            torch.zeros(n, **i64), torch.zeros(n, **i64), torch.zeros(n, **i64), torch.zeros(n, **i64),
+            torch.zeros(n, vocab, dtype=torch.float32, device=dev), torch.zeros((), **i64))))
+        self.root_probs = self._static(torch.zeros(1, vocab, dtype=torch.float32, device=dev))
+        self.anc_d = self._static(torch.zeros(env.draft_rows, env.draft_rows, dtype=torch.bool, device=dev))
+        b = n + 1
+        self.tree = self._static(torch.zeros(5, b, **i64))  # tokens, parents (root: 0), depth, valid, row
+        self.anc_t = self._static(torch.zeros(b, b, dtype=torch.bool, device=dev))
+        self.target_out = self._static(torch.zeros(3, b, dtype=torch.float32, device=dev))  # argmax, p_node, p_argmax
+        self.cand_out = self._static(torch.zeros(3, n, dtype=torch.float64, device=dev))  # q, weight, cid
+        self.step_out = self._static(torch.zeros(d + 5, dtype=torch.float64, device=dev))  # path, len, bonus, p, last
+        self._draft_root = self._program(self._draft_root_program, "draft_root", on_compile)
+        self._draft_level = self._program(self._draft_level_program, "draft_level", on_compile)
+        self._target_tree = self._program(self._target_tree_program, "target_tree", on_compile)
+        self._verify = self._program(self._verify_program, "verify", on_compile)
+        self._commit = self._program(self._commit_program, "commit", on_compile)
+
+    # ------------------------------------------------------------------ set-up
+    def begin(self, on_compile: Optional[Callable[[CompileEvent], None]] = None) -> None:
+        """A run takes the stepper (``end`` frees it); ``on_compile`` hears of programs compiled during it."""
+        if self.in_use:
+            raise RuntimeError("this graph stepper is in use by another run")
+        self.in_use = True
+        for program in self.programs:
+            program.on_compile = on_compile
+
+    def end(self) -> None:
+        self.in_use = False
+        for program in self.programs:
+            program.on_compile = None
+
+    def _static(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_cuda:
+            torch._dynamo.mark_static_address(t)
+        return t
+
+    def _program(self, fn, name: str, on_compile) -> GraphFn:
+        g = GraphFn(fn, name, self.mode, on_compile)
+        self.programs.append(g)
+        return g
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the KV buffers this run holds."""
+        return self.tf.kv.nbytes + (self.df.kv.nbytes if self.df is not None else 0)
+
+    def prefill(self, role: str, tokens: list[int], start: int) -> None:
+        """Feed ``tokens`` at positions ``start...`` to ``role``'s (``target``/``draft``) cache, eagerly
+        (prefill chunks vary in length; they are not graph programs)."""
+        f = self.tf if role == "target" else self.df
+        q = len(tokens)
+        dev = self.device
+        pos = torch.arange(start, start + q, device=dev)
+        cols = torch.arange(f.capacity, device=dev)
+        visible = cols[None, :] <= pos[:, None]
+        f(torch.tensor(tokens, dtype=torch.long, device=dev), pos, pos, visible, torch.tensor([q - 1], device=dev))
+
+    def start(self, prompt: list[int]) -> None:
+        """The state after the prompt's prefill: every prompt token but the last is cached; the last is the root."""
+        self.t_len.fill_(len(prompt) - 1)
+        self.root.fill_(prompt[-1])
+        if self.env is not None:
+            self.d_len.fill_(len(prompt) - 1)
+            self.a_valid.fill_(False)
+
+    # ------------------------------------------------------------------ plain decoding
+    def ar_forward(self):
+        """One plain decoding step's program: the root's forward (at T = 0 its argmax becomes the next root)."""
+        return self._ar()
+
+    def ar_read(self, out) -> tuple[int, float, Optional[np.ndarray]]:
+        """The step's one read: ``(token, p_target, None)`` at T = 0; at T > 0 ``(-1, nan, probs)``
+        with ``probs`` ``[V]`` float64: the host samples and calls ``set_root``."""
+        if self.temperature == 0.0:
+            am, p = host.fetch(*out)
+            return int(am[0]), float(p[0]), None
+        (probs,) = host.fetch(out)
+        return -1, float("nan"), probs[0].astype(np.float64)
+
+    def set_root(self, token: int) -> None:
+        self.root.fill_(int(token))
+
+    def _ar_program(self):
+        slot = self.t_len.view(1)
+        visible = (self._t_cols <= self.t_len)[None]
+        logits = self.tf(self.root, slot, slot, visible, self._zero).float()
+        self.t_len.add_(1)
+        if self.temperature > 0.0:
+            return probs_from_logits(logits, self.temperature, self.top_p)
+        am = logits.argmax(-1)
+        p = torch.exp(logits.gather(1, am[:, None])[:, 0] - torch.logsumexp(logits, -1))
+        self.root.copy_(am)
+        return am, p
+
+    # ------------------------------------------------------------------ tree step
+    def draft(self) -> None:
+        """Grow the step's tree into the candidate slots (``depth`` draft forwards)."""
+        self._draft_root()
+        for level in self._levels[1:]:
+            self._draft_level(level)
+
+    def target_forward(self) -> None:
+        self._target_tree()
+
+    def verify(self) -> None:
+        self._verify()
+
+    def commit(self) -> None:
+        self._commit()
+
+    def read(self) -> StepRead:
+        """The step's one host read."""
+        tree, target, c, out = host.fetch(self.tree, self.target_out, self.cand_out, self.step_out)
+        d = self.env.depth
+        n_path = int(out[d + 1])
+        parents = tree[1].copy()
+        parents[0] = -1
+        q, w, cid = (np.concatenate([[1.0], c[i]]) for i in range(3))
+        return StepRead(tokens=tree[0], parents=parents, depth=tree[2], valid=tree[3].astype(bool), q=q,
+                        value=np.maximum(w, 0.0), cid=cid.astype(np.int64), row=tree[4],
+                        argmax=target[0].astype(np.int64), p_node=target[1].astype(np.float64),
+                        p_argmax=target[2].astype(np.float64), path=[int(x) for x in out[:n_path]],
+                        bonus=int(out[d + 2]), p_draft_bonus=float(out[d + 3]))
+
+    def _draft_root_program(self):
+        f = self.df
+        base = self.d_len
+        keep = base + self.a_valid.long()
+        tokens = torch.cat([self.a_tok, self.root])
+        slots = torch.stack([base, base + 1])
+        positions = torch.stack([base, keep])
+        cols = self._d_cols
+        visible = torch.stack([(cols <= base), (cols < keep) | (cols == base + 1)])
+        probs = probs_from_logits(f(tokens, positions, slots, visible, self._zero + 1), 1.0)
+        root_row = self._zero
+        if self.shape is None:
+            c = topn_start(probs, root_row, self.env.n, self.env.depth)
+        else:
+            c = shape_start(probs, root_row, self.shape, self._kmax)
+        _store(self.c, c)
+        self.root_probs.copy_(probs)
+        self.anc_d[0].copy_(self._rows_d == 0)
+
+    def _draft_level_program(self, level: torch.Tensor):
+        f, c, n = self.df, self.c, self.env.n
+        ids = 1 + (level - 1) * n + self._arange_n
+        live = (c.depth == level) & (c.w > _NEG)
+        anc = self.anc_d.index_select(0, torch.where(live, c.prow.clamp(min=0), 0)) & live[:, None]
+        anc = anc | (self._rows_d[None, :] == ids[:, None])  # each row sees itself (padding rows only that)
+        self.anc_d.index_copy_(0, ids, anc)
+        base = self.d_len
+        keep = base + self.a_valid.long()
+        visible = (self._d_cols < keep)[None, :].expand(n, -1).clone()
+        visible.index_copy_(1, base + 1 + self._rows_d, anc)
+        logits = f(c.tok, (keep + level).expand(n), base + 1 + ids, visible, self._arange_n)
+        probs = probs_from_logits(logits, 1.0)
+        if self.shape is None:
+            new = topn_level(c, probs, ids, level)
+        else:
+            new = shape_level(c, probs, ids, level, self.shape, self._kmax)
+        _store(self.c, new)
+
+    def _target_tree_program(self):
+        c, env = self.c, self.env
+        dev = self.device
+        b = env.n + 1
+        true = torch.ones(1, dtype=torch.bool, device=dev)
+        valid = torch.cat([true, c.w > _NEG])
+        tokens = torch.cat([self.root, c.tok])
+        depth = torch.cat([self._zero, c.depth])
+        all_cid = torch.cat([self._zero, c.cid])
+        parent = torch.argmax((c.pcid[:, None] == all_cid[None, :]).to(torch.int8), dim=1)
+        parents = torch.cat([self._zero, torch.where(valid[1:], parent, 0)])  # the root is its own parent here
+        anc = self._arange_b[:, None] == self._arange_b[None, :]
+        for _ in range(env.depth):
+            anc = anc | anc.index_select(0, parents)
+        t_len = self.t_len
+        slots = t_len + self._arange_b
+        visible = (self._t_cols < t_len)[None, :].expand(b, -1).clone()
+        visible.index_copy_(1, slots, anc)
+        logits = self.tf(tokens, t_len + depth.clamp(max=env.depth), slots, visible, self._arange_b).float()
+        lse = torch.logsumexp(logits, -1)
+        am = logits.argmax(-1)
+        p_node = torch.exp(logits[parents, tokens] - lse[parents])
+        p_am = torch.exp(logits.gather(1, am[:, None])[:, 0] - lse)
+        row = torch.cat([self._zero, c.row])
+        self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
+        self.anc_t.copy_(anc)
+        self.target_out.copy_(torch.stack([am.float(), p_node, p_am]))
+
+    def _verify_program(self):
+        env = self.env
+        tokens, parents, depth, valid = self.tree[0], self.tree[1], self.tree[2], self.tree[3].bool()
+        am = self.target_out[0].long()
+        is_root = self._arange_b == 0
+        match = valid & (tokens == am.index_select(0, parents))
+        acc = is_root
+        for _ in range(env.depth):
+            acc = acc | (match & acc.index_select(0, parents))
+        last = torch.argmax(torch.where(acc, depth, -1)).view(1)  # the deepest accepted node (they form a path)
+        on_path = self.anc_t.index_select(0, last)[0]  # (a 0-dim index would read the device)
+        at = (depth[None, :] == self._arange_path[:, None]) & on_path[None, :]
+        path = (at.long() * self._arange_b[None, :]).sum(1)  # [depth + 1] node at each depth (0 past the end)
+        bonus = am.index_select(0, last)
+        row = self.tree[4].index_select(0, last)
+        root_p = self.root_probs[0].index_select(0, bonus)
+        node_p = self.c.rows.index_select(0, (last - 1).clamp(min=0))[0].index_select(0, bonus)
+        p_draft = torch.where(row >= 0, torch.where(last == 0, root_p, node_p).double(), float("nan"))
+        self.step_out.copy_(torch.cat([path.double(), on_path.sum().double().view(1), bonus.double(), p_draft,
+                                       last.double()]))
+        self.cand_out.copy_(torch.stack([self.c.q, self.c.w, self.c.cid.double()]))
+
+    def _commit_program(self):
+        d = self.env.depth
+        path = self.step_out[: d + 1].long()
+        n_path = self.step_out[d + 1].long()
+        bonus = self.step_out[d + 2].long()
+        last = self.step_out[d + 4].long()
+        t_len = self.t_len
+        self.tf.kv.keep_path(t_len + path, t_len + self._arange_path)
+        self.t_len.add_(n_path)
+        row = self.tree[4].index_select(0, path)
+        forwarded = (row >= 0) & (self._arange_path < n_path)
+        base = self.d_len
+        keep = base + self.a_valid.long()
+        self.df.kv.keep_path(base + 1 + row.clamp(min=0), keep + self._arange_path)
+        self.d_len.copy_(keep + forwarded.sum())
+        last = last.view(1)
+        self.a_tok.copy_(self.tree[0].index_select(0, last))
+        self.a_valid.copy_(self.tree[4].index_select(0, last)[0] < 0)
+        self.root.copy_(bonus.view(1))
+
+
+def _store(dst: Candidates, src: Candidates) -> None:
+    for a, b in zip(dst, src):
+        a.copy_(b)

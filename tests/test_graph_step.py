@@ -1,0 +1,244 @@
+"""Steps as fixed-shape programs (``decode.graph_step``): the dense forward equals transformers', every
+program traces whole with ``fullgraph=True`` and never recompiles within a bucket, greedy output is
+plain decoding's, and a step launches a fixed number of graphs with one host read — whatever the budget.
+
+On the CPU the programs are traced by dynamo's ``eager`` backend (``CompileMode.check``): what fails there
+(a graph break, a host read, a data-dependent shape) fails the same way under inductor on a GPU."""
+
+import pytest
+import torch
+from conftest import DEVICE
+from torch._dynamo.utils import counters
+
+from dyntree_core import DecodeConfig, SpeculativeDecoder
+from dyntree_core.decode.compiled import CompileMode
+from dyntree_core.decode.dense_forward import DenseForward, dense_reason
+from dyntree_core.decode.forward import causal_forward, masked_forward, new_cache
+from dyntree_core.decode.graph_step import Envelope, graph_reason
+from dyntree_core.decode.op_count import OpCounter, total
+from dyntree_core.testing import tiny_pair
+from dyntree_core.tree import tree_from_parents
+
+PROMPT = [5, 9, 2, 7, 1]
+TREE_METHODS = ("chain", "dyspec_greedy", "sequoia")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    draft, target = tiny_pair(seed=3)
+    return draft.to(DEVICE), target.to(DEVICE)
+
+
+def graph_decoder(pair, method, mode=None, **kw):
+    draft, target = pair
+    cfg = DecodeConfig(method=method, attention="torch", trace_block_counts=False, device=DEVICE.type,
+                       **({"budget": 16, "depth": 4} | kw))
+    dec = SpeculativeDecoder(draft, target, cfg)
+    dec.graph_steps = True
+    dec.compile_mode = mode
+    assert dec.graph_reason() is None
+    return dec
+
+
+def plain_ids(pair, n):
+    draft, target = pair
+    return SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch",
+                                                          device=DEVICE.type)).generate_ids(PROMPT, n)
+
+
+def test_the_dense_forward_equals_transformers_for_prefill_steps_and_a_tree(pair):
+    _, target = pair
+    capacity = 48
+    f = DenseForward(target, capacity)
+    cache = new_cache(target, capacity)
+    n = len(PROMPT)
+    ref = causal_forward(target, cache, PROMPT, 0)
+    pos = torch.arange(n, device=DEVICE)
+    visible = torch.arange(capacity, device=DEVICE)[None, :] <= pos[:, None]
+    got = f(torch.tensor(PROMPT, device=DEVICE), pos, pos, visible, pos)
+    assert (got - ref).abs().max() < 1e-5
+    # a tree of 6 nodes after the prompt: the same ancestor mask through both forwards
+    tree = tree_from_parents([-1, 0, 0, 1, 1, 3], tokens=[4, 8, 3, 6, 2, 9])
+    anc = tree.ancestor_mask().to(DEVICE)
+    depth = tree.depth.to(DEVICE)
+    vis_hf = torch.cat([torch.ones(6, n, dtype=torch.bool, device=DEVICE), anc], dim=1)
+    ref = masked_forward(target, cache, tree.tokens.to(DEVICE), n + depth, vis_hf)
+    slots = n + torch.arange(6, device=DEVICE)
+    visible = torch.zeros(6, capacity, dtype=torch.bool, device=DEVICE)
+    visible[:, :n] = True
+    visible[:, n:n + 6] = anc
+    got = f(tree.tokens.to(DEVICE), n + depth, slots, visible, torch.arange(6, device=DEVICE))
+    assert (got - ref).abs().max() < 1e-5
+
+
+def test_dense_reason_names_what_the_forward_cannot_take(pair):
+    draft, _ = pair
+    from dyntree_core.quant.apply import quantize_model
+    import copy
+
+    q = quantize_model(copy.deepcopy(draft).cpu(), "int8")
+    assert "projections" in dense_reason(q) and dense_reason(draft) is None
+    cfg = DecodeConfig(method="dyspec_greedy", attention="triton")
+    assert "triton" in graph_reason(cfg, draft, draft, offloaded=False)
+    assert "T > 0" in graph_reason(DecodeConfig(method="chain", temperature=0.5), draft, draft, offloaded=False)
+    assert graph_reason(DecodeConfig(method="autoregressive", temperature=0.5), draft, draft, offloaded=False) is None
+    assert Envelope.of(DecodeConfig(method="specinfer")) is None
+    assert Envelope.of(DecodeConfig(method="chain", depth=5)).parents == (-1, 0, 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("method", ("autoregressive",) + TREE_METHODS)
+def test_every_program_compiles_whole_and_never_recompiles_within_a_bucket(pair, method):
+    """fullgraph=True (a graph break raises), then 30 more steps of the same bucket add no graph."""
+    dec = graph_decoder(pair, method, CompileMode.check())
+    events = []
+    dec.on_compile = events.append
+    before = counters["stats"]["unique_graphs"]
+    first = [c.token_id for tr in dec.generate(PROMPT, 4) for c in tr.committed]
+    compiled = counters["stats"]["unique_graphs"] - before
+    programs = {"ar"} if method == "autoregressive" else {"draft_root", "draft_level", "target_tree", "verify", "commit"}
+    assert {e.program for e in events} == programs and compiled == len(programs)
+    assert first == plain_ids(pair, 4)
+    steps = 0
+    while steps < 30:  # runs of one bucket reuse the pair's stepper and its programs
+        steps += len(list(dec.generate(PROMPT, 40)))
+    assert counters["stats"]["unique_graphs"] - before == compiled  # no recompile over >= 30 steps
+    assert len(events) == len(programs)  # (a new bucket would have been reported)
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+@pytest.mark.parametrize("budget,depth", [(16, 4), (7, 6), (40, 3)])
+def test_graph_steps_give_plain_decodings_tokens(pair, method, budget, depth):
+    dec = graph_decoder(pair, method, budget=budget, depth=depth)
+    traces = list(dec.generate(PROMPT, 48))
+    assert [c.token_id for tr in traces for c in tr.committed] == plain_ids(pair, 48)
+    assert sum(len(tr.accepted_nodes) for tr in traces) > len(traces)  # trees were accepted, not only bonus tokens
+    for tr in traces:
+        assert tr.tree.size <= dec.config.budget and tr.node_order == "bfs"
+        assert tr.node_status[0] == "root" and all(tr.node_status[i] == "accepted" for i in tr.accepted_nodes[1:])
+
+
+def test_graph_steps_keep_the_host_paths_trees_and_provenance(pair):
+    """The graph step's tree and probabilities are the host drafter's (DySpec greedy at T = 0)."""
+    from test_device_drafting import assert_same_tree
+
+    draft, target = pair
+    cfg = DecodeConfig(method="dyspec_greedy", budget=12, depth=3, attention="torch", trace_block_counts=False,
+                       device=DEVICE.type)
+    host = list(SpeculativeDecoder(draft, target, cfg).generate(PROMPT, 24))
+    graph = list(graph_decoder(pair, "dyspec_greedy", budget=12, depth=3).generate(PROMPT, 24))
+    assert len(host) == len(graph)
+    for a, b in zip(host, graph):
+        assert_same_tree(a.tree, b.tree, rel=1e-5)
+        assert [c.token_id for c in a.committed] == [c.token_id for c in b.committed]
+        for x, y in zip(a.committed, b.committed):
+            assert y.p_target == pytest.approx(x.p_target, rel=1e-4)
+            # the host drafter forwards a node only when its heap pops it; the graph step forwards every
+            # slot above the last level, so it may know a bonus token's draft probability the host does not
+            assert x.p_draft != x.p_draft or y.p_draft == pytest.approx(x.p_draft, rel=1e-4)
+
+
+def test_plain_decoding_at_t_above_0_samples_from_the_same_distribution(pair):
+    """At T > 0 the program returns the distribution and the host samples, as the eager path does:
+    with the same seed the same tokens (the rows agree to float rounding)."""
+    draft, target = pair
+    cfg = DecodeConfig(method="autoregressive", temperature=0.8, top_p=0.9, attention="torch", device=DEVICE.type)
+    host = SpeculativeDecoder(draft, target, cfg).generate_ids(PROMPT, 32, seed=7)
+    dec = SpeculativeDecoder(draft, target, cfg)
+    dec.graph_steps = True
+    assert dec.graph_reason() is None
+    assert dec.generate_ids(PROMPT, 32, seed=7) == host
+
+
+# ------------------------------------------------------------------ the launch budget
+#: per tree step before its read: eager ops (glue outside the programs), graph calls, host reads
+STEP_OPS_BUDGET = 0
+STEP_READS_BUDGET = 1
+DEVICE_PHASES = ("draft", "tree_build", "mask", "target_forward", "verify", "kv_compaction")
+
+
+def step_counts(dec, n=20):
+    out = []
+    with OpCounter() as counter:
+        for tr in dec.generate(PROMPT, n):
+            counts = counter.take_step()
+            if tr.step > 0:  # the first step also ends the prefill
+                out.append(counts)
+    return out
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_a_tree_step_launches_depth_plus_3_graphs_and_reads_once_at_any_budget(pair, method):
+    """Draft: one graph per level; target forward, verify, commit: one each; no eager op before the
+    step's read, one read — at budget 12 and 48 alike (the tree's size lives in the shapes)."""
+    for budget in (12, 48):
+        dec = graph_decoder(pair, method, budget=budget, depth=4)
+        depth = Envelope.of(dec.config).depth
+        for counts in step_counts(dec):
+            device = total(counts, DEVICE_PHASES)
+            assert device.ops <= STEP_OPS_BUDGET, counts
+            assert device.host_reads == STEP_READS_BUDGET, counts
+            assert counts["draft"].graphs == depth and device.graphs == depth + 3, counts
+
+
+def test_a_plain_step_is_one_graph_and_one_read(pair):
+    for counts in step_counts(graph_decoder(pair, "autoregressive")):
+        device = total(counts, DEVICE_PHASES)
+        assert (device.ops, device.graphs, device.host_reads) == (0, 1, 1), counts
+
+
+def test_the_counter_sees_a_host_read_and_ops_added_to_a_phase(pair, monkeypatch):
+    """The budget tests fail when a step reads the device or runs ops outside its programs."""
+    from dyntree_core.decode import graph_step
+
+    real = graph_step.GraphStepper.verify
+
+    def reads_once_more(self):
+        real(self)
+        int(self.step_out[0])  # a stray scalar read
+
+    monkeypatch.setattr(graph_step.GraphStepper, "verify", reads_once_more)
+    counts = step_counts(graph_decoder(pair, "chain"), 6)[0]
+    assert counts["verify"].host_reads == 2 and counts["verify"].ops >= 1
+    monkeypatch.setattr(graph_step.GraphStepper, "verify", real)
+    real_draft = graph_step.GraphStepper.draft
+
+    def eager_mask(self):
+        real_draft(self)
+        (self._d_cols < self.d_len)[None].expand(4, -1).clone()  # mask work moved out of the programs
+
+    monkeypatch.setattr(graph_step.GraphStepper, "draft", eager_mask)
+    counts = step_counts(graph_decoder(pair, "chain"), 6)[0]
+    assert counts["draft"].ops > STEP_OPS_BUDGET and counts["draft"].host_reads == 0
+
+
+def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypatch):
+    """A run borrows the pair's stepper (its KV buffers and compiled programs); the next run of the same
+    bucket reuses it, a concurrent one gets its own, and ``PreparedPair.close`` releases them."""
+    import gc
+    import weakref
+
+    from dyntree_core.decode import graph_step
+
+    made = []
+    real_init = graph_step.GraphStepper.__init__
+
+    def spy(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append((weakref.ref(self.tf.kv.k), weakref.ref(self.df.kv.k)))
+
+    monkeypatch.setattr(graph_step.GraphStepper, "__init__", spy)
+    draft, target = tiny_pair(seed=5)
+    dec = graph_decoder((draft.to(DEVICE), target.to(DEVICE)), "dyspec_greedy")
+    assert len(dec.generate_ids(PROMPT, 8)) == 8 and len(dec.generate_ids(PROMPT, 8)) == 8
+    assert len(made) == 1  # reused
+    first, second = dec.generate(PROMPT, 8), dec.generate(PROMPT, 8)
+    next(first), next(second)  # two runs at once
+    assert len(made) == 2
+    second.close()
+    first.close()
+    gc.collect()
+    assert made[1][0]() is None  # the concurrent run's own stepper went with it
+    assert made[0][0]() is not None  # the pair's is kept for the next run
+    dec.pair.close()
+    gc.collect()
+    assert all(r() is None for refs in made for r in refs)
