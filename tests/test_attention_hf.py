@@ -138,3 +138,28 @@ def test_use_tree_attention_is_reversible_and_validates(model):
     assert model.config._attn_implementation == before
     with pytest.raises(ValueError):
         use_tree_attention(model, "cuda")
+
+
+def test_an_explicit_triton_request_the_kernel_cannot_take_raises_with_its_reason():
+    """``attention='triton'`` never turns into SDPA silently: a call the kernel cannot take (here a
+    float64 query) raises naming why; ``auto`` takes SDPA for the same call; a call without a tree
+    mask (ordinary causal attention) is SDPA for every backend."""
+    forward = hf_backend._make_forward("triton")
+    q = torch.randn(1, 4, 3, 16, dtype=torch.float64, device=DEVICE)
+    k = v = torch.randn(1, 2, 3, 16, dtype=torch.float64, device=DEVICE)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool, device=DEVICE).tril()
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups, module.training = False, 2, False
+    with pytest.raises(hf_backend.KernelRefused, match="dtype torch.float64"):
+        forward(module, q, k, v, mask)
+    auto_out, _ = hf_backend._make_forward("auto")(module, q, k, v, mask)
+    none_out, _ = forward(module, q, k, v, None)
+    assert auto_out.shape == none_out.shape == (1, 3, 4, 16)
+
+
+def test_the_kernels_device_reason_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(hf_backend, "interpreting", lambda: False)
+    assert "needs CUDA, or TRITON_INTERPRET=1" in hf_backend.device_reason("cpu")
+    assert not hf_backend.kernel_runs("triton", torch.device("cpu"))
+    if HAS_TRITON:
+        assert hf_backend.device_reason("cuda") is None

@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import DEVICE
+
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.decode import host
 from dyntree_core.decode.timer import StepTimer
@@ -232,10 +234,12 @@ def test_device_drafting_through_the_kernel_equals_autoregressive(kernel_calls):
 
     if not HAS_TRITON or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"):
         pytest.skip("needs Triton with CUDA or the Triton interpreter (tests/conftest.py sets it on CPU)")
-    draft, target = tiny_pair(seed=3)
+    draft, target = (m.to(DEVICE) for m in tiny_pair(seed=3))
     prompt = [5, 9, 2, 7, 1]
-    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch")).generate_ids(prompt, 8)
-    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", attention="triton", budget=10, depth=3))
+    ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch", device=DEVICE.type)
+                            ).generate_ids(prompt, 8)
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="dyspec_greedy", attention="triton", budget=10, depth=3,
+                                                         device=DEVICE.type))
     dec.device_side = True
     assert dec.generate_ids(prompt, 8) == ar
     assert kernel_calls

@@ -3,10 +3,9 @@ the trace asks for them, and no dense ``[n, cache + n]`` mask when the kernel re
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any Triton import (see tests/conftest.py)
-
 import pytest
 import torch
+from conftest import DEVICE
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.attention.hf_backend import BACKEND_KWARG, META_KWARG
@@ -85,7 +84,7 @@ def test_placeholder_mask_with_metadata_equals_the_real_mask_when_sdpa_runs():
 
 @needs_kernel
 def test_kernel_tree_forward_gets_metadata_and_no_dense_mask(kernel_calls):
-    draft, target = tiny_pair(seed=2)
+    draft, target = (m.to(DEVICE) for m in tiny_pair(seed=2))
     masks = []
 
     def spy(module, args, kwargs):
@@ -95,12 +94,24 @@ def test_kernel_tree_forward_gets_metadata_and_no_dense_mask(kernel_calls):
 
     hook = target.register_forward_pre_hook(spy, with_kwargs=True)
     try:
-        ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch")
-                                ).generate_ids([5, 9, 2, 7], 8)
-        cfg = DecodeConfig(method="dyspec_greedy", attention="triton", budget=10, depth=3)
+        ar = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch",
+                                                            device=DEVICE.type)).generate_ids([5, 9, 2, 7], 8)
+        cfg = DecodeConfig(method="dyspec_greedy", attention="triton", budget=10, depth=3, device=DEVICE.type)
         out = SpeculativeDecoder(draft, target, cfg).generate_ids([5, 9, 2, 7], 8)
     finally:
         hook.remove()
     assert out == ar
     assert masks and all(is_placeholder(m) for m in masks)
     assert kernel_calls
+
+
+def test_a_triton_request_that_cannot_run_is_refused_up_front(monkeypatch):
+    """Before: a pair built on the CPU without the interpreter silently ran SDPA for attention='triton'."""
+    from dyntree_core.attention import hf_backend
+    from dyntree_core.config import ConfigError
+
+    monkeypatch.setattr(hf_backend, "interpreting", lambda: False)
+    draft, target = tiny_pair(seed=2)
+    with pytest.raises(ConfigError, match="attention='triton' cannot run here: tensors on cpu"):
+        SpeculativeDecoder(draft, target, DecodeConfig(method="chain", attention="triton"))
+    SpeculativeDecoder(draft, target, DecodeConfig(method="chain", attention="auto"))  # auto chooses SDPA

@@ -249,25 +249,10 @@ def test_the_import_graph_reads_relative_lazy_and_submodule_imports():
                    "dyntree_core.planning.pricing"}
 
 
-#: Cycles known and not yet closed, each with the edit that closes it. Exact: the test below fails when
-#: one of them is gone, so its entry is removed with the fix.
-#: - lean_forward -> native_layer (``lean_forward`` calls the C layer) and native_layer -> lean_forward
-#:   (``native_reason`` reads the lean mark, ``lean_enabled``): the mark (``LEAN_ATTR``, ``enable_lean``,
-#:   ``lean_enabled``, ``lean_reason``) belongs in a leaf module both import; moving it edits
-#:   quant/lean_forward.py, which is being rewritten elsewhere at the time of writing (issue 42).
-PENDING_MODULE_CYCLES = [
-    ["dyntree_core.quant.lean_forward", "dyntree_core.quant.native_layer", "dyntree_core.quant.lean_forward"],
-]
-
 
 def test_no_import_cycle_between_modules():
-    cycles = [c for c in _cycles(_module_graph()) if c not in PENDING_MODULE_CYCLES]
+    cycles = _cycles(_module_graph())
     assert not cycles, "import cycles between modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
-
-
-def test_the_pending_module_cycles_are_still_there():
-    closed = [c for c in PENDING_MODULE_CYCLES if c not in _cycles(_module_graph())]
-    assert not closed, f"closed (remove from PENDING_MODULE_CYCLES): {closed}"
 
 
 def test_no_import_cycle_between_packages():

@@ -1,4 +1,4 @@
-"""``quant.lean_forward``: the short decoder forward the engine runs on models of GGUF blocks gives
+"""``decode.lean_forward``: the short decoder forward the engine runs on models of GGUF blocks gives
 transformers' logits (float32 row kernels: to rounding) for a prefill, one token and a tree, keeps the
 engine's greedy identity, and steps aside where it does not apply."""
 
@@ -12,7 +12,7 @@ import torch
 from dyntree_core.decode import forward as fwd
 from dyntree_core.decode.forward import causal_forward, masked_forward
 from dyntree_core.decode.kv import new_cache
-from dyntree_core.quant.lean_forward import LEAN_ATTR, lean_enabled, lean_reason
+from dyntree_core.quant.lean_mark import LEAN_ATTR, lean_enabled, lean_reason
 from dyntree_core.quant.native import native_kernels, native_unavailable_reason
 from dyntree_core.tree import ancestor_matrix
 

@@ -13,7 +13,7 @@ from dyntree_core.decode.forward import causal_forward, masked_forward
 from dyntree_core.decode.kv import new_cache
 from dyntree_core.quant import native_layer
 from dyntree_core.quant.ggml_linear import GGMLLinear
-from dyntree_core.quant.lean_forward import LEAN_ATTR
+from dyntree_core.quant.lean_mark import LEAN_ATTR
 from dyntree_core.quant.native import native_kernels, native_unavailable_reason
 from dyntree_core.quant.native_layer import forget_plan, native_plan, native_reason
 from dyntree_core.tree import ancestor_matrix

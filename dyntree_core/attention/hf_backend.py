@@ -91,48 +91,68 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-def _kernel_applicable(
+#: why a call without a tree mask goes to SDPA: ordinary attention, not a refused kernel request
+NO_TREE_MASK = "no 4D bool mask (an ordinary causal or padded call)"
+
+
+def kernel_reason(
     backend: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: Optional[torch.Tensor], dropout: float, kwargs: dict[str, Any], preorder: bool = False,
-) -> bool:
-    """Whether this call runs the kernel. ``preorder``: the given metadata is the interval form."""
-    if backend == "torch" or not HAS_TRITON:
-        return False
-    if not (query.is_cuda or interpreting()):
-        return False
+) -> Optional[str]:
+    """Why this call does not run the kernel (None: it does). ``preorder``: the given metadata is the
+    interval form."""
+    if backend == "torch":
+        return "backend 'torch' (SDPA)"
+    reason = device_reason(query.device)
+    if reason is not None:
+        return reason
     if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
-        return False
+        return NO_TREE_MASK
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
-        return False
+        return NO_TREE_MASK
     if attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1 or query.shape[0] != 1:
-        return False
+        return f"batch {query.shape[0]} or a per-head mask {tuple(attention_mask.shape[:2])} (the kernel takes batch 1, one mask)"
     if attention_mask.shape[2] != query.shape[2] or attention_mask.shape[3] != key.shape[2]:
-        return False
+        return f"mask {tuple(attention_mask.shape[2:])} does not match {query.shape[2]} queries x {key.shape[2]} keys"
     if dropout and dropout > 0.0:
-        return False
+        return f"dropout {dropout}"
     if key.shape[-1] != value.shape[-1] or key.shape[-1] != query.shape[-1]:
-        return False
+        return f"head dims q {query.shape[-1]}, k {key.shape[-1]}, v {value.shape[-1]} differ"
     if query.shape[1] % key.shape[1]:
-        return False
+        return f"{query.shape[1]} query heads are not a multiple of {key.shape[1]} key heads"
     for unsupported in ("softcap", "position_bias", "s_aux", "sinks", "cache"):
         if kwargs.get(unsupported) is not None:
-            return False
+            return f"{unsupported} (not in the kernel)"
     if kwargs.get("output_attentions"):
-        return False
+        return "output_attentions (the kernel returns no weights)"
     if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return False
-    return kernel_chosen(backend, query.device, query.shape[2], key.shape[2] - query.shape[2], preorder)
+        return f"dtype {query.dtype}"
+    if not kernel_chosen(backend, query.device, query.shape[2], key.shape[2] - query.shape[2], preorder):
+        return "the measured table chose SDPA for this size"
+    return None
+
+
+def device_reason(device: torch.device | str) -> Optional[str]:
+    """Why the kernel cannot run on ``device`` in this process (None: it can)."""
+    if not HAS_TRITON:
+        return "Triton is not installed"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return None
+    if not interpreting():
+        return f"tensors on {dev.type}: the kernel needs CUDA, or TRITON_INTERPRET=1 set at process start"
+    if not interpreter_usable():
+        return "TRITON_INTERPRET=1 was set after Triton was imported for a GPU"
+    return None
 
 
 def kernel_chosen(backend: str, device: torch.device | str, n: int, prefix: int, preorder: bool) -> bool:
     """Whether a tree forward of ``n`` tokens after ``prefix`` cached ones runs the kernel for
     ``backend`` on ``device`` (``auto``: the measured table's choice), before the per-call checks of
     shapes and dtypes. The engine asks it to pass the kernel only its metadata."""
-    if backend == "torch" or not HAS_TRITON:
+    if backend == "torch" or device_reason(device) is not None:
         return False
     dev = torch.device(device)
-    if not (dev.type == "cuda" or interpreting()):
-        return False
     if backend == "auto":
         return auto_table.choose(dev, n, prefix, preorder) == "triton"
     return True
@@ -153,7 +173,10 @@ def _make_forward(backend: str):
         meta: Optional[TreeAttnMeta] = kwargs.pop(META_KWARG, None)
         chosen = kwargs.pop(BACKEND_KWARG, None) or backend
         preorder = meta is not None and meta.end is not None
-        if not _kernel_applicable(chosen, query, key, value, attention_mask, dropout, kwargs, preorder):
+        reason = kernel_reason(chosen, query, key, value, attention_mask, dropout, kwargs, preorder)
+        if reason is not None:
+            if chosen == "triton" and reason != NO_TREE_MASK:
+                raise KernelRefused(f"attention='triton' cannot run this call: {reason}")
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
             if meta is not None and attention_mask is not None and is_placeholder(attention_mask):
@@ -189,7 +212,7 @@ def sdpa_runs(attn_implementation: str, attn_kwargs: Optional[dict[str, Any]], d
               n: int, prefix: int) -> bool:
     """Whether every layer of a forward of ``n`` tokens after ``prefix`` cached ones, called with
     ``attn_kwargs`` on a model whose attention implementation is ``attn_implementation``, runs SDPA on
-    the bool mask it is given (so a caller may call SDPA itself: ``quant.lean_forward``)."""
+    the bool mask it is given (so a caller may call SDPA itself: ``decode.lean_forward``)."""
     kwargs = dict(attn_kwargs or {})
     if kwargs.pop(META_KWARG, None) is not None:
         return False
@@ -204,12 +227,15 @@ def sdpa_runs(attn_implementation: str, attn_kwargs: Optional[dict[str, Any]], d
     return not kernel_chosen(chosen or own[attn_implementation], device, n, prefix, preorder=False)
 
 
+class KernelRefused(RuntimeError):
+    """A call asked for the Triton kernel (``attention='triton'``) that it cannot take; the message
+    names why. Asking for ``auto`` or ``torch`` never raises: those choose SDPA where it must run."""
+
+
 def kernel_runs(backend: str, device: torch.device) -> bool:
     """Whether tree forwards (4D bool mask) on ``device`` may run the Triton kernel for ``backend``
     (for ``auto``: whether the device's measured table, or the rule without one, ever picks it)."""
-    if not HAS_TRITON or backend == "torch":
-        return False
-    if not (device.type == "cuda" or interpreting()):
+    if backend == "torch" or device_reason(device) is not None:
         return False
     return backend == "triton" or auto_table.may_use_kernel(device)
 

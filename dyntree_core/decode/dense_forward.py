@@ -16,7 +16,7 @@ cache; tested against it).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -75,9 +75,6 @@ class DenseForward:
         self.head = model.get_output_embeddings()
         self.inv_freq = inner.rotary_emb.inv_freq.to(torch.float32)
         self.rope_scale = float(inner.rotary_emb.attention_scaling)
-        attn = self.layers[0].self_attn
-        self.head_dim = int(attn.head_dim)
-        self.scaling = float(attn.scaling)
         self.kv = StaticKV.for_model(model, capacity)
         self.vocab_size = int(self.head.weight.shape[0])
 
@@ -107,29 +104,50 @@ class DenseForward:
             return self._forward(tokens, positions, slots, visible, rows)
 
     def _forward(self, tokens, positions, slots, visible, rows):
-        n = tokens.shape[0]
-        d = self.head_dim
         h = self.embed(tokens)[None]  # [1, R, hidden]
         freqs = positions[:, None].to(torch.float32) * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(h.dtype)[None, None]  # [1, 1, R, d]
         sin = (emb.sin() * self.rope_scale).to(h.dtype)[None, None]
-        mask = visible[None, None]
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
-            k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
-            v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            self.kv.k[i].index_copy_(1, slots, k[0])
-            self.kv.v[i].index_copy_(1, slots, v[0])
-            keys, values = self.kv.k[i][None], self.kv.v[i][None]
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
-                                               enable_gqa=q.shape[1] != keys.shape[1])
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        kv = self.kv
+
+        def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            kv.k[i].index_copy_(1, slots, k[0])
+            kv.v[i].index_copy_(1, slots, v[0])
+            return kv.k[i][None], kv.v[i][None]
+
+        h = decoder_layers(self.layers, h, cos, sin, visible[None, None], write)
         h = self.norm(h[0].index_select(0, rows))
         return self.head(h)
 
+
+def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
+                   write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Qwen2/Llama decoder layers with one op per step (transformers' numbers up to float rounding).
+
+    Args:
+        layers: the model's decoder layers.
+        h: ``[1, q, hidden]`` hidden states.
+        cos, sin: ``[1, 1, q, head_dim]`` rotary tables of the rows' positions.
+        mask: ``[1, 1, q, kv]`` bool visibility (None: every key visible).
+        write: ``write(i, k, v)`` stores layer ``i``'s new rotated keys and values ``[1, H_kv, q, d]``
+            and returns the ``[1, H_kv, kv, d]`` keys and values to attend over.
+    Returns:
+        ``[1, q, hidden]`` hidden states after the last layer.
+    """
+    n = h.shape[1]
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+        d = attn.head_dim
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
+        k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
+        v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys, values = write(i, k, v)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
+                                           enable_gqa=q.shape[1] != keys.shape[1])
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return h

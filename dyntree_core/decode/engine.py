@@ -85,7 +85,7 @@ class SpeculativeDecoder:
         return self
 
     def _borrow(self, pair: PreparedPair, config: DecodeConfig, eos_token_id, on_verify) -> None:
-        from ..attention.hf_backend import BACKEND_KWARG, check_backend, kernel_runs
+        from ..attention.hf_backend import BACKEND_KWARG, check_backend, device_reason, kernel_runs
 
         pair.check(config)
         self.pair = pair
@@ -100,6 +100,9 @@ class SpeculativeDecoder:
                 check_backend(backend)
             except RuntimeError as e:
                 raise ConfigError(f"attention='triton': {e}") from None
+            reason = device_reason(pair.device)
+            if reason is not None:
+                raise ConfigError(f"attention='triton' cannot run here: {reason}; use attention='auto' or 'torch'")
         self.attn_kwargs = {BACKEND_KWARG: backend}
         self.kernel = kernel_runs(backend, self.device)
         #: steps run as fixed-shape programs over device state (``graph_step``) when the models and the

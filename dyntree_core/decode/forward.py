@@ -7,7 +7,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from ..attention.hf_backend import sdpa_runs
-from ..quant.lean_forward import lean_enabled, lean_forward
+from ..quant.lean_mark import lean_enabled
+from .lean_forward import lean_forward
 from .kv import new_cache  # noqa: F401  (the cache the forwards take; re-exported for callers of this module)
 
 
@@ -41,7 +42,7 @@ def masked_forward(
     mask = visible.to(device)[None, None]
     if lean_enabled(model) and sdpa_runs(getattr(model.config, "_attn_implementation", "sdpa"), attn_kwargs, device,
                                          ids.shape[1], mask.shape[-1] - ids.shape[1]):
-        # GGUF blocks on the CPU and SDPA in every layer: ``quant.lean_forward`` instead of transformers' code
+        # GGUF blocks on the CPU and SDPA in every layer: ``decode.lean_forward`` instead of transformers' code
         rows = None if logits_rows is None else torch.tensor(list(logits_rows), dtype=torch.long, device=device)
         return lean_forward(model, ids, pos, None if ids.shape[1] == 1 and bool(mask.all()) else mask, cache, rows)
     if getattr(model.config, "_attn_implementation", "sdpa") == "eager":

@@ -28,7 +28,7 @@ from .pricing import interpolate
 PROFILE_VERSION = 5  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
 # 3: timed on zero-weight shape twins of GGUF presets, prefix keys/values filled without a prefill
 # 4: one profile per machine and pair; rows per (model, precision) merged as sizes are asked for
-# 5: models on GGUF blocks run quant.lean_forward (shorter forwards than transformers' own)
+# 5: models on GGUF blocks run decode.lean_forward (shorter forwards than transformers' own)
 DEFAULT_NS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PREFIX_LEN = 128
 

@@ -9,7 +9,7 @@
   each output is computed exactly as before, rows do not interact), then ``act(gate) * up``.
 
 The casts and the bias add around each quantized linear are already gone on ``GGMLLinear`` (float32 in and out,
-bias in the kernel). The model is then marked for ``quant.lean_forward`` where its architecture allows
+bias in the kernel). The model is then marked for ``decode.lean_forward`` where its architecture allows
 (the engine's forwards skip transformers' per-layer code). Returns what was fused.
 """
 
@@ -53,7 +53,7 @@ def fuse_forward(model: nn.Module) -> dict[str, int]:
         elif _fusable_mlp(mod):
             set_submodule(model, name, FusedGateUp(mod))
             done["gate_up"] += 1
-    from .lean_forward import enable_lean
+    from .lean_mark import enable_lean
 
     done["lean_forward"] = int(enable_lean(model))
     model._dyntree_fused = done

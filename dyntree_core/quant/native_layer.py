@@ -2,7 +2,7 @@
 rotary, the key/value write, attention, the o product, the residuals and the gated MLP, with no torch op in
 between.
 
-On a 2-core CPU transformers' per-layer ops cost as much as a layer's products; ``quant.lean_forward`` cut them
+On a 2-core CPU transformers' per-layer ops cost as much as a layer's products; ``decode.lean_forward`` cut them
 to ~35 ops per layer, and this cuts them to one call. ``lean_forward`` uses it whenever ``native_plan(model)``
 is not ``None`` and every product of the forward runs on the row kernels (no ``dequant_mm`` at this many rows).
 
@@ -74,12 +74,12 @@ def _norm_weight(norm) -> Optional[torch.Tensor]:
 
 def native_reason(model) -> Optional[str]:
     """Why ``model``'s layers cannot run as C calls (``None`` when they can)."""
-    from .lean_forward import lean_enabled
+    from .lean_mark import lean_enabled
 
     if os.environ.get("DYNTREE_NATIVE_LAYER", "1") == "0":
         return "turned off by DYNTREE_NATIVE_LAYER=0"
     if not lean_enabled(model):  # (checked the architecture when quant.fused.fuse_forward enabled it)
-        return "no lean forward (quant.lean_forward.lean_reason, quant.fused.fuse_forward)"
+        return "no lean forward (quant.lean_mark.lean_reason, quant.fused.fuse_forward)"
     inner = model.model
     if inner.embed_tokens.weight.dtype != torch.float32:
         return f"model dtype {inner.embed_tokens.weight.dtype} (the C layer: float32)"
