@@ -133,28 +133,51 @@ def _random_tree(rng: np.random.Generator, n: int, vocab: int, sampled: str, pea
     return tree, torch.tensor(p)
 
 
+#: verifier runs per random tree in the Monte Carlo check (sized in its docstring)
+MC_RUNS = 2310
+
+
 @pytest.mark.parametrize("sampled", ["swor", "iid"])
 @pytest.mark.parametrize("name", ["token_level", "traversal", "point_mass"])
 def test_matches_monte_carlo_of_verify_on_random_trees(name: str, sampled: str) -> None:
     """On 16-node random trees (V = 12, max 4 siblings) the verifier's mean accepted length over
-    3000 runs lies within 4.5 standard errors of the exact expectation, and each node's
-    on-path frequency within 4.5 standard errors of its probability (+ 1e-3)."""
-    rng = np.random.default_rng([17, len(name), len(sampled)])
+    MC_RUNS runs lies within 4.5 standard errors of the exact expectation, and each node's
+    on-path frequency within 4.5 standard errors of its probability (+ 1e-3).
+
+    False alarm: 17 checks per tree, 3 trees, each two-sided at 4.5 exact standard errors
+    (6.8e-6): <= 3.5e-4 per parameter set. Power: the bug it must catch is a verifier whose
+    sibling draft update does not match how the tree was drawn (swor verified as iid). On this
+    test's swor trees that moves a node's on-path probability by up to 0.047 (token_level) and 0.094 (traversal); the
+    fewest runs at which the most-moved node fails with probability >= 0.99 is 2,310 (token_level;
+    traversal needs 500), so MC_RUNS = 2,310 (was 3,000). point_mass has no draft update; sampling
+    below a matched node from the parent's row moves a node by up to 0.046 on its swor trees (100
+    runs catch it). On the iid trees these bugs move no node by more than 0.006, below what an
+    affordable run count resolves; there the test catches a node off by >= 0.072 with power 0.99
+    (at on-path probability 0.5, the worst case), and ``test_matches_enumeration_on_every_drafted_tree``
+    checks every verifier exactly. The trees come from their own generator, so they do not depend
+    on the run count."""
+    tree_rng = np.random.default_rng([17, len(name), len(sampled)])
+    rng = np.random.default_rng([18, len(name), len(sampled)])
     verifier = make_verifier(name)
     for _ in range(3):
         while True:
-            tree, target = _random_tree(rng, 16, 12, sampled, peak=0.3)
+            tree, target = _random_tree(tree_rng, 16, 12, sampled, peak=0.3)
             if max(len(k) for k in tree.children()) <= 4:
                 break
         exp = expected_acceptance(tree, target, name)
-        runs = 3000
+        runs = MC_RUNS
         lengths = np.empty(runs)
         hits = np.zeros(tree.size)
         for i in range(runs):
             path = verifier.verify(tree, target, rng).path
             lengths[i] = len(path) - 1
             hits[path] += 1
-        se = lengths.std(ddof=1) / np.sqrt(runs)
+        # the exact standard error: the nodes on the path are the last accepted node w and its
+        # ancestors, so E[L^2] = sum_w P(w on path) (2 depth(w) - 1) (a tree that rarely accepts
+        # anything gives a sample standard deviation of 0, and the sample's error no 4.5 sigma bound)
+        depth = tree.depth.numpy()[1:]
+        var = float((exp.on_path[1:] * (2 * depth - 1)).sum()) - exp.accepted ** 2
+        se = np.sqrt(max(var, 0.0) / runs)
         assert abs(lengths.mean() - exp.accepted) < 4.5 * se + 1e-9
         freq = hits / runs
         node_se = np.sqrt(np.clip(exp.on_path * (1 - exp.on_path), 0.0, None) / runs)
