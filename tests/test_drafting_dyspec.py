@@ -95,6 +95,10 @@ def test_greedy_stochastic_budget_swor_keys_and_batched_calls():
 
 
 def test_greedy_stochastic_first_child_is_a_draft_sample():
+    """The first child's token frequencies over 1,500 drafts are within 0.04 of q: false alarm
+    2.6e-3, power 0.99 against a shift of 0.070 or more in any token (a deterministic first child,
+    the argmax, shifts the top token by 0.55). n is kept: the tolerance is absolute, so the
+    false-alarm rate falls only as n grows and 1,500 is the fewest drafts that keep today's."""
     v = 5
     q = torch.tensor([0.45, 0.3, 0.15, 0.1, 0.0])
     fn = lambda p: q  # noqa: E731

@@ -33,6 +33,10 @@ def test_chain_lengths_calls_and_greedy_path():
 
 
 def test_chain_first_token_is_a_draft_sample():
+    """The first drafted token's frequencies over 1,500 drafts are within 0.04 of q: false alarm
+    2.8e-3, power 0.99 against a shift of 0.070 or more in any token (the argmax instead of a sample
+    shifts the top token by 0.5). n is kept: the tolerance is absolute, so the false-alarm rate falls
+    only as n grows and 1,500 is the fewest drafts that keep today's."""
     q = torch.tensor([0.5, 0.3, 0.2, 0.0])
     d = make_drafter(DecodeConfig(method="chain", depth=1, temperature=1.0))
     gen = torch.Generator().manual_seed(4)

@@ -457,7 +457,11 @@ def test_worked_example_token_level_gives_seven_quarters() -> None:
 
 
 def test_rng_driven_verify_matches_the_enumerated_distribution() -> None:
-    """``verify`` (numpy Generator) samples the distribution that ``run`` enumerates."""
+    """``verify`` (numpy Generator) samples the distribution that ``run`` enumerates: over 4,000
+    runs every accepted path's frequency is within 0.03 of its probability. False alarm 6e-5, power
+    0.99 against a shift of 0.047 or more in any path's probability (the 2/3 one at worst). n is
+    kept: the tolerance is absolute, so the false-alarm rate falls only as n grows and 4,000 is the
+    fewest runs that keep today's."""
     tree, target = _figure1_tree()
     rng = np.random.default_rng(1234)
     counts: dict[Seq, int] = defaultdict(int)

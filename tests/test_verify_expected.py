@@ -147,15 +147,15 @@ def test_matches_monte_carlo_of_verify_on_random_trees(name: str, sampled: str) 
     False alarm: 17 checks per tree, 3 trees, each two-sided at 4.5 exact standard errors
     (6.8e-6): <= 3.5e-4 per parameter set. Power: the bug it must catch is a verifier whose
     sibling draft update does not match how the tree was drawn (swor verified as iid). On this
-    test's swor trees that moves a node's on-path probability by up to 0.047 (token_level) and 0.094 (traversal); the
-    fewest runs at which the most-moved node fails with probability >= 0.99 is 2,310 (token_level;
-    traversal needs 500), so MC_RUNS = 2,310 (was 3,000). point_mass has no draft update; sampling
-    below a matched node from the parent's row moves a node by up to 0.046 on its swor trees (100
-    runs catch it). On the iid trees these bugs move no node by more than 0.006, below what an
-    affordable run count resolves; there the test catches a node off by >= 0.072 with power 0.99
-    (at on-path probability 0.5, the worst case), and ``test_matches_enumeration_on_every_drafted_tree``
-    checks every verifier exactly. The trees come from their own generator, so they do not depend
-    on the run count."""
+    test's swor trees that moves a node's on-path probability by up to 0.047 (token_level) and
+    0.094 (traversal); the fewest runs at which the most-moved node fails with probability >= 0.99
+    is 2,310 (token_level; traversal needs 500), so MC_RUNS = 2,310 (was 3,000). point_mass has no
+    draft update; sampling below a matched node from the parent's row moves a node by up to 0.046
+    on its swor trees (100 runs catch it). On the iid trees these bugs move no node by more than
+    0.006, below what an affordable run count resolves; there the test catches a node off by
+    >= 0.072 with power 0.99 (at on-path probability 0.5, the worst case), and
+    ``test_matches_enumeration_on_every_drafted_tree`` checks every verifier exactly. The trees
+    come from their own generator, so they do not depend on the run count."""
     tree_rng = np.random.default_rng([17, len(name), len(sampled)])
     rng = np.random.default_rng([18, len(name), len(sampled)])
     verifier = make_verifier(name)
