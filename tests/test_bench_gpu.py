@@ -67,20 +67,27 @@ def _check_resident(r):
     assert [t["name"] for t in r["targets"]] == ["1.5B", "7B"]
     from dyntree_core.bench.resident import ResidentPlan
 
-    budgets = ResidentPlan.for_run(True).budgets
+    plan = ResidentPlan.for_run(True)
     for t in r["targets"]:
         assert t["hf_generate_ms_per_token"] > 0 and t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0
-        assert set(t["ar_vs_hf_generate"]) == {"torch", "triton"}
-        for att, ratio in t["ar_vs_hf_generate"].items():
-            assert math.isclose(ratio, t["ar_ms_per_token"][att] / t["hf_generate_ms_per_token"])
+        assert t["hf_static_ms_per_token"] > 0 and t["hf_static_warmup_s"] > 0
+        assert set(t["ar_vs_hf_generate"]) == set(t["ar_vs_hf_static"]) == {"torch graph", "torch host", "triton host"}
+        for kind, ratio in t["ar_vs_hf_generate"].items():
+            assert math.isclose(ratio, t["ar_ms_per_token"][kind] / t["hf_generate_ms_per_token"])
+            assert math.isclose(t["ar_vs_hf_static"][kind], t["ar_ms_per_token"][kind] / t["hf_static_ms_per_token"])
         assert t["ar_vs_hf_generate_best"] == min(t["ar_vs_hf_generate"].values())
-        got = {(x["method"], x.get("budget"), x["attention"]) for x in t["rows"]}
-        want = {(m, None, a) for m in ("autoregressive", "chain") for a in ("torch", "triton")}
-        want |= {("dyspec_greedy", b, a) for b in budgets for a in ("torch", "triton")}
+        got = {(x["method"], x.get("budget"), x["attention"], x["step"]) for x in t["rows"]}
+        want = {(m, None, "torch", "graph") for m in ("autoregressive", "chain")}
+        want |= {(m, None, "triton", "host") for m in ("autoregressive", "chain")}
+        want |= {("dyspec_greedy", b, "torch", "graph") for b in plan.budgets}
+        want |= {("dyspec_greedy", b, "triton", "host") for b in plan.budgets}
+        want |= {("autoregressive", None, "torch", "host"), ("dyspec_greedy", plan.ab_budget, "torch", "host"),
+                 ("dyspec_greedy", plan.ab_budget, "torch", "device_side")}
         assert got == want
         for x in t["rows"]:
             assert x["step_ms"] > 0 and x["tokens_per_step"] >= 1 and x["phases_ms"]["target_forward"] > 0
             assert x["step_vs_ar_step"] > 0 and all(v > 0 for v in x["phases_ms"].values())
+            assert (x["compile_s"] > 0) == (x["step"] == "graph" and not plan.dry_run) or plan.dry_run
             if x["method"] != "autoregressive":
                 assert x["phases_ms"]["draft"] > 0 and x["tree_size"] > 1
 

@@ -4,12 +4,19 @@ For a 1.5B- and a 7B-shaped target (synthetic weights: random, output head sharp
 choices are not near-ties; the 0.5B-shaped draft therefore accepts ~nothing and every step
 commits ~1 token — the step times are the point) in one process:
 
-- transformers ``generate`` (greedy, SDPA, dynamic cache): ms/token, measured first, before our
-  engine switches the model's attention implementation;
+- transformers ``generate`` (greedy, SDPA), measured first, before our engine switches the model's
+  attention implementation: with its dynamic cache (eager) and with ``cache_implementation="static"``
+  (it compiles the forward: the peer to beat; its warm-up reported apart);
 - our engine: autoregressive, chain (depth 4) and dyspec_greedy at each budget, each with SDPA
   (``attention="torch"``) and the Triton kernel (``"triton"``): median step time, tokens per step,
-  median of every phase that ran, and the step's cost relative to a plain (AR) step;
-- ``ar_vs_hf_generate``: our autoregressive ms/token over transformers' (per attention);
+  median of every phase that ran, and the step's cost relative to a plain (AR) step of the same
+  ``step`` kind. ``step``: ``graph`` = fixed-shape programs (``decode.graph_step``, compiled on the
+  first step: ``compile_s``), ``host`` = the eager step with host drafting and verification,
+  ``device_side`` = the eager step drafting greedy trees on device tensors through the HF forward.
+  SDPA rows run as graphs (on the plan's ``graph_targets``), Triton rows on the host path; the
+  dyspec_greedy row at the A/B budget runs all three kinds (the device-side drafting regression);
+- ``ar_vs_hf_generate`` / ``ar_vs_hf_static``: our best autoregressive ms/token per kind over
+  transformers' dynamic / static-cache ``generate``;
 - the floor: the target's weight bytes over the measured device-memory bandwidth (a ``clone`` of
   a large buffer: read + write), the time one token must take to stream the weights once.
 
@@ -76,12 +83,16 @@ class ResidentPlan:
     hf_tokens: int
     bandwidth_bytes: int
     dtype: str
+    graph_targets: tuple[str, ...]
+    ab_budget: int
 
     @classmethod
     def for_run(cls, dry_run: bool) -> "ResidentPlan":
         if dry_run:
-            return cls(True, TINY_SHAPES, TINY_VOCAB, ("1.5B", "7B"), (4,), 1, 16, 4, 64 << 20, "float32")
-        return cls(False, QWEN_SHAPES, QWEN_VOCAB, ("1.5B", "7B"), (16, 64, 256), 12, 128, 64, 4 << 30, "bfloat16")
+            return cls(True, TINY_SHAPES, TINY_VOCAB, ("1.5B", "7B"), (4,), 1, 16, 4, 64 << 20, "float32", ("1.5B", "7B"), 4)
+        # compiling the graph programs takes minutes per target: the 7B shape only, inside one device call
+        return cls(False, QWEN_SHAPES, QWEN_VOCAB, ("1.5B", "7B"), (16, 64, 256), 12, 128, 64, 4 << 30, "bfloat16",
+                   ("7B",), 64)
 
 
 def _sync(dev: torch.device) -> None:
@@ -109,37 +120,74 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def hf_generate_ms(model, ids: torch.Tensor, tokens: int, reps: int = 3) -> float:
-    """Median ms per new token of transformers' greedy ``generate`` (after an 8-token warm-up)."""
+def hf_generate_ms(model, ids: torch.Tensor, tokens: int, reps: int = 3, **kwargs) -> tuple[float, float]:
+    """Median ms per new token of transformers' greedy ``generate`` (``kwargs``: e.g.
+    ``cache_implementation="static"``) and the seconds of its two warm-up calls (compilation, for a
+    static cache). Per token = (``tokens``-token call - 1-token call) / (``tokens`` - 1): the prompt's
+    prefill is left out."""
     def once(n: int) -> float:
         _sync(ids.device)
         t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **kwargs)
         _sync(ids.device)
-        return (time.perf_counter() - t0) / (out.shape[1] - ids.shape[1]) * 1e3
+        return time.perf_counter() - t0
 
+    t0 = time.perf_counter()
     once(min(8, tokens))
-    return statistics.median(once(tokens) for _ in range(reps))
+    once(min(8, tokens))
+    warmup = time.perf_counter() - t0
+    full = statistics.median(once(tokens) for _ in range(reps))
+    one = statistics.median(once(1) for _ in range(reps))
+    return (full - one) / (tokens - 1) * 1e3, warmup
 
 
-def run_decoder(draft, target, cfg, prompt: list[int], steps: int) -> Optional[dict[str, Any]]:
-    """Median step of ``steps`` steps after one warm-up step; phases that ran, in ms."""
+def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "host") -> Optional[dict[str, Any]]:
+    """Median step of ``steps`` steps after one warm-up step (which compiles a ``graph`` step's
+    programs: ``compile_s``); phases that ran, in ms. ``step``: ``graph``, ``host`` or ``device_side``."""
     from .. import SpeculativeDecoder
 
-    traces = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, steps + 1))[1:]
+    dec = SpeculativeDecoder(draft, target, cfg)
+    dec.graph_steps = step == "graph"
+    dec.device_side = step == "device_side"
+    if dec.graph_steps and dec.graph_reason() is not None:
+        raise RuntimeError(f"a graph step was asked for but cannot run: {dec.graph_reason()}")
+    events = []
+    dec.on_compile = events.append
+    traces = list(dec.generate(prompt, steps + 1))[1:]
     if not traces:
         return None
     phases = {p: statistics.median(getattr(t.timings, p) for t in traces) * 1e3
               for p in ("draft", "tree_build", "mask", "target_forward", "verify", "kv_compaction")
               if any(getattr(t.timings, p) > 0 for t in traces)}
-    return dict(steps=len(traces), step_ms=statistics.median(t.step_seconds for t in traces) * 1e3,
+    return dict(step=step, compile_s=sum(e.seconds for e in events),
+                steps=len(traces), step_ms=statistics.median(t.step_seconds for t in traces) * 1e3,
                 tokens_per_step=sum(len(t.committed) for t in traces) / len(traces),
                 tree_size=statistics.median(t.tree_size for t in traces), phases_ms=phases)
 
 
+def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[tuple[Any, str]]:
+    """(config, step kind) of every row for target ``name``, in run order (see the module docstring)."""
+    from .. import DecodeConfig
+
+    base = dict(device=str(dev), dtype=plan.dtype, temperature=0.0)
+    sdpa = "graph" if name in plan.graph_targets else "host"
+    out: list[tuple[Any, str]] = []
+    for attention in ATTENTIONS:
+        kind = sdpa if attention == "torch" else "host"
+        out.append((DecodeConfig(method="autoregressive", attention=attention, **base), kind))
+        out.append((DecodeConfig(method="chain", depth=4, attention=attention, **base), kind))
+        out += [(DecodeConfig(method="dyspec_greedy", budget=b, depth=8, attention=attention, node_order="dfs", **base),
+                 kind) for b in plan.budgets]
+    if sdpa == "graph":  # the A/B: the same configurations on the eager paths
+        out.append((DecodeConfig(method="autoregressive", attention="torch", **base), "host"))
+        ab = DecodeConfig(method="dyspec_greedy", budget=plan.ab_budget, depth=8, attention="torch", node_order="dfs",
+                          **base)
+        out += [(ab, "host"), (ab, "device_side")]
+    return out
+
+
 def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dict[str, Any]:
     """The section (see the module docstring). Rows past ``seconds`` are listed under ``skipped``."""
-    from .. import DecodeConfig
     from ..decode.prepared import PreparedPair
 
     plan = ResidentPlan.for_run(dry_run)
@@ -156,21 +204,19 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dic
         target = synthetic_qwen(*plan.shapes[name], plan.vocab, seed=2, dev=dev, sharpen=30.0).to(dtype)
         try:
             nbytes = weight_bytes(target)
-            hf = hf_generate_ms(target, torch.tensor([prompt], device=dev), plan.hf_tokens)
-            log(f"resident {name}: transformers generate {hf:.2f} ms/token")
-            base = dict(device=str(dev), dtype=plan.dtype, temperature=0.0)
-            configs = [DecodeConfig(method="autoregressive", attention=a, **base) for a in ATTENTIONS]
-            configs += [DecodeConfig(method="chain", depth=4, attention=a, **base) for a in ATTENTIONS]
-            configs += [DecodeConfig(method="dyspec_greedy", budget=b, depth=8, attention=a, node_order="dfs", **base)
-                        for b in plan.budgets for a in ATTENTIONS]
+            ids = torch.tensor([prompt], device=dev)
+            hf, _ = hf_generate_ms(target, ids, plan.hf_tokens)
+            hf_static, hf_static_warmup = hf_generate_ms(target, ids, plan.hf_tokens, cache_implementation="static")
+            log(f"resident {name}: transformers generate {hf:.2f} ms/token, static cache {hf_static:.2f} "
+                f"(warm-up {hf_static_warmup:.1f} s)")
             rows = []
-            for cfg in configs:
+            for cfg, step in resident_configs(plan, name, dev):
                 label = f"{name} {cfg.method}" + (f" b{cfg.budget}" if cfg.method == "dyspec_greedy" else "") \
-                    + f" {cfg.attention}"
+                    + f" {cfg.attention} {step}"
                 if time.perf_counter() - t_start > seconds:
                     skipped.append(f"{label}: time budget ({seconds:.0f} s) spent")
                     continue
-                r = run_decoder(draft, target, cfg, prompt, plan.steps)
+                r = run_decoder(draft, target, cfg, prompt, plan.steps, step)
                 if r is None:
                     skipped.append(f"{label}: no step decoded")
                     continue
@@ -178,24 +224,31 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dic
                 if cfg.method != "autoregressive":
                     knobs["depth"] = cfg.depth
                 rows.append(dict(method=cfg.method, **knobs, attention=cfg.attention, **r))
-                log(f"resident {label}: {r['step_ms']:.2f} ms/step, {r['tokens_per_step']:.2f} tokens/step")
-            ar_rows = {r["attention"]: r for r in rows if r["method"] == "autoregressive"}
+                log(f"resident {label}: {r['step_ms']:.2f} ms/step, {r['tokens_per_step']:.2f} tokens/step"
+                    + (f" (compiled in {r['compile_s']:.1f} s)" if r["compile_s"] else ""))
+            ar_rows = {(r["attention"], r["step"]): r for r in rows if r["method"] == "autoregressive"}
             for r in rows:
-                if r["attention"] in ar_rows:
-                    r["step_vs_ar_step"] = r["step_ms"] / ar_rows[r["attention"]]["step_ms"]
-            ar = {a: r["step_ms"] / r["tokens_per_step"] for a, r in ar_rows.items()}
+                ar_row = ar_rows.get((r["attention"], r["step"])) or ar_rows.get((r["attention"], "host"))
+                if ar_row is not None:
+                    r["step_vs_ar_step"] = r["step_ms"] / ar_row["step_ms"]
+            ar = {f"{a} {k}": r["step_ms"] / r["tokens_per_step"] for (a, k), r in ar_rows.items()}
             ratio = {a: ms / hf for a, ms in ar.items()}
+            ratio_static = {a: ms / hf_static for a, ms in ar.items()}
+            floor = nbytes / (bandwidth["gbps"] * 1e9) * 1e3
             targets.append(dict(
                 name=name, shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes[name])),
-                weight_bytes=nbytes, floor_ms_per_token=nbytes / (bandwidth["gbps"] * 1e9) * 1e3,
-                hf_generate_ms_per_token=hf, ar_ms_per_token=ar, ar_vs_hf_generate=ratio,
-                ar_vs_hf_generate_best=min(ratio.values()) if ratio else math.nan, rows=rows))
+                weight_bytes=nbytes, floor_ms_per_token=floor,
+                hf_generate_ms_per_token=hf, hf_static_ms_per_token=hf_static, hf_static_warmup_s=hf_static_warmup,
+                ar_ms_per_token=ar, ar_vs_hf_generate=ratio, ar_vs_hf_static=ratio_static,
+                ar_vs_floor={a: ms / floor for a, ms in ar.items()},
+                ar_vs_hf_generate_best=min(ratio.values()) if ratio else math.nan,
+                ar_vs_hf_static_best=min(ratio_static.values()) if ratio_static else math.nan, rows=rows))
         finally:
             PreparedPair.close_attached(draft, target)
             del target
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    want = len(plan.targets) * (2 * len(ATTENTIONS) + len(plan.budgets) * len(ATTENTIONS))
+    want = sum(len(resident_configs(plan, name, dev)) for name in plan.targets)
     return dict(ok=sum(len(t["rows"]) for t in targets) == want, dtype=plan.dtype, vocab=plan.vocab,
                 prompt_tokens=plan.prompt, steps=plan.steps, budgets=list(plan.budgets),
                 draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes["0.5B"])),
