@@ -29,12 +29,15 @@ PHASES: tuple[str, ...] = (
 class PrefillProgress:
     """The prompt's prefill so far (``SpeculativeDecoder.generate(prefill_progress=True)`` yields one
     before the first chunk and one after each): ``done`` of ``total`` prompt tokens fed (target and
-    draft both count), ``seconds`` since the prefill began, ``stopped`` when a stop ended it early."""
+    draft both count), ``seconds`` since the prefill began, ``stopped`` when a stop ended it early;
+    ``compiling``: what the first step is about to compile (graph steps meeting a new size bucket on a
+    GPU: minutes), empty otherwise."""
 
     done: int
     total: int
     seconds: float
     stopped: bool = False
+    compiling: str = ""
 
 
 @dataclass(frozen=True)

@@ -202,8 +202,8 @@ def test_the_counter_sees_a_host_read_and_ops_added_to_a_phase(pair, monkeypatch
     monkeypatch.setattr(graph_step.GraphStepper, "verify", real)
     real_draft = graph_step.GraphStepper.draft
 
-    def eager_mask(self):
-        real_draft(self)
+    def eager_mask(self, cached):
+        real_draft(self, cached)
         (self._d_cols < self.d_len)[None].expand(4, -1).clone()  # mask work moved out of the programs
 
     monkeypatch.setattr(graph_step.GraphStepper, "draft", eager_mask)
@@ -242,3 +242,20 @@ def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypat
     dec.pair.close()
     gc.collect()
     assert all(r() is None for refs in made for r in refs)
+
+
+def test_a_run_that_compiles_says_so_before_its_first_step(pair):
+    """Under a compiling mode the first run of a bucket yields a progress item naming the programs it is
+    about to compile (the app shows it while the step runs); the next run of the bucket compiles nothing."""
+    from dyntree_core.trace import PrefillProgress, StepTrace
+
+    dec = graph_decoder(pair, "chain", CompileMode.check(), depth=3)
+    items = list(dec.generate(PROMPT, 4, prefill_progress=True))
+    notes = [i.compiling for i in items if isinstance(i, PrefillProgress) and i.compiling]
+    assert len(notes) == 1 and all(p in notes[0] for p in ("draft_root", "draft_level", "target_tree", "commit"))
+    first_step = next(k for k, i in enumerate(items) if isinstance(i, StepTrace))
+    assert items.index(next(i for i in items if isinstance(i, PrefillProgress) and i.compiling)) < first_step
+    again = list(dec.generate(PROMPT, 4, prefill_progress=True))
+    assert not any(isinstance(i, PrefillProgress) and i.compiling for i in again)
+    assert not any(isinstance(i, PrefillProgress) and i.compiling
+                   for i in graph_decoder(pair, "chain", None, depth=3).generate(PROMPT, 4, prefill_progress=True))

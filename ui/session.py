@@ -44,6 +44,7 @@ class RunRecord:
     model_params: tuple[int, int] = (0, 0)  # logical parameter counts (draft, target)
     prefill: tuple[int, int] = (0, 0)  # prompt tokens prefilled so far / in all (target + draft)
     prefill_seconds: Optional[float] = None  # wall time of the prefill once it ended
+    compiling: str = ""  # what the first step compiles (graph steps on a GPU), shown while it runs
     waiting: str = ""  # while this run waits for the shared models: what holds them
     wait_seconds: float = 0.0  # time spent waiting for other sessions' chunks and steps
 
@@ -181,6 +182,7 @@ class Generation:
                 raise
             if isinstance(item, PrefillProgress):
                 self.record.prefill = (item.done, item.total)
+                self.record.compiling = item.compiling
                 if item.stopped:
                     self._finish("stopped")
                 elif item.done == item.total:

@@ -106,6 +106,8 @@ def status_line(record: Optional[RunRecord]) -> str:
         long = (" — a long prompt: on a CPU its prefill alone can take minutes" if n > LONG_PROMPT_TOKENS else "")
         done, total = record.prefill
         share = f" {100 * done / total:.0f}%" if total else ""
+        if record.compiling:
+            return f"**{label}** · running · {html.escape(record.compiling)} …{shared}{note}"
         return f"**{label}** · running · prefilling {n:,} prompt tokens …{share}{long}{shared}{note}"
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
     mixed = (f" · {s['suffix_steps']} of {s['steps']} steps drafted from the text (no draft forward)"

@@ -94,8 +94,9 @@ class DenseForward:
             tokens: ``[R]`` int64 token ids.
             positions: ``[R]`` int64 position ids.
             slots: ``[R]`` int64 cache slots the rows' keys and values are written to (distinct).
-            visible: ``[R, C]`` bool, True = the row may attend to the slot (its own slot included; each
-                row must see at least one slot).
+            visible: ``[R, S]`` bool over the first ``S <= C`` slots (the attention's span: a bucket the
+                caller picks so a short run does not attend the whole buffer), True = the row may attend to
+                the slot (its own slot included; each row must see at least one; every slot written < S).
             rows: ``[M]`` int64 rows whose logits are returned.
         Returns:
             ``[M, V]`` logits (model dtype).
@@ -111,10 +112,12 @@ class DenseForward:
         sin = (emb.sin() * self.rope_scale).to(h.dtype)[None, None]
         kv = self.kv
 
+        span = visible.shape[1]
+
         def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             kv.k[i].index_copy_(1, slots, k[0])
             kv.v[i].index_copy_(1, slots, v[0])
-            return kv.k[i][None], kv.v[i][None]
+            return kv.k[i][None, :, :span], kv.v[i][None, :, :span]
 
         h = decoder_layers(self.layers, h, cos, sin, visible[None, None], write)
         h = self.norm(h[0].index_select(0, rows))

@@ -8,6 +8,7 @@ forward of the last token and a sample: no tree, no draft model, no verifier."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -37,6 +38,17 @@ from ..verify.rows import LogitRows
 # re-exported: they lived here before ``prepared`` owned model preparation
 __all__ = ["SpeculativeDecoder", "VocabMismatchError", "check_same_vocab", "model_vocab_size", "place_model",
            "prepare_model", "resolve_device", "PreparedPair"]
+
+
+log = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """Why graph steps were asked for (the CUDA default) but do not run: once per process and reason."""
+    if message not in _logged:
+        _logged.add(message)
+        log.warning("%s", message)
 
 
 @dataclass
@@ -115,10 +127,6 @@ class SpeculativeDecoder:
         self.on_compile = None
         #: how the graph steps' programs run (None: ``compiled.CompileMode.for_device``)
         self.compile_mode = None
-        from .graphs import capture_support, report_once
-
-        self.capture = capture_support(self.device)  # graph-captured forwards: off, with the reason logged once
-        report_once(self.capture)
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -263,8 +271,11 @@ class SpeculativeDecoder:
         from ..methods import method_spec
 
         graph = None
-        if self.graph_reason() is None:
-            graph = self._stepper(len(prompt) + max_new_tokens)
+        reason = self.graph_reason()
+        if reason is not None and self.graph_steps:
+            _log_once(f"steps run eagerly: {reason}")
+        if reason is None:
+            graph = self._stepper(min(len(prompt) + max_new_tokens, self.max_context))
             graph.begin(self.on_compile)
             t_cache = d_cache = None
             feeds = [lambda chunk, start: graph.prefill("target", chunk, start)]
@@ -290,6 +301,12 @@ class SpeculativeDecoder:
                         return  # stopped during the prefill: no step was decoded
             if graph is not None:
                 graph.start(prompt)
+                todo = graph.to_compile(len(prompt) - 1)
+                if todo:
+                    n = len(prompt) - 1
+                    yield PrefillProgress(n * len(feeds), n * len(feeds), time.perf_counter() - t_start,
+                                          compiling=f"compiling the step programs for this {self.device.type.upper()}: "
+                                                    + ", ".join(todo) + " (once per size bucket; minutes)")
             self._sync()
             state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1,
                           max_new_tokens=max_new_tokens)
@@ -439,7 +456,7 @@ class SpeculativeDecoder:
         """``_ar_step`` as one program and one read (``graph_step.GraphStepper.ar_step``)."""
         timer = StepTimer(self.device)
         with timer.phase("target_forward"):
-            out = graph.ar_forward()
+            out = graph.ar_forward(len(state.committed) - 1)
         with timer.phase("verify"):
             token, p_tok, probs = graph.ar_read(out)
             if probs is not None:
@@ -456,10 +473,11 @@ class SpeculativeDecoder:
         and commit on the device, then one read; the host verifier re-walks the read numbers for the
         trace's decisions and must find the device's path."""
         timer = StepTimer(self.device)
+        cached = len(state.committed) - 1  # the root is the last committed token
         with timer.phase("draft"):
-            graph.draft()
+            graph.draft(cached)
         with timer.phase("target_forward"):
-            graph.target_forward()
+            graph.target_forward(cached)
         with timer.phase("verify"):
             graph.verify()
         with timer.phase("kv_compaction"):

@@ -46,6 +46,7 @@ _NEG = float("-inf")
 #: methods whose greedy trees have a fixed envelope here
 ENVELOPE_METHODS = ("chain", "dyspec_greedy", "sequoia")
 MIN_CAPACITY = 512
+MIN_SPAN = 256
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,12 @@ class Envelope:
                 return None
             return cls("sequoia", shape.size - 1, depth, tuple(shape.parents), tuple(shape.score))
         return None
+
+
+def span_bucket(tokens: int, capacity: int) -> int:
+    """The attention span for ``tokens`` cache slots in use: the next power of two (at least
+    ``MIN_SPAN``), at most ``capacity``. A program compiles once per span it meets."""
+    return min(capacity, max(MIN_SPAN, 1 << (max(1, int(tokens)) - 1).bit_length()))
 
 
 def capacity_bucket(tokens: int) -> int:
@@ -192,7 +199,7 @@ class GraphStepper:
         i64 = dict(dtype=torch.long, device=dev)
         self.t_len = self._static(torch.zeros((), **i64))
         self.root = self._static(torch.zeros(1, **i64))
-        self._t_cols = torch.arange(self.tf.capacity, **i64)
+        self._t_cols = torch.arange(self.tf.capacity, **i64)  # sliced to a span: [:span] is a view
         self._zero = torch.zeros(1, **i64)
         self.programs: list[GraphFn] = []
         self._ar = self._program(self._ar_program, "ar", on_compile)
@@ -242,6 +249,12 @@ class GraphStepper:
         for program in self.programs:
             program.on_compile = on_compile
 
+    def to_compile(self, cached: int) -> list[str]:
+        """The programs the next step compiles (a new bucket under a compiling mode), by name."""
+        if not self.mode.compiles:
+            return []
+        return [p.name for p in self.programs if not p.events and (self.env is None) == (p.name == "ar")]
+
     def end(self) -> None:
         self.in_use = False
         for program in self.programs:
@@ -269,7 +282,7 @@ class GraphStepper:
         q = len(tokens)
         dev = self.device
         pos = torch.arange(start, start + q, device=dev)
-        cols = torch.arange(f.capacity, device=dev)
+        cols = torch.arange(span_bucket(start + q, f.capacity), device=dev)
         visible = cols[None, :] <= pos[:, None]
         f(torch.tensor(tokens, dtype=torch.long, device=dev), pos, pos, visible, torch.tensor([q - 1], device=dev))
 
@@ -282,9 +295,10 @@ class GraphStepper:
             self.a_valid.fill_(False)
 
     # ------------------------------------------------------------------ plain decoding
-    def ar_forward(self):
-        """One plain decoding step's program: the root's forward (at T = 0 its argmax becomes the next root)."""
-        return self._ar()
+    def ar_forward(self, cached: int):
+        """One plain decoding step's program: the root's forward (at T = 0 its argmax becomes the next root).
+        ``cached``: the tokens in the target's cache (the host knows it from its reads)."""
+        return self._ar(span_bucket(cached + 1, self.tf.capacity))
 
     def ar_read(self, out) -> tuple[int, float, Optional[np.ndarray]]:
         """The step's one read: ``(token, p_target, None)`` at T = 0; at T > 0 ``(-1, nan, probs)``
@@ -298,9 +312,9 @@ class GraphStepper:
     def set_root(self, token: int) -> None:
         self.root.fill_(int(token))
 
-    def _ar_program(self):
+    def _ar_program(self, span: int):
         slot = self.t_len.view(1)
-        visible = (self._t_cols <= self.t_len)[None]
+        visible = (self._t_cols[:span] <= self.t_len)[None]
         logits = self.tf(self.root, slot, slot, visible, self._zero).float()
         self.t_len.add_(1)
         if self.temperature > 0.0:
@@ -311,14 +325,17 @@ class GraphStepper:
         return am, p
 
     # ------------------------------------------------------------------ tree step
-    def draft(self) -> None:
-        """Grow the step's tree into the candidate slots (``depth`` draft forwards)."""
-        self._draft_root()
+    def draft(self, cached: int) -> None:
+        """Grow the step's tree into the candidate slots (``depth`` draft forwards). ``cached``: the
+        committed tokens before the root (the host knows it; the draft caches at most as many)."""
+        span = span_bucket(cached + 2 + self.env.draft_rows, self.df.capacity)
+        self._draft_root(span)
         for level in self._levels[1:]:
-            self._draft_level(level)
+            self._draft_level(level, span)
 
-    def target_forward(self) -> None:
-        self._target_tree()
+    def target_forward(self, cached: int) -> None:
+        """The tree's target forward; ``cached``: the tokens in the target's cache."""
+        self._target_tree(span_bucket(cached + max(self.env.budget, self.env.depth + 1), self.tf.capacity))
 
     def verify(self) -> None:
         self._verify()
@@ -340,14 +357,14 @@ class GraphStepper:
                         p_argmax=target[2].astype(np.float64), path=[int(x) for x in out[:n_path]],
                         bonus=int(out[d + 2]), p_draft_bonus=float(out[d + 3]))
 
-    def _draft_root_program(self):
+    def _draft_root_program(self, span: int):
         f = self.df
         base = self.d_len
         keep = base + self.a_valid.long()
         tokens = torch.cat([self.a_tok, self.root])
         slots = torch.stack([base, base + 1])
         positions = torch.stack([base, keep])
-        cols = self._d_cols
+        cols = self._d_cols[:span]
         visible = torch.stack([(cols <= base), (cols < keep) | (cols == base + 1)])
         probs = probs_from_logits(f(tokens, positions, slots, visible, self._zero + 1), 1.0)
         root_row = self._zero
@@ -359,7 +376,7 @@ class GraphStepper:
         self.root_probs.copy_(probs)
         self.anc_d[0].copy_(self._rows_d == 0)
 
-    def _draft_level_program(self, level: torch.Tensor):
+    def _draft_level_program(self, level: torch.Tensor, span: int):
         f, c, n = self.df, self.c, self.env.n
         ids = 1 + (level - 1) * n + self._arange_n
         live = (c.depth == level) & (c.w > _NEG)
@@ -368,7 +385,7 @@ class GraphStepper:
         self.anc_d.index_copy_(0, ids, anc)
         base = self.d_len
         keep = base + self.a_valid.long()
-        visible = (self._d_cols < keep)[None, :].expand(n, -1).clone()
+        visible = (self._d_cols[:span] < keep)[None, :].expand(n, -1).clone()
         visible.index_copy_(1, base + 1 + self._rows_d, anc)
         logits = f(c.tok, (keep + level).expand(n), base + 1 + ids, visible, self._arange_n)
         probs = probs_from_logits(logits, 1.0)
@@ -378,7 +395,7 @@ class GraphStepper:
             new = shape_level(c, probs, ids, level, self.shape, self._kmax)
         _store(self.c, new)
 
-    def _target_tree_program(self):
+    def _target_tree_program(self, span: int):
         c, env = self.c, self.env
         dev = self.device
         b = env.n + 1
@@ -394,7 +411,7 @@ class GraphStepper:
             anc = anc | anc.index_select(0, parents)
         t_len = self.t_len
         slots = t_len + self._arange_b
-        visible = (self._t_cols < t_len)[None, :].expand(b, -1).clone()
+        visible = (self._t_cols[:span] < t_len)[None, :].expand(b, -1).clone()
         visible.index_copy_(1, slots, anc)
         logits = self.tf(tokens, t_len + depth.clamp(max=env.depth), slots, visible, self._arange_b).float()
         lse = torch.logsumexp(logits, -1)
