@@ -84,9 +84,6 @@ class FetchedRows:
             raise RuntimeError("this step read only the greedy verifier's numbers; its target logits stayed on the device")
         return self.fallback
 
-    def prob(self, r: int, token: int) -> float:
-        return float(self.token_probs(torch.tensor([r]), torch.tensor([token]))[0])
-
 
 def read_greedy_step(dtree: DeviceTree, logits: torch.Tensor, slot: torch.Tensor, perm: torch.Tensor) -> StepRead:
     """One ``host.fetch`` of the step (see the module docstring).

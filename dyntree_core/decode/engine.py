@@ -31,7 +31,7 @@ from ..sampling import probs_from_logits
 from ..trace import NodeStatus, PhaseTimings, PrefillProgress, StepTrace, TokenProvenance
 from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
 from ..verify.common import sample_index
-from ..verify.rows import LogitRows
+from ..verify.rows import DenseRows, LogitRows
 
 
 
@@ -238,9 +238,10 @@ class SpeculativeDecoder:
         env = None if cfg.method == "autoregressive" else Envelope.of(cfg)
         mode = self.compile_mode or CompileMode.for_device(self.device)
         capacity = capacity_bucket(tokens)
-        temperature, top_p = (cfg.temperature, cfg.top_p) if env is None else (0.0, 1.0)
-        return self.pair.stepper(("graph", env, capacity, temperature, top_p, mode),
-                                 lambda: GraphStepper(self.draft, self.target, env, capacity, temperature, top_p, mode))
+        draft_t = cfg.effective_draft_temperature
+        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode),
+                                 lambda: GraphStepper(self.draft, self.target, env, capacity, cfg.temperature, cfg.top_p,
+                                                      mode, draft_temperature=draft_t))
 
     def graph_reason(self) -> Optional[str]:
         """Why this decoder's steps do not run as fixed-shape programs (None: they do)."""
@@ -274,8 +275,11 @@ class SpeculativeDecoder:
         reason = self.graph_reason()
         if reason is not None and self.graph_steps:
             _log_once(f"steps run eagerly: {reason}")
+        device_gen = None
         if reason is None:
             graph = self._stepper(min(len(prompt) + max_new_tokens, self.max_context))
+            if not is_ar and not cfg.greedy:  # T > 0 drafting draws its uniforms on the device
+                device_gen = torch.Generator(device=self.device).manual_seed(seed)
             graph.begin(self.on_compile)
             t_cache = d_cache = None
             feeds = [lambda chunk, start: graph.prefill("target", chunk, start)]
@@ -315,7 +319,7 @@ class SpeculativeDecoder:
                 t_step = time.perf_counter()
                 if graph is not None:
                     trace, timer = (self._graph_ar_step(state, graph, rng) if is_ar
-                                    else self._graph_tree_step(state, graph, verifier, rng))
+                                    else self._graph_tree_step(state, graph, verifier, rng, device_gen))
                 elif is_ar:
                     trace, timer = self._ar_step(state, t_cache, rng)
                 else:
@@ -468,34 +472,47 @@ class SpeculativeDecoder:
         return StepTrace(step=state.step, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
                          bonus_token=token, committed=committed, finish_reason=reason), timer
 
-    def _graph_tree_step(self, state: _Step, graph, verifier, rng) -> tuple[StepTrace, StepTimer]:
-        """A greedy tree step as fixed-shape programs (``graph_step``): draft, target forward, verify
-        and commit on the device, then one read; the host verifier re-walks the read numbers for the
-        trace's decisions and must find the device's path."""
+    def _graph_tree_step(self, state: _Step, graph, verifier, rng, generator) -> tuple[StepTrace, StepTimer]:
+        """A tree step as fixed-shape programs (``graph_step``): draft, target forward, verification and
+        commit, one read. T = 0: verified on the device; the host verifier re-walks the read numbers for
+        the trace's decisions and must find the device's path. T > 0: the host verifier decides on the
+        read rows (drafted without replacement on the device with ``generator``) and tells the device."""
         timer = StepTimer(self.device)
         cached = len(state.committed) - 1  # the root is the last committed token
         with timer.phase("draft"):
-            graph.draft(cached)
+            graph.draft(cached, generator)
         with timer.phase("target_forward"):
             graph.target_forward(cached)
-        with timer.phase("verify"):
-            graph.verify()
-        with timer.phase("kv_compaction"):
-            graph.commit()
-        with timer.phase("verify"):
-            read = graph.read()  # the step's one device read
-            tree, node_of = read.token_tree()
-            keep = np.flatnonzero(read.valid)
-            p_node = read.p_node[keep].copy()
-            p_node[0] = math.nan
-            rows = FetchedRows(read.argmax[keep], p_node, read.p_argmax[keep], tree.parents.numpy(),
-                               tree.tokens.numpy(), self.vocab_size, fallback=None)
-            result = verifier.verify(tree, rows, rng)
-            device_path = [int(node_of[s]) for s in read.path]
-            if list(result.path) != device_path or int(result.bonus_token) != read.bonus:
-                raise RuntimeError(f"the device accepted {device_path} + {read.bonus}, the host walk "
-                                   f"{list(result.path)} + {result.bonus_token}: a bug in graph_step's verify")
-            proposed = self._provenance(tree, result, rows, state.step, lambda _node: read.p_draft_bonus)
+        if graph.stochastic:
+            with timer.phase("verify"):
+                read = graph.read()  # the step's one device read
+                tree, node_of = read.token_tree()
+                keep = np.flatnonzero(read.valid)
+                rows = DenseRows(torch.from_numpy(read.target_probs[keep]))
+                result = verifier.verify(tree, rows, rng)
+                graph.set_outcome([int(keep[i]) for i in result.path], int(result.bonus_token))
+                proposed = self._provenance(tree, result, rows, state.step)
+            with timer.phase("kv_compaction"):
+                graph.commit()
+        else:
+            with timer.phase("verify"):
+                graph.verify()
+            with timer.phase("kv_compaction"):
+                graph.commit()
+            with timer.phase("verify"):
+                read = graph.read()  # the step's one device read
+                tree, node_of = read.token_tree()
+                keep = np.flatnonzero(read.valid)
+                p_node = read.p_node[keep].copy()
+                p_node[0] = math.nan
+                rows = FetchedRows(read.argmax[keep], p_node, read.p_argmax[keep], tree.parents.numpy(),
+                                   tree.tokens.numpy(), self.vocab_size, fallback=None)
+                result = verifier.verify(tree, rows, rng)
+                device_path = [int(node_of[s]) for s in read.path]
+                if list(result.path) != device_path or int(result.bonus_token) != read.bonus:
+                    raise RuntimeError(f"the device accepted {device_path} + {read.bonus}, the host walk "
+                                       f"{list(result.path)} + {result.bonus_token}: a bug in graph_step's verify")
+                proposed = self._provenance(tree, result, rows, state.step, lambda _node: read.p_draft_bonus)
         committed, reason = self._commit_tokens(state, proposed, None)
         return self._tree_trace(state.step, tree, result, committed, reason, list(range(tree.size)), "bfs",
                                 kernel_blocks=None, draft_source="model"), timer
@@ -625,7 +642,7 @@ class SpeculativeDecoder:
                 node=-1,
                 kind="bonus",
                 p_draft=p_draft,
-                p_target=target_rows.prob(last, bonus),
+                p_target=float(target_rows.token_probs(torch.tensor([last]), torch.tensor([bonus]))[0]),
             )
         )
         return out

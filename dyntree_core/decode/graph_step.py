@@ -28,7 +28,8 @@ when A is live), and draft row ``r`` of the tree at ``d_len + 1 + r`` (row 0 = t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -117,8 +118,6 @@ def graph_reason(cfg: DecodeConfig, draft, target, offloaded: bool) -> Optional[
         return f"target: {reason}"
     if cfg.method == "autoregressive":
         return None
-    if not cfg.greedy:
-        return "T > 0 tree steps draft and verify on the host"
     if Envelope.of(cfg) is None:
         return f"method {cfg.method!r} has no fixed envelope here (chain without stop_confidence, dyspec_greedy, sequoia)"
     reason = dense_reason(draft)
@@ -131,10 +130,13 @@ class StepRead:
 
     Attributes:
         tokens, parents, depth, valid, q, value, cid, row: ``[B]`` the padded tree (parents: -1 root).
-        argmax, p_node, p_argmax: ``[B]`` the target's argmax at each node, the target probability of
-            each node's token under its parent, of each node's argmax.
-        path: accepted nodes (root first); bonus: the token after them; p_draft_bonus: the draft's
-            probability of the bonus token at the last accepted node (NaN: never forwarded).
+        sampled: ``topk`` (T = 0) or ``swor`` (T > 0: siblings drawn without replacement, in draw order).
+        argmax, p_node, p_argmax: T = 0: ``[B]`` the target's argmax at each node, the target
+            probability of each node's token under its parent, of each node's argmax.
+        path: T = 0: accepted nodes (root first); bonus: the token after them; p_draft_bonus: the
+            draft's probability of the bonus token at the last accepted node (NaN: never forwarded).
+        draft_rows, target_probs: T > 0: ``[B, V]`` the draft distribution at each node (rows of
+            nodes never forwarded unspecified) and the target's (temperature and top-p applied).
     """
 
     tokens: np.ndarray
@@ -145,12 +147,15 @@ class StepRead:
     value: np.ndarray
     cid: np.ndarray
     row: np.ndarray
-    argmax: np.ndarray
-    p_node: np.ndarray
-    p_argmax: np.ndarray
-    path: list[int]
-    bonus: int
-    p_draft_bonus: float
+    sampled: str = "topk"
+    argmax: Optional[np.ndarray] = None
+    p_node: Optional[np.ndarray] = None
+    p_argmax: Optional[np.ndarray] = None
+    path: list[int] = field(default_factory=list)
+    bonus: int = -1
+    p_draft_bonus: float = math.nan
+    draft_rows: Optional[np.ndarray] = None
+    target_probs: Optional[np.ndarray] = None
 
     def token_tree(self) -> tuple[TokenTree, np.ndarray]:
         """The drafted tree (its real nodes in slot order, which is (depth, creation) order) and
@@ -166,10 +171,16 @@ class StepRead:
             if parents[a] == parents[b]:
                 rank[b] = rank[a] + 1
         q = self.q[slots]
+        draft_probs = draft_row = None
+        if self.draft_rows is not None:
+            has = self.row[slots] >= 0
+            draft_row = torch.from_numpy(np.where(has, np.cumsum(has) - 1, -1))
+            draft_probs = torch.from_numpy(self.draft_rows[slots[has]].astype(np.float64))
         tree = TokenTree(tokens=torch.from_numpy(self.tokens[slots].copy()), parents=torch.from_numpy(parents),
                          child_rank=torch.from_numpy(rank),
                          draft_logprob=torch.from_numpy(np.log(np.where(q > 0, q, 1.0)) + np.where(q > 0, 0.0, -np.inf)),
-                         sampled="topk", value=torch.from_numpy(self.value[slots].copy()))
+                         sampled=self.sampled, value=torch.from_numpy(self.value[slots].copy()),
+                         draft_probs=draft_probs, draft_row=draft_row)
         return tree, node_of
 
 
@@ -180,17 +191,21 @@ class GraphStepper:
         draft, target: dense models (``dense_reason`` None); ``draft`` unused without an envelope.
         envelope: the trees' envelope; None = plain decoding.
         capacity: committed tokens the run may reach (prompt + new tokens).
-        temperature, top_p: plain decoding's sampling at T > 0 (tree steps are greedy).
+        temperature, top_p: the target's sampling (T = 0: greedy; T > 0: plain decoding returns the
+            distribution, tree steps return the target rows of every node).
+        draft_temperature: the draft's (T > 0 tree steps draw siblings without replacement from it).
         mode: how the programs run (``CompileMode.for_device`` by default).
         on_compile: told of each program compiled for a bucket.
     """
 
     def __init__(self, draft, target, envelope: Optional[Envelope], capacity: int, temperature: float = 0.0,
                  top_p: float = 1.0, mode: Optional[CompileMode] = None,
-                 on_compile: Optional[Callable[[CompileEvent], None]] = None):
+                 on_compile: Optional[Callable[[CompileEvent], None]] = None, draft_temperature: float = 1.0):
         self.in_use = False
         self.env = envelope
         self.temperature, self.top_p = float(temperature), float(top_p)
+        self.draft_temperature = float(draft_temperature)
+        self.stochastic = self.temperature > 0.0
         b = envelope.budget if envelope is not None else 1
         self.tf = DenseForward(target, capacity + max(b, envelope.depth + 1 if envelope is not None else 1) + 1)
         dev = self.tf.device
@@ -223,7 +238,8 @@ class GraphStepper:
         self._kmax = 1 if self.shape is None else self.shape.kmax
         f64 = dict(dtype=torch.float64, device=dev)
         self.c = Candidates(*(self._static(t) for t in (
-            torch.zeros(n, **i64), torch.full((n,), _NEG, **f64), torch.zeros(n, **f64), torch.zeros(n, **i64),
+            torch.zeros(n, **i64), torch.full((n,), _NEG, **f64), torch.full((n,), _NEG, **f64), torch.zeros(n, **f64),
+            torch.zeros(n, **i64),
             torch.zeros(n, **i64), torch.zeros(n, **i64), torch.zeros(n, **i64), torch.zeros(n, **i64),
             torch.zeros(n, vocab, dtype=torch.float32, device=dev), torch.zeros((), **i64))))
         self.root_probs = self._static(torch.zeros(1, vocab, dtype=torch.float32, device=dev))
@@ -233,6 +249,9 @@ class GraphStepper:
         self.anc_t = self._static(torch.zeros(b, b, dtype=torch.bool, device=dev))
         self.target_out = self._static(torch.zeros(3, b, dtype=torch.float32, device=dev))  # argmax, p_node, p_argmax
         self.cand_out = self._static(torch.zeros(3, n, dtype=torch.float64, device=dev))  # q, weight, cid
+        # T > 0: every node's target distribution, read for the host's verifier
+        self.target_probs = self._static(torch.zeros(b if self.stochastic else 1, self.tf.vocab_size,
+                                                     dtype=torch.float32, device=dev))
         self.step_out = self._static(torch.zeros(d + 5, dtype=torch.float64, device=dev))  # path, len, bonus, p, last
         self._draft_root = self._program(self._draft_root_program, "draft_root", on_compile)
         self._draft_level = self._program(self._draft_level_program, "draft_level", on_compile)
@@ -325,13 +344,17 @@ class GraphStepper:
         return am, p
 
     # ------------------------------------------------------------------ tree step
-    def draft(self, cached: int) -> None:
+    def draft(self, cached: int, generator: Optional[torch.Generator] = None) -> None:
         """Grow the step's tree into the candidate slots (``depth`` draft forwards). ``cached``: the
-        committed tokens before the root (the host knows it; the draft caches at most as many)."""
+        committed tokens before the root (the host knows it; the draft caches at most as many).
+        T > 0: ``generator`` (on the device) draws each level's uniforms, one op per level."""
         span = span_bucket(cached + 2 + self.env.draft_rows, self.df.capacity)
-        self._draft_root(span)
+        vocab = self.df.vocab_size
+        noise = (lambda rows: torch.rand(rows, vocab, generator=generator, device=self.device)) if self.stochastic \
+            else (lambda rows: None)
+        self._draft_root(span, noise(1))
         for level in self._levels[1:]:
-            self._draft_level(level, span)
+            self._draft_level(level, span, noise(self.env.n))
 
     def target_forward(self, cached: int) -> None:
         """The tree's target forward; ``cached``: the tokens in the target's cache."""
@@ -344,20 +367,37 @@ class GraphStepper:
         self._commit()
 
     def read(self) -> StepRead:
-        """The step's one host read."""
+        """The step's one host read: at T = 0 the device's verification, at T > 0 the draft rows and
+        target rows the host's verifier reads (``set_outcome`` then gives the device its decision)."""
+        if self.stochastic:
+            tree, c, root, rows, target = host.fetch(self.tree, self.cand_out, self.root_probs, self.c.rows,
+                                                     self.target_probs)
+            return self._step_read(tree, c, draft_rows=np.concatenate([root, rows]), target_probs=target)
         tree, target, c, out = host.fetch(self.tree, self.target_out, self.cand_out, self.step_out)
         d = self.env.depth
         n_path = int(out[d + 1])
+        return self._step_read(tree, c, argmax=target[0].astype(np.int64), p_node=target[1].astype(np.float64),
+                               p_argmax=target[2].astype(np.float64), path=[int(x) for x in out[:n_path]],
+                               bonus=int(out[d + 2]), p_draft_bonus=float(out[d + 3]))
+
+    def _step_read(self, tree: np.ndarray, c: np.ndarray, **kw) -> StepRead:
         parents = tree[1].copy()
         parents[0] = -1
         q, w, cid = (np.concatenate([[1.0], c[i]]) for i in range(3))
         return StepRead(tokens=tree[0], parents=parents, depth=tree[2], valid=tree[3].astype(bool), q=q,
                         value=np.maximum(w, 0.0), cid=cid.astype(np.int64), row=tree[4],
-                        argmax=target[0].astype(np.int64), p_node=target[1].astype(np.float64),
-                        p_argmax=target[2].astype(np.float64), path=[int(x) for x in out[:n_path]],
-                        bonus=int(out[d + 2]), p_draft_bonus=float(out[d + 3]))
+                        sampled="swor" if self.stochastic else "topk", **kw)
 
-    def _draft_root_program(self, span: int):
+    def set_outcome(self, path: list[int], bonus: int) -> None:
+        """T > 0: the host verifier's accepted path (slots, root first) and bonus token, for ``commit``
+        (a host -> device copy; no read)."""
+        d = self.env.depth
+        out = np.zeros(d + 5)
+        out[:len(path)] = path
+        out[d + 1], out[d + 2], out[d + 3], out[d + 4] = len(path), bonus, math.nan, path[-1]
+        self.step_out.copy_(torch.from_numpy(out), non_blocking=True)
+
+    def _draft_root_program(self, span: int, noise: Optional[torch.Tensor]):
         f = self.df
         base = self.d_len
         keep = base + self.a_valid.long()
@@ -366,17 +406,17 @@ class GraphStepper:
         positions = torch.stack([base, keep])
         cols = self._d_cols[:span]
         visible = torch.stack([(cols <= base), (cols < keep) | (cols == base + 1)])
-        probs = probs_from_logits(f(tokens, positions, slots, visible, self._zero + 1), 1.0)
+        probs = probs_from_logits(f(tokens, positions, slots, visible, self._zero + 1), self.draft_temperature)
         root_row = self._zero
         if self.shape is None:
-            c = topn_start(probs, root_row, self.env.n, self.env.depth)
+            c = topn_start(probs, root_row, self.env.n, self.env.depth, noise)
         else:
-            c = shape_start(probs, root_row, self.shape, self._kmax)
+            c = shape_start(probs, root_row, self.shape, self._kmax, noise)
         _store(self.c, c)
         self.root_probs.copy_(probs)
         self.anc_d[0].copy_(self._rows_d == 0)
 
-    def _draft_level_program(self, level: torch.Tensor, span: int):
+    def _draft_level_program(self, level: torch.Tensor, span: int, noise: Optional[torch.Tensor]):
         f, c, n = self.df, self.c, self.env.n
         ids = 1 + (level - 1) * n + self._arange_n
         live = (c.depth == level) & (c.w > _NEG)
@@ -388,11 +428,11 @@ class GraphStepper:
         visible = (self._d_cols[:span] < keep)[None, :].expand(n, -1).clone()
         visible.index_copy_(1, base + 1 + self._rows_d, anc)
         logits = f(c.tok, (keep + level).expand(n), base + 1 + ids, visible, self._arange_n)
-        probs = probs_from_logits(logits, 1.0)
+        probs = probs_from_logits(logits, self.draft_temperature)
         if self.shape is None:
-            new = topn_level(c, probs, ids, level)
+            new = topn_level(c, probs, ids, level, noise)
         else:
-            new = shape_level(c, probs, ids, level, self.shape, self._kmax)
+            new = shape_level(c, probs, ids, level, self.shape, self._kmax, noise)
         _store(self.c, new)
 
     def _target_tree_program(self, span: int):
@@ -414,13 +454,17 @@ class GraphStepper:
         visible = (self._t_cols[:span] < t_len)[None, :].expand(b, -1).clone()
         visible.index_copy_(1, slots, anc)
         logits = self.tf(tokens, t_len + depth.clamp(max=env.depth), slots, visible, self._arange_b).float()
+        row = torch.cat([self._zero, c.row])
+        self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
+        self.anc_t.copy_(anc)
+        self.cand_out.copy_(torch.stack([c.q, c.w, c.cid.double()]))
+        if self.stochastic:
+            self.target_probs.copy_(probs_from_logits(logits, self.temperature, self.top_p))
+            return
         lse = torch.logsumexp(logits, -1)
         am = logits.argmax(-1)
         p_node = torch.exp(logits[parents, tokens] - lse[parents])
         p_am = torch.exp(logits.gather(1, am[:, None])[:, 0] - lse)
-        row = torch.cat([self._zero, c.row])
-        self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
-        self.anc_t.copy_(anc)
         self.target_out.copy_(torch.stack([am.float(), p_node, p_am]))
 
     def _verify_program(self):
@@ -443,7 +487,6 @@ class GraphStepper:
         p_draft = torch.where(row >= 0, torch.where(last == 0, root_p, node_p).double(), float("nan"))
         self.step_out.copy_(torch.cat([path.double(), on_path.sum().double().view(1), bonus.double(), p_draft,
                                        last.double()]))
-        self.cand_out.copy_(torch.stack([self.c.q, self.c.w, self.c.cid.double()]))
 
     def _commit_program(self):
         d = self.env.depth

@@ -93,6 +93,19 @@ def _top_sorted(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return idx.gather(1, order), vals.gather(1, order)
 
 
+def _children(probs: torch.Tensor, k: int, noise: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row ``k`` children in draw order: ``noise`` None (T = 0) the ``k`` most probable
+    (``_top_sorted``); else the first ``k`` draws without replacement, by Gumbel top-k (the order of
+    ``log p - log(-log u)`` over ``noise`` = ``[m, V]`` uniforms u in (0, 1) is a sample without
+    replacement from ``p``, in draw order; tokens of probability 0 come last)."""
+    if noise is None:
+        return _top_sorted(probs, k)
+    u = noise.clamp(min=torch.finfo(noise.dtype).tiny)  # a uniform of exactly 0 would drop its token
+    scores = torch.log(probs) - torch.log(-torch.log(u))
+    tok = torch.topk(scores, k, dim=1).indices
+    return tok, probs.gather(1, tok)
+
+
 def chain_greedy(source: LevelSource, root_token: int, depth: int, device: torch.device) -> DeviceTree:
     """``depth`` draft argmax tokens below ``root_token``, one forward per level."""
     source.reserve(depth)
@@ -128,6 +141,9 @@ class Candidates(NamedTuple):
     Attributes:
         tok: int64 token.
         w: float64 weight (product of draft probabilities along the path; -inf: empty slot).
+        key: float64 the greedy's key of the draw that made the node: its weight at T = 0; at T > 0
+            Alg. 1's reach probability ``w(parent) (1 - sum of the earlier siblings' q)``, which
+            never depends on the token drawn (so the choice of draws does not bias the tree).
         q: float64 draft probability of the token under its parent's row.
         depth: int64 depth below the root (empty slots: deeper than any level).
         cid: int64 creation id (root 0); pcid: the parent's.
@@ -138,6 +154,7 @@ class Candidates(NamedTuple):
 
     tok: torch.Tensor
     w: torch.Tensor
+    key: torch.Tensor
     q: torch.Tensor
     depth: torch.Tensor
     cid: torch.Tensor
@@ -148,23 +165,26 @@ class Candidates(NamedTuple):
     next_cid: torch.Tensor
 
 
-def topn_start(root_probs: torch.Tensor, root_row: torch.Tensor, n: int, depth: int) -> Candidates:
-    """C after the root's level: its top-``n`` children (``root_probs`` ``[1, V]``, ``root_row`` ``[1]``)."""
+def topn_start(root_probs: torch.Tensor, root_row: torch.Tensor, n: int, depth: int,
+               noise: Optional[torch.Tensor] = None) -> Candidates:
+    """C after the root's level: its ``n`` first children (``root_probs`` ``[1, V]``, ``root_row`` ``[1]``;
+    ``noise`` ``[1, V]`` uniforms at T > 0, see ``_children``)."""
     device = root_probs.device
     i64 = dict(dtype=torch.long, device=device)
     f64 = dict(dtype=torch.float64, device=device)
     empty = Candidates(
-        tok=torch.zeros(n, **i64), w=torch.full((n,), _NEG, **f64), q=torch.zeros(n, **f64),
-        depth=torch.full((n,), depth + 1, **i64), cid=torch.zeros(n, **i64), pcid=torch.zeros(n, **i64),
+        tok=torch.zeros(n, **i64), w=torch.full((n,), _NEG, **f64), key=torch.full((n,), _NEG, **f64),
+        q=torch.zeros(n, **f64), depth=torch.full((n,), depth + 1, **i64), cid=torch.zeros(n, **i64), pcid=torch.zeros(n, **i64),
         prow=torch.full((n,), -1, **i64), row=torch.full((n,), -1, **i64),
         rows=torch.zeros(n, root_probs.shape[1], dtype=root_probs.dtype, device=device),
         next_cid=torch.ones((), **i64))
     live = torch.ones(1, dtype=torch.bool, device=device)
     return _merge(empty, root_probs, root_row, live, torch.ones(1, **f64), torch.zeros(1, **i64),
-                  torch.zeros((), **i64))
+                  torch.zeros((), **i64), noise)
 
 
-def topn_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor) -> Candidates:
+def topn_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor,
+               noise: Optional[torch.Tensor] = None) -> Candidates:
     """C after forwarding its nodes at depth ``level`` (a ``[]`` int64 tensor, >= 1).
 
     Args:
@@ -172,9 +192,10 @@ def topn_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: tor
         probs: ``[n, V]`` draft distributions of the ``n`` candidate slots (rows of slots not at
             depth ``level`` are ignored: they were forwarded as padding).
         row: ``[n]`` int64 source row of each slot's forward.
+        noise: ``[n, V]`` uniforms at T > 0 (``_children``), None at T = 0.
     """
     c, live = _forwarded(c, probs, row, level)
-    return _merge(c, probs, row, live, c.w, c.cid, level)
+    return _merge(c, probs, row, live, c.w, c.cid, level, noise)
 
 
 def _forwarded(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor
@@ -185,16 +206,23 @@ def _forwarded(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: tor
 
 
 def _merge(c: Candidates, probs: torch.Tensor, row: torch.Tensor, live: torch.Tensor, f_w: torch.Tensor,
-           f_cid: torch.Tensor, level: torch.Tensor) -> Candidates:
-    """The ``n`` best of C and the top-``n`` children of the ``live`` forwarded rows, by (weight
+           f_cid: torch.Tensor, level: torch.Tensor, noise: Optional[torch.Tensor]) -> Candidates:
+    """The ``n`` best of C and the ``n`` first children of the ``live`` forwarded rows, by (key
     desc, depth asc, cid asc): the pool is in (depth, cid) order for its real entries, so a stable
-    sort by weight is that order."""
+    sort by key is that order."""
     n = c.tok.shape[0]
     m = probs.shape[0]
     k = min(n, probs.shape[1])
-    kid_tok, kid_p = _top_sorted(probs, k)
-    kid_w = torch.where(live[:, None] & (kid_p > 0), f_w[:, None] * kid_p.double(), _NEG).reshape(-1)
-    pick = torch.sort(torch.sort(-torch.cat([c.w, kid_w]), stable=True).indices[:n]).values
+    kid_tok, kid_p = _children(probs, k, noise)
+    real = live[:, None] & (kid_p > 0)
+    kid_p = kid_p.double()
+    kid_w = torch.where(real, f_w[:, None] * kid_p, _NEG)
+    if noise is None:
+        kid_key = kid_w
+    else:  # Alg. 1: the probability that the draw is reached, w(parent) (1 - mass of the earlier draws)
+        kid_key = torch.where(real, f_w[:, None] * (1.0 - (torch.cumsum(kid_p, 1) - kid_p)), _NEG)
+    kid_w, kid_key = kid_w.reshape(-1), kid_key.reshape(-1)
+    pick = torch.sort(torch.sort(-torch.cat([c.key, kid_key]), stable=True).indices[:n]).values
     from_kid = pick >= n
     old = pick.clamp(max=n - 1)
     kid = (pick - n).clamp(min=0)
@@ -206,7 +234,8 @@ def _merge(c: Candidates, probs: torch.Tensor, row: torch.Tensor, live: torch.Te
     return Candidates(
         tok=choose(c.tok, kid_tok.reshape(-1)[kid]),
         w=choose(c.w, kid_w[kid]),
-        q=choose(c.q, kid_p.double().reshape(-1)[kid]),
+        key=choose(c.key, kid_key[kid]),
+        q=choose(c.q, kid_p.reshape(-1)[kid]),
         depth=choose(c.depth, (level + 1).expand_as(kid)),
         cid=choose(c.cid, c.next_cid + kid),
         pcid=choose(c.pcid, f_cid[parent_slot]),
@@ -255,42 +284,45 @@ class ShapeSlots(NamedTuple):
         return int(self.position.max()) + 1 if self.position.numel() else 1
 
 
-def shape_start(root_probs: torch.Tensor, root_row: torch.Tensor, shape: ShapeSlots, kmax: int) -> Candidates:
-    """The shape's slots after the root's level: its children drawn from ``root_probs`` ``[1, V]``."""
+def shape_start(root_probs: torch.Tensor, root_row: torch.Tensor, shape: ShapeSlots, kmax: int,
+                noise: Optional[torch.Tensor] = None) -> Candidates:
+    """The shape's slots after the root's level: its children drawn from ``root_probs`` ``[1, V]``
+    (``noise``: ``[1, V]`` uniforms at T > 0, see ``_children``)."""
     n = shape.parent.shape[0]
     device = root_probs.device
     ids = torch.arange(1, n + 1, dtype=torch.long, device=device)
     c = Candidates(
         tok=torch.zeros(n, dtype=torch.long, device=device), w=torch.full((n,), _NEG, dtype=torch.float64, device=device),
-        q=torch.zeros(n, dtype=torch.float64, device=device), depth=shape.depth, cid=ids, pcid=shape.parent + 1,
+        key=torch.full((n,), _NEG, dtype=torch.float64, device=device), q=torch.zeros(n, dtype=torch.float64, device=device), depth=shape.depth, cid=ids, pcid=shape.parent + 1,
         prow=torch.full((n,), -1, dtype=torch.long, device=device), row=torch.full((n,), -1, dtype=torch.long, device=device),
         rows=torch.zeros(n, root_probs.shape[1], dtype=root_probs.dtype, device=device),
         next_cid=torch.full((), n + 1, dtype=torch.long, device=device))
     return _draw(c, root_probs, root_row, torch.zeros_like(shape.parent), torch.zeros((), dtype=torch.long, device=device),
-                 shape, kmax)
+                 shape, kmax, noise)
 
 
 def shape_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor, shape: ShapeSlots,
-                kmax: int) -> Candidates:
+                kmax: int, noise: Optional[torch.Tensor] = None) -> Candidates:
     """The shape's slots after forwarding its nodes at depth ``level`` (``[]`` int64, >= 1); ``probs``
-    ``[n, V]`` and ``row`` ``[n]`` as in ``topn_level``."""
+    ``[n, V]``, ``row`` ``[n]`` and ``noise`` as in ``topn_level``."""
     c, _ = _forwarded(c, probs, row, level)
-    return _draw(c, probs, row, shape.parent.clamp(min=0), level, shape, kmax)
+    return _draw(c, probs, row, shape.parent.clamp(min=0), level, shape, kmax, noise)
 
 
 def _draw(c: Candidates, probs: torch.Tensor, row: torch.Tensor, src: torch.Tensor, level: torch.Tensor,
-          shape: ShapeSlots, kmax: int) -> Candidates:
-    """Children at depth ``level + 1``: each takes its ``position``-th most probable token of its
-    parent's row ``probs[src]`` (an empty slot when that probability is 0 or the parent is empty)."""
-    kid_tok, kid_p = _top_sorted(probs, kmax)
+          shape: ShapeSlots, kmax: int, noise: Optional[torch.Tensor]) -> Candidates:
+    """Children at depth ``level + 1``: each takes its parent's (row ``probs[src]``) ``position``-th
+    child in draw order (``_children``; an empty slot when its probability is 0 or the parent is empty)."""
+    kid_tok, kid_p = _children(probs, kmax, noise)
     tok = kid_tok[src, shape.position]
     q = kid_p[src, shape.position].double()
     has_parent = shape.parent >= 0
     parent_w = torch.where(has_parent, c.w[shape.parent.clamp(min=0)], 1.0)
     drawn = (shape.depth == level + 1) & (q > 0) & (parent_w > _NEG)
     value = torch.where(torch.isnan(shape.score), parent_w * q, shape.score)
-    return c._replace(tok=torch.where(drawn, tok, c.tok), q=torch.where(drawn, q, c.q),
-                      w=torch.where(drawn, value, c.w), prow=torch.where(drawn, row[src], c.prow))
+    w = torch.where(drawn, value, c.w)
+    return c._replace(tok=torch.where(drawn, tok, c.tok), q=torch.where(drawn, q, c.q), w=w, key=w,
+                      prow=torch.where(drawn, row[src], c.prow))
 
 
 def topn_greedy(source: LevelSource, root_token: int, budget: int, depth: int, device: torch.device) -> DeviceTree:

@@ -136,10 +136,6 @@ class LogitRows:
         num = self.logits[par, tok].float() * scale
         return torch.exp(num - lse[inv]).to(torch.float64).cpu().numpy()
 
-    def prob(self, r: int, token: int) -> float:
-        """``p(token | node r)``."""
-        return float(self.token_probs(torch.tensor([r]), torch.tensor([token]))[0])
-
     def argmax(self) -> np.ndarray:
         out = row_argmax(self.logits)
         return out if self._map is None else out[self._map.numpy()]
