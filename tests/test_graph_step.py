@@ -72,16 +72,21 @@ def test_the_dense_forward_equals_transformers_for_prefill_steps_and_a_tree(pair
 
 
 def test_dense_reason_names_what_the_forward_cannot_take(pair):
-    draft, _ = pair
-    from dyntree_core.quant.apply import quantize_model
     import copy
+
+    from dyntree_core.quant.apply import quantize_model
+
+    draft, _ = pair
 
     q = quantize_model(copy.deepcopy(draft).cpu(), "int8")
     assert "projections" in dense_reason(q) and dense_reason(draft) is None
     cfg = DecodeConfig(method="dyspec_greedy", attention="triton")
     assert "triton" in graph_reason(cfg, draft, draft, offloaded=False)
-    assert "T > 0" in graph_reason(DecodeConfig(method="chain", temperature=0.5), draft, draft, offloaded=False)
-    assert graph_reason(DecodeConfig(method="autoregressive", temperature=0.5), draft, draft, offloaded=False) is None
+    assert "stop_confidence" in graph_reason(DecodeConfig(method="chain", stop_confidence=0.3), draft, draft,
+                                             offloaded=False)
+    assert "streams from host memory" in graph_reason(DecodeConfig(method="chain"), draft, draft, offloaded=True)
+    for method in ("autoregressive", "chain", "dyspec_greedy", "sequoia"):
+        assert graph_reason(DecodeConfig(method=method, temperature=0.5), draft, draft, offloaded=False) is None
     assert Envelope.of(DecodeConfig(method="specinfer")) is None
     assert Envelope.of(DecodeConfig(method="chain", depth=5)).parents == (-1, 0, 1, 2, 3, 4)
 
@@ -202,8 +207,8 @@ def test_the_counter_sees_a_host_read_and_ops_added_to_a_phase(pair, monkeypatch
     monkeypatch.setattr(graph_step.GraphStepper, "verify", real)
     real_draft = graph_step.GraphStepper.draft
 
-    def eager_mask(self, cached):
-        real_draft(self, cached)
+    def eager_mask(self, cached, generator=None):
+        real_draft(self, cached, generator)
         (self._d_cols < self.d_len)[None].expand(4, -1).clone()  # mask work moved out of the programs
 
     monkeypatch.setattr(graph_step.GraphStepper, "draft", eager_mask)

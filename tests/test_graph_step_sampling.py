@@ -12,33 +12,10 @@ whose residual updates assume draws without replacement."""
 import pytest
 import torch
 
-from conftest import torch_threads
 from dyntree_core import DecodeConfig, SpeculativeDecoder
-from dyntree_core.testing import tiny_pair
 
-from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, sample_first_two, samples_for
-
-PROMPT = [3, 7]
-VOCAB = 16
-
-
-@pytest.fixture(scope="module")
-def pair():
-    with torch_threads(1):  # restored after this module
-        yield tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
-
-
-@pytest.fixture(scope="module")
-def exact(pair):
-    cache = {}
-
-    def get(temperature: float, top_p: float = 1.0):
-        if (temperature, top_p) not in cache:
-            cache[temperature, top_p] = exact_first_two(pair[1], PROMPT, temperature, top_p)
-        return cache[temperature, top_p]
-
-    return get
-
+from stat_utils import ALPHA, chi_square_pvalue, sample_first_two, samples_for
+from test_sampling_e2e import PROMPT, exact, pair  # noqa: F401  (the same flat pair and exact joints)
 
 def graph_factory(pair, **cfg):
     draft, target = pair

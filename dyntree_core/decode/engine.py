@@ -241,7 +241,7 @@ class SpeculativeDecoder:
         draft_t = cfg.effective_draft_temperature
         return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode),
                                  lambda: GraphStepper(self.draft, self.target, env, capacity, cfg.temperature, cfg.top_p,
-                                                      mode, draft_temperature=draft_t))
+                                                      mode, draft_t))
 
     def graph_reason(self) -> Optional[str]:
         """Why this decoder's steps do not run as fixed-shape programs (None: they do)."""
@@ -305,7 +305,7 @@ class SpeculativeDecoder:
                         return  # stopped during the prefill: no step was decoded
             if graph is not None:
                 graph.start(prompt)
-                todo = graph.to_compile(len(prompt) - 1)
+                todo = graph.to_compile()
                 if todo:
                     n = len(prompt) - 1
                     yield PrefillProgress(n * len(feeds), n * len(feeds), time.perf_counter() - t_start,

@@ -44,8 +44,6 @@ from .compiled import CompileEvent, CompileMode, GraphFn
 from .dense_forward import DenseForward, dense_reason
 
 _NEG = float("-inf")
-#: methods whose greedy trees have a fixed envelope here
-ENVELOPE_METHODS = ("chain", "dyspec_greedy", "sequoia")
 MIN_CAPACITY = 512
 MIN_SPAN = 256
 
@@ -195,19 +193,18 @@ class GraphStepper:
             distribution, tree steps return the target rows of every node).
         draft_temperature: the draft's (T > 0 tree steps draw siblings without replacement from it).
         mode: how the programs run (``CompileMode.for_device`` by default).
-        on_compile: told of each program compiled for a bucket.
     """
 
     def __init__(self, draft, target, envelope: Optional[Envelope], capacity: int, temperature: float = 0.0,
-                 top_p: float = 1.0, mode: Optional[CompileMode] = None,
-                 on_compile: Optional[Callable[[CompileEvent], None]] = None, draft_temperature: float = 1.0):
+                 top_p: float = 1.0, mode: Optional[CompileMode] = None, draft_temperature: float = 1.0):
         self.in_use = False
         self.env = envelope
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.draft_temperature = float(draft_temperature)
         self.stochastic = self.temperature > 0.0
-        b = envelope.budget if envelope is not None else 1
-        self.tf = DenseForward(target, capacity + max(b, envelope.depth + 1 if envelope is not None else 1) + 1)
+        # room past the committed tokens: the tree's rows, and the accepted path's commit
+        rows = 1 if envelope is None else max(envelope.budget, envelope.depth + 1)
+        self.tf = DenseForward(target, capacity + rows + 1)
         dev = self.tf.device
         self.device = dev
         self.mode = mode if mode is not None else CompileMode.for_device(dev)
@@ -217,7 +214,7 @@ class GraphStepper:
         self._t_cols = torch.arange(self.tf.capacity, **i64)  # sliced to a span: [:span] is a view
         self._zero = torch.zeros(1, **i64)
         self.programs: list[GraphFn] = []
-        self._ar = self._program(self._ar_program, "ar", on_compile)
+        self._ar = self._program(self._ar_program, "ar")
         self.df: Optional[DenseForward] = None
         if envelope is None:
             return
@@ -253,11 +250,11 @@ class GraphStepper:
         self.target_probs = self._static(torch.zeros(b if self.stochastic else 1, self.tf.vocab_size,
                                                      dtype=torch.float32, device=dev))
         self.step_out = self._static(torch.zeros(d + 5, dtype=torch.float64, device=dev))  # path, len, bonus, p, last
-        self._draft_root = self._program(self._draft_root_program, "draft_root", on_compile)
-        self._draft_level = self._program(self._draft_level_program, "draft_level", on_compile)
-        self._target_tree = self._program(self._target_tree_program, "target_tree", on_compile)
-        self._verify = self._program(self._verify_program, "verify", on_compile)
-        self._commit = self._program(self._commit_program, "commit", on_compile)
+        self._draft_root = self._program(self._draft_root_program, "draft_root")
+        self._draft_level = self._program(self._draft_level_program, "draft_level")
+        self._target_tree = self._program(self._target_tree_program, "target_tree")
+        self._verify = self._program(self._verify_program, "verify")
+        self._commit = self._program(self._commit_program, "commit")
 
     # ------------------------------------------------------------------ set-up
     def begin(self, on_compile: Optional[Callable[[CompileEvent], None]] = None) -> None:
@@ -268,7 +265,7 @@ class GraphStepper:
         for program in self.programs:
             program.on_compile = on_compile
 
-    def to_compile(self, cached: int) -> list[str]:
+    def to_compile(self) -> list[str]:
         """The programs the next step compiles (a new bucket under a compiling mode), by name."""
         if not self.mode.compiles:
             return []
@@ -284,15 +281,10 @@ class GraphStepper:
             torch._dynamo.mark_static_address(t)
         return t
 
-    def _program(self, fn, name: str, on_compile) -> GraphFn:
-        g = GraphFn(fn, name, self.mode, on_compile)
+    def _program(self, fn, name: str) -> GraphFn:
+        g = GraphFn(fn, name, self.mode)
         self.programs.append(g)
         return g
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the KV buffers this run holds."""
-        return self.tf.kv.nbytes + (self.df.kv.nbytes if self.df is not None else 0)
 
     def prefill(self, role: str, tokens: list[int], start: int) -> None:
         """Feed ``tokens`` at positions ``start...`` to ``role``'s (``target``/``draft``) cache, eagerly

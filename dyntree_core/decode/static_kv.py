@@ -47,10 +47,6 @@ class StaticKV:
     def capacity(self) -> int:
         return int(self.k.shape[2])
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
     def keep_path(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the slots ``src`` to the slots ``dst`` in every layer (``[P]`` int64 device tensors;
         gathered first, so the two may overlap). A path shorter than ``P`` pads ``src`` with any

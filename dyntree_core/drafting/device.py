@@ -1,26 +1,29 @@
-"""Greedy (T = 0) drafting on the device: every level's top-k and DySpec's budgeted selection are
-tensor ops, so a step's tree is grown without reading the device; the engine reads it once,
-together with the verification inputs (``decode.engine``, ``decode.host.fetch``).
+"""Drafting on the device: every level's draws and DySpec's budgeted selection are tensor ops of
+constant shape, so a step's tree is grown without reading the device.
 
-Drafters here talk to a ``LevelSource`` (``decode.draft_source.ModelDraftSource.expand``): one
-batched draft forward per level over a fixed number of rows, rows that are not ``live`` being
-padding (forwarded, never attended to). Static shapes per level make the forwards
-graph-capturable.
+The level functions are what ``decode.graph_step``'s programs run (any T): the candidate slots
+(``Candidates``, ``n = budget - 1``) after the root's level (``topn_start``, ``shape_start``) and after
+each deeper level (``topn_level``, ``shape_level``), given the level's draft rows. Children come in
+draw order (``_children``): at T = 0 the most probable first (ties by token id, the host
+``topk_rows`` order); at T > 0 draws without replacement (Gumbel top-k over given uniforms).
 
-* ``chain_greedy``: the draft argmax at each of ``depth`` levels (``ChainDrafter`` at T = 0).
-* ``topn_greedy``: DySpec's greedy at T = 0 (``DySpecGreedyDrafter``, App. D.1): the ``n =
-  budget - 1`` draws with the largest weights (products of draft probabilities along the path)
-  in the depth-capped tree of top-k draws. Computed level-synchronously: after level l the
-  candidate set C holds the n best nodes of depth <= l (keys ordered weight desc, then depth asc,
-  then creation order); the live frontier is C's nodes at depth l; their top-n children join C
-  and the n best are kept. A node outside C never re-enters, and a child never beats its parent
-  (weight <= parent's, deeper), so C after the last level is the host heap's selection; the tree
-  is the same, numbered in (depth, draw order) order. Exact ties at the n-th weight may resolve
-  differently from the host heap, whose third key is its own virtual-node order.
+* DySpec (``topn_*``, App. D.1 at T = 0, Alg. 1 at T > 0): the ``n`` draws with the largest keys in
+  the depth-capped tree of draws (T = 0: the node's weight, the product of draft probabilities along
+  the path; T > 0: the probability that the draw is reached). Computed level-synchronously: after
+  level l the candidate set C holds the n best draws of depth <= l (keys desc, then depth asc, then
+  creation order); the live frontier is C's nodes at depth l; their first n children join C and the
+  n best are kept. A draw outside C never re-enters and a draw's key never exceeds its parent's or
+  an earlier sibling's, so C after the last level is the host heap's selection (at T = 0 the same
+  tree, numbered in (depth, draw order) order; exact ties at the n-th key may resolve differently
+  from the host heap, whose third key is its own virtual-node order).
+* Static shapes (``shape_*``: chain, Sequoia): each slot takes its parent's ``position``-th child.
 
-Trees come back as a ``DeviceTree`` padded to a fixed size (``valid`` marks the real nodes, which
-come first; padding nodes hang off the root with the highest draw ranks, so every node order of
-the padded tree lists the real nodes as the real tree's order does).
+The eager ``device_side`` path drives the same functions through a ``LevelSource``
+(``decode.draft_source.ModelDraftSource.expand``: one batched draft forward per level, rows that are
+not ``live`` being padding): ``chain_greedy``, ``topn_greedy``, returning a ``DeviceTree`` padded to
+a fixed size (``valid`` marks the real nodes, which come first; padding nodes hang off the root with
+the highest draw ranks, so every node order of the padded tree lists the real nodes as the real
+tree's order does).
 """
 
 from __future__ import annotations
