@@ -66,8 +66,12 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                          examples)
         ctl = Controller(model_provider, c, examples, STREAM_INTERVAL_S)
 
-        quick = dict(concurrency_limit=None, show_progress="hidden")
-        load = dict(concurrency_id="load", concurrency_limit=1, show_progress="hidden")
+        # no progress on any output: show_progress="hidden" alone still sends the outputs their
+        # loading status, whose overlay keeps Gradio's timer text ("processing | 0.2/0.2s") inside the
+        # status and error lines (transparent, but in their text); an empty show_progress_on sends none
+        silent = dict(show_progress="hidden", show_progress_on=[])
+        quick = dict(concurrency_limit=None, **silent)
+        load = dict(concurrency_id="load", concurrency_limit=1, **silent)
         on = ctl.bound  # handlers take the tab's SessionState first (ctl.sessions), then the inputs
         view = [c.block_size]
 
@@ -83,12 +87,16 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
 
         # the Live tab's components have one writer, the timer; the other events only change state
         timer.tick(on(ctl.on_tick), view, c.live_outputs, trigger_mode="once", concurrency_id="render",
-                   concurrency_limit=4, show_progress="hidden")
+                   concurrency_limit=4, **silent)
         c.run_btn.click(on(ctl.on_run), [c.with_baseline, *c.form], None, **load)
         c.pause_btn.click(on(ctl.on_pause), None, None, **quick)
         c.step_btn.click(on(ctl.on_step), c.form, None, **load)
         c.stop_btn.click(on(ctl.on_stop), None, None, **quick)
-        c.step_slider.release(on(ctl.on_select_step), c.step_slider, None, **quick)
+        # every move of the slider is an input event (mouse, keys on the range, each digit typed in its
+        # box); release fires only on pointer up or the box's blur, change also on the tick's own
+        # updates. Unprocessed: a box being typed in may hold nothing or a step past either end.
+        c.step_slider.input(on(ctl.on_select_step), c.step_slider, None, preprocess=False,
+                            trigger_mode="always_last", **quick)
         c.block_size.change(on(ctl.on_block_size), None, None, **quick)
         c.walk_prev.click(on(ctl.on_walk(-1)), None, None, **quick)
         c.walk_next.click(on(ctl.on_walk(+1)), None, None, **quick)

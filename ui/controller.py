@@ -331,7 +331,11 @@ class Controller:
                 gen.stop_now()
         state.bump()
 
-    def on_select_step(self, state: SessionState, step: float) -> None:
+    def on_select_step(self, state: SessionState, step: Optional[float]) -> None:
+        """The slider moved (mouse, keyboard or its number box, unprocessed: a box being typed in may
+        be empty, ``None``, or past either end): show that step; past the last one, follow the run."""
+        if step is None:
+            return
         n = len(state.record.traces) if state.record is not None else 0
         state.view_step = None if n == 0 or int(step) >= n - 1 else max(int(step), 0)
         state.bump()
