@@ -16,7 +16,8 @@ from .mask_figure import MASK_LEGEND
 from .memory import memory_line
 from .prompt_check import LONG_PROMPT_CHOICES, MAX_PROMPT_TOKENS
 from .runner import HF_ASSISTED_LABEL
-from .settings import AUTO, MAX_NEW_TOKENS, METHOD_CHOICES, METHOD_PARAMS, PRECISION_CHOICES, TREE_METHODS
+from .settings import (AUTO, MAX_NEW_TOKENS, METHOD_CHOICES, METHOD_PARAMS, PRECISION_CHOICES, TEMPERATURE_MAX,
+                       TREE_METHODS)
 from .views import run_view, step_view
 
 #: the mask view's default block: at the app's default budget (32) BFS, DFS and HPD all have 3 of
@@ -195,14 +196,15 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
             with gr.Accordion("Decoding settings", open=True, elem_id="decoding-settings"):
                 verifier = gr.Dropdown(verifier_choices(defaults.method, 0.0), value="auto",
                                        label="Verifier (lossless choices only)", elem_id="verifier")
+                # no minimum/maximum on these numbers: Gradio would answer an out-of-range value with a
+                # bare "Error" (and a traceback in the log); a slider also clamps a typed value into its
+                # range on blur, so -1 ran as 0. RunSettings/DecodeConfig name the field and its range inline.
                 with gr.Row():
-                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                    temperature = gr.Number(0.0, label=f"Temperature (0-{TEMPERATURE_MAX:g}, 0 = greedy)", step=0.05,
                                             elem_id="temperature")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
+                    top_p = gr.Number(1.0, label="Top-p (over 0, up to 1)", step=0.05, elem_id="top-p")
                 used = METHOD_PARAMS.get(defaults.method, frozenset())
                 with gr.Row():
-                    # no minimum/maximum on the numbers: Gradio would answer an out-of-range value with a
-                    # bare "Error"; RunSettings/DecodeConfig name the field and its range inline instead
                     budget = gr.Number(defaults.budget, label="Budget (nodes incl. root, 2-4096)", precision=0,
                                        interactive="budget" in used, elem_id="budget")
                     depth = gr.Number(defaults.depth, label="Depth (1-256)", precision=0,

@@ -13,6 +13,8 @@ from .pair_spec import PairSpec
 from .prompt_check import LONG_PROMPT_CHOICES
 
 MAX_NEW_TOKENS = 2048
+#: the form's temperature range, 0 to this (DecodeConfig itself accepts up to 10)
+TEMPERATURE_MAX = 2.0
 AUTO = "auto"
 #: the Method dropdown: ``auto`` (the measured cost model decides) and every method
 METHOD_CHOICES: tuple[str, ...] = (AUTO,) + METHODS
@@ -81,6 +83,8 @@ class RunSettings:
             raise ConfigError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens!r}")
         if not self.prompt or not self.prompt.strip():
             raise ConfigError("the prompt is empty: type some text first")
+        if not 0.0 <= self.temperature <= TEMPERATURE_MAX:
+            raise ConfigError(f"temperature must be in [0, {TEMPERATURE_MAX:g}] (0 = greedy), got {self.temperature!r}")
         return DecodeConfig(
             method=method,
             verifier=self.verifier,
