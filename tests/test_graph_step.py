@@ -29,7 +29,12 @@ def pair():
     return draft.to(DEVICE), target.to(DEVICE)
 
 
-def graph_decoder(pair, method, mode=None, **kw):
+#: how the programs run in these tests: eager on the CPU; traced (no inductor) on a GPU, where compiling
+#: every test's programs would take minutes — ``test_cuda_graphs_...`` runs the real CUDA default once
+TEST_MODE = CompileMode.check() if DEVICE.type == "cuda" else None
+
+
+def graph_decoder(pair, method, mode=TEST_MODE, **kw):
     draft, target = pair
     cfg = DecodeConfig(method=method, attention="torch", trace_block_counts=False, device=DEVICE.type,
                        **({"budget": 16, "depth": 4} | kw))
@@ -264,3 +269,17 @@ def test_a_run_that_compiles_says_so_before_its_first_step(pair):
     assert not any(isinstance(i, PrefillProgress) and i.compiling for i in again)
     assert not any(isinstance(i, PrefillProgress) and i.compiling
                    for i in graph_decoder(pair, "chain", None, depth=3).generate(PROMPT, 4, prefill_progress=True))
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("method", ("autoregressive", "dyspec_greedy"))
+def test_cuda_graphs_give_plain_decodings_tokens_and_replay_without_recompiling(pair, method):
+    """The CUDA default (inductor, reduce-overhead): state buffers at static addresses, updated in
+    place by the replays; greedy identity, and a second run compiles nothing."""
+    dec = graph_decoder(pair, method, CompileMode.for_device(DEVICE), budget=8, depth=3)
+    events = []
+    dec.on_compile = events.append
+    assert dec.generate_ids(PROMPT, 24) == plain_ids(pair, 24)
+    compiled = len(events)
+    assert compiled >= 1 and dec.generate_ids(PROMPT, 24) == plain_ids(pair, 24)
+    assert len(events) == compiled
