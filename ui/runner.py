@@ -7,13 +7,13 @@ from typing import Any, Optional
 
 from collections.abc import Mapping
 
-from dyntree_core.config import ConfigError
+from dyntree_core.config import ConfigError, DecodeConfig
 from dyntree_core.decode.engine import SpeculativeDecoder
 
 from .models import ModelProvider
 from .prompt_check import TextInfo, check_prompt, fit_prompt
 from .session import ExternalRun, Generation, RoundPoint, RunRecord
-from .settings import RunSettings
+from .settings import AUTO, RunSettings
 from .tokens import TokenTexts
 
 
@@ -58,6 +58,35 @@ def resolve_auto(provider: ModelProvider, settings: RunSettings, planner: Any = 
     return replace(settings, **kw), plan.reason
 
 
+def _levels(n: int) -> str:
+    return f"{n} level" if n == 1 else f"{n} levels"
+
+
+def tree_note(form: RunSettings, cfg: DecodeConfig) -> str:
+    """What the status line adds about the run's tree where the Budget and Depth fields do not
+    describe it: a Sequoia tree (the drafter's own DP tree: with Method auto, or smaller than the
+    budget), and that with Method auto the fields are not what sized the tree ('' otherwise).
+    ``form``: the settings as the form gave them (``auto`` unresolved); ``cfg``: what runs."""
+    parts = []
+    if cfg.method == "sequoia":
+        from dyntree_core.drafting.sequoia import SequoiaDrafter
+
+        drafter = SequoiaDrafter(cfg)
+        shape, acc = drafter.shape, drafter.acceptance
+        levels = max(shape.depths())
+        if form.method == AUTO or shape.size < cfg.budget or levels < cfg.depth:
+            vector = ", ".join(f"{p:.2f}" for p in acc[:3]) + (", …" if len(acc) > 3 else "")
+            source = "measured" if cfg.sequoia_acceptance is not None else "default (power-law)"
+            parts.append(f"the run's tree: {shape.size} nodes, {_levels(levels)} below the root: Sequoia's DP picks "
+                         f"the best tree of at most {cfg.budget} nodes and {_levels(cfg.depth)} for the {source} "
+                         f"acceptance vector ({vector})"
+                         + ("; more nodes add no expected tokens under it" if shape.size < cfg.budget else ""))
+    if form.method == AUTO and cfg.method != "autoregressive":
+        parts.append(f"with Method auto the tree is auto's choice for this machine, not the Budget and Depth "
+                     f"fields ({form.budget}, {form.depth})")
+    return "; ".join(parts)
+
+
 def start_generation(provider: ModelProvider, settings: RunSettings,
                      stop_event: Optional[threading.Event] = None, planner: Any = None) -> Generation:
     """Validate ``settings``, load the pair (lazily, cached by the provider) and return a
@@ -70,6 +99,7 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     info = provider.text_info(settings.draft, settings.target)
     if info is not None:  # a prompt over the limit is refused before any planning or loading
         prompt_ids(info, settings, settings.budget)
+    form = settings
     settings, note = resolve_auto(provider, settings, planner)
     cfg = settings.decode_config()
     pair = provider.load(settings.pair_spec())
@@ -78,7 +108,7 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     decoder = SpeculativeDecoder.on_pair(pair.prepared(cfg), cfg, eos_token_id=list(pair.eos_token_ids) or None)
     stop = stop_event or threading.Event()
     record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer),
-                       note="; ".join(n for n in (note, cut) if n))
+                       note="; ".join(n for n in (note, tree_note(form, cfg), cut) if n))
     steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, prefill_progress=True)
     return Generation(record, steps, stop)
 
