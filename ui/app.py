@@ -1,7 +1,7 @@
 """The Gradio Blocks factory: ``build_app(model_provider) -> gr.Blocks``.
 
-Layout (``layout.py``): controls on the left; on the right a *Live* tab (coloured text, step slider,
-draft tree, masks in BFS/DFS/HPD order, speed charts, phase timings, export and replay) and a
+Layout (``layout.py``): controls on the left; on the right a *Live* tab (the run's status line, coloured
+text, step slider, draft tree, masks in BFS/DFS/HPD order, speed charts, phase timings, export and replay) and a
 *Compare* tab (AR vs chain vs a tree method on the same prompt, seed and max new tokens). What the events
 do is ``controller.py``; this module only wires components to handlers. Per-browser state is a
 ``SessionState`` per tab (``Controller.sessions``). Run starts a background ``DecodeWorker``; Pause/Stop/Step act on

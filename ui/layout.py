@@ -191,7 +191,6 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                 pause_btn = gr.Button("Pause", elem_id="pause-btn", min_width=60)
                 step_btn = gr.Button("Step", elem_id="step-btn", min_width=60)
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
-            status = gr.Markdown("Idle. Press Run, or Step through one step at a time.", elem_id="status")
             error_box = gr.Markdown("", elem_id="error-box")
             with gr.Accordion("Decoding settings", open=True, elem_id="decoding-settings"):
                 verifier = gr.Dropdown(verifier_choices(defaults.method, 0.0), value="auto",
@@ -228,6 +227,10 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
         with gr.Column(scale=3, min_width=600):
             with gr.Tabs():
                 with gr.Tab("Live", id="live", elem_id="live-tab"):
+                    # the run's status line heads the panels it describes, at their width: auto's
+                    # explanation in it (several hundred characters) fits a 1280x800 screen there; in
+                    # the 330 px controls column it began at 654 px and ran under the fold
+                    status = gr.Markdown("Idle. Press Run, or Step through one step at a time.", elem_id="status")
                     text_html = gr.HTML(run_view(None, None).text_html, elem_id="colored-text")
                     with gr.Accordion("Why is it faster or slower than plain decoding here? (cost model)", open=True,
                                       elem_id="cost-model-box"):
