@@ -25,21 +25,28 @@ STREAM_INTERVAL_S = 1.5  # slow shared CI CPUs: fewer plot repaints
 PLOTS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot")
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+@contextmanager
+def tiny_app(log: Path):
+    """``app.py --tiny`` served while inside (its output in ``log``); yields its URL."""
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium not installed (make browser)")
     env = dict(os.environ, DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
                DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S))
     try:
-        proc, url = start_app(["--tiny"], env, tmp_path_factory.mktemp("app") / "app.log", timeout_s=120)
+        proc, url = start_app(["--tiny"], env, log, timeout_s=120)
     except AppStartError as e:
         pytest.fail(str(e))
     try:
         yield url
     finally:
         stop_app(proc)
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    with tiny_app(tmp_path_factory.mktemp("app") / "app.log") as url:
+        yield url
 
 
 def _status(page) -> str:

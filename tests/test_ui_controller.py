@@ -78,6 +78,9 @@ def test_compare_with_the_defaults_runs_every_column(controller):
     ("max_new_tokens", 0, "max new tokens"),
     ("prompt", "   ", "prompt is empty"),
     ("temperature", 11.0, "temperature"),
+    ("temperature", -1.0, "temperature must be in [0, 2] (0 = greedy), got -1.0"),
+    ("temperature", 5.0, "temperature must be in [0, 2] (0 = greedy), got 5.0"),
+    ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
 ])
 def test_bad_input_is_refused_before_any_work_and_keeps_the_result(controller, field, value, words):
     state = SessionState()
@@ -333,3 +336,48 @@ def test_a_refresh_never_shows_finished_above_a_text_missing_steps(controller):
     assert shown == 8 - missing  # this refresh drew the run as it was when it began
     second = controller.live(state, 16)  # the next refresh: everything
     assert "finished" in second["status"] and second["text_html"].count('class="dt-tok ') == 8
+
+
+def test_the_step_slider_takes_whatever_its_box_sends():
+    """The slider's input event arrives unprocessed (a box being typed in may be empty or past the
+    last step): a step picks that step, past the last one follows the run, below 0 is step 0, an
+    empty box changes nothing."""
+    ctl = Controller(TinyModelProvider(), types.SimpleNamespace(), [], stream_interval_s=0.5)
+    state = SessionState()
+    state.record = types.SimpleNamespace(traces=[object()] * 5)
+    for value, view in ((2, 2), (3.0, 3), (None, 3), (99, None), (-4, 0), (4, None), (0, 0)):
+        version = state.version
+        ctl.on_select_step(state, value)
+        assert state.view_step == view, (value, state.view_step)
+        assert state.version == version + (value is not None), value
+    ctl.planner.close(10)
+
+
+def test_the_status_names_the_tree_auto_chose_and_why_the_budget_field_is_not_it():
+    """auto chose Sequoia with n=4, d=2 while the Budget field says 32: the run's note says which
+    tree the run uses (the drafter's own DP tree: 3 nodes, the acceptance vector has nothing past
+    the first child) and that the Budget and Depth fields are not what auto sizes by."""
+    from dyntree_core.planning.auto import AutoPlan
+    from dyntree_core.planning.pricing import Candidate
+    from ui.runner import resolve_auto, tree_note
+
+    def cand(method, n, d, size=None):
+        return Candidate(method=method, target_precision="int4", draft_precision=None if n == 1 else "int4",
+                         budget=n, depth=d, expected_tokens=1.6, target_seconds=0.05, verify_seconds=0.001,
+                         draft_seconds=0.01, tree_size=size)
+
+    reason = "auto: sequoia (n=4, d=2) @ target int4, draft int4: predicted 40 ms/token"
+    plan = AutoPlan(cand("sequoia", 4, 2, 3), cand("autoregressive", 1, 0), (0.6, 0.0, 0.0), 0.0, "key", {}, reason)
+    provider = types.SimpleNamespace(auto_plan=lambda settings, planner=None: plan)
+    form = settings_from_form(*_form(budget=32, depth=6))
+    resolved, note = resolve_auto(provider, form)
+    assert (resolved.method, resolved.budget, resolved.depth) == ("sequoia", 4, 2) and note == reason
+    line = tree_note(form, resolved.decode_config())
+    assert line.startswith("the run's tree: 3 nodes, 2 levels below the root: Sequoia's DP picks the best tree of "
+                           "at most 4 nodes and 2 levels for the measured acceptance vector (0.60, 0.00, 0.00)"), line
+    assert "more nodes add no expected tokens under it" in line
+    assert "not the Budget and Depth fields (32, 6)" in line
+    # a method chosen by hand whose DP tree is the budget: nothing to say
+    by_hand = settings_from_form(*_form(method="sequoia", precision="float32", draft_precision="float32",
+                                        budget=16, depth=4))
+    assert tree_note(by_hand, by_hand.decode_config()) == ""
