@@ -1,8 +1,8 @@
 """The decoder forward of a dense Qwen2/Llama model over a ``StaticKV``, in constant shapes.
 
 One forward serves plain decoding, every draft level and the target's tree: ``R`` rows with their
-tokens, positions and cache slots (device tensors), a ``[R, C]`` visibility mask over the whole
-cache buffer, and the rows whose logits are wanted. Per layer, the papers' steps with one op each:
+tokens, positions and cache slots (device tensors), a ``[R, S]`` visibility mask over the buffer's
+first ``S`` slots (a span bucket the caller picks), and the rows whose logits are wanted. Per layer, the papers' steps with one op each:
 
     h += o_proj(SDPA(rope(q_proj(n1(h))), K, V, mask))   K, V = the buffers after writing rope(k), v
     h += mlp(n2(h))
@@ -10,8 +10,8 @@ cache buffer, and the rows whose logits are wanted. Per layer, the papers' steps
 Nothing in it depends on a Python value of the device's data, so ``torch.compile(fullgraph=True,
 dynamic=False)`` traces it whole for each row count (``decode.compiled.GraphFn``), and the same code
 runs eagerly on the CPU and for prefill chunks. The numbers are transformers' own up to float
-rounding (the whole buffer is attended with the unused slots masked, where transformers slices the
-cache; tested against it).
+rounding (the span is attended with the unused slots masked, where transformers slices the cache
+at its length; tested against it).
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ class DenseForward:
         reason = dense_reason(model)
         if reason is not None:
             raise ValueError(f"{type(model).__name__} cannot run the compiled dense forward: {reason}")
-        self.model = model
         inner = model.model
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)

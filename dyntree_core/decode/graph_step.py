@@ -2,7 +2,8 @@
 
 The tree's envelope is fixed per configuration (``Envelope``: ``n`` candidate slots below the root,
 ``depth`` levels), so no shape changes between steps; what the dynamic tree decides lives in tensor
-contents (which slots are live, their parents, their weights). A greedy tree step is
+contents (which slots are live, their parents, their weights). A tree step (T = 0; at T > 0 the host
+verifies the read rows between ``target_tree`` and ``commit``, see ``read``) is
 
     draft_root               the draft forward of [A, root] (A: the last accepted token the draft has
                              not cached, when there is one) and the root's children
@@ -93,16 +94,21 @@ class Envelope:
         return None
 
 
+def _power_of_two(tokens: int, least: int) -> int:
+    """The next power of two >= ``tokens``, at least ``least``."""
+    return max(least, 1 << (max(1, int(tokens)) - 1).bit_length())
+
+
 def span_bucket(tokens: int, capacity: int) -> int:
     """The attention span for ``tokens`` cache slots in use: the next power of two (at least
     ``MIN_SPAN``), at most ``capacity``. A program compiles once per span it meets."""
-    return min(capacity, max(MIN_SPAN, 1 << (max(1, int(tokens)) - 1).bit_length()))
+    return min(capacity, _power_of_two(tokens, MIN_SPAN))
 
 
 def capacity_bucket(tokens: int) -> int:
     """Committed tokens a stepper is sized for: the next power of two >= ``tokens`` (at least 512),
     so runs of similar lengths share one stepper's buffers and compiled programs."""
-    return max(MIN_CAPACITY, 1 << (max(1, int(tokens)) - 1).bit_length())
+    return _power_of_two(tokens, MIN_CAPACITY)
 
 
 def graph_reason(cfg: DecodeConfig, draft, target, offloaded: bool) -> Optional[str]:

@@ -157,13 +157,15 @@ def on_fetch() -> None:
 @contextmanager
 def graph_call() -> Iterator[None]:
     """Run a fixed-shape program as one counted graph call (its inner ops are not counted)."""
-    if _active is None:
+    global _active
+    counter = _active
+    if counter is None:
         yield
         return
-    _active._at().graphs += 1
+    counter._at().graphs += 1
     with _disable_current_modes():
-        saved, globals()["_active"] = _active, None  # conversions inside the graph are not the step's
+        _active = None  # conversions inside the graph are not the step's
         try:
             yield
         finally:
-            globals()["_active"] = saved
+            _active = counter

@@ -3,7 +3,7 @@
 ``StaticKV`` holds one model's keys and values as two ``[layers, H_kv, C, D]`` buffers, zero-filled
 (a slot that no row may see still enters the attention's dot products, and must not be NaN). The
 length lives on the device, not in Python: forwards write at slots given as a device tensor
-(``index_copy_``), attend over the whole buffer with the unused slots masked out, and the accepted
+(``index_copy_``), attend over a span of the buffer with the unused slots masked out, and the accepted
 path is kept by a fixed-size gather (``keep_path``). No operation here reads the device.
 
 On CUDA the buffers are marked as static addresses, so a CUDA graph captured over a forward that
