@@ -271,12 +271,45 @@ def test_a_run_that_compiles_says_so_before_its_first_step(pair):
                    for i in graph_decoder(pair, "chain", None, depth=3).generate(PROMPT, 4, prefill_progress=True))
 
 
+@pytest.mark.parametrize("method", ("autoregressive",) + TREE_METHODS)
+def test_captured_programs_replay_with_each_calls_arguments_and_close_frees_the_graphs(method):
+    """The graph-capture bookkeeping (``CompileMode.graphs``: a CUDA graph per shape on a GPU, its eager
+    emulation on the CPU): the first call of a shape runs and captures, later calls copy their tensor
+    arguments into the graph's own inputs and replay. The draft levels pass a different level tensor to
+    one captured program each call, so a replay that kept the captured arguments would grow every level
+    as level 1 and lose greedy identity. A second run captures nothing; closing the pair frees them."""
+    from test_device_drafting import assert_same_tree
+
+    draft, target = tiny_pair(seed=3)
+    dec = graph_decoder((draft.to(DEVICE), target.to(DEVICE)), method, CompileMode.graphs(DEVICE),
+                        budget=8, depth=4)
+    events = []
+    dec.on_compile = events.append
+    eager = list(graph_decoder((draft, target), method, None, budget=8, depth=4).generate(PROMPT, 24))
+    replayed = list(dec.generate(PROMPT, 24))
+    assert [c.token_id for t in replayed for c in t.committed] == plain_ids((draft, target), 24)
+    assert len(replayed) == len(eager)
+    for a, b in zip(eager, replayed):  # the same trees as eager calls (identity alone holds for any tree)
+        if a.tree is not None:
+            assert_same_tree(a.tree, b.tree, rel=1e-5)
+    captured = len(events)
+    assert captured >= (1 if method == "autoregressive" else 5)
+    assert dec.generate_ids(PROMPT, 24) == plain_ids((draft, target), 24)
+    assert len(events) == captured
+    steppers = list(dec.pair._steppers.values())
+    assert steppers and sum(s.graphs for s in steppers) == captured
+    dec.pair.close()
+    assert sum(s.graphs for s in steppers) == 0
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("method", ("autoregressive", "dyspec_greedy"))
-def test_cuda_graphs_give_plain_decodings_tokens_and_replay_without_recompiling(pair, method):
-    """The CUDA default (inductor, reduce-overhead): state buffers at static addresses, updated in
-    place by the replays; greedy identity, and a second run compiles nothing."""
-    dec = graph_decoder(pair, method, CompileMode.for_device(DEVICE), budget=8, depth=3)
+@pytest.mark.parametrize("method,mode", (("autoregressive", "graphs"), ("dyspec_greedy", "graphs"),
+                                         ("sequoia", "graphs"), ("autoregressive", "inductor")))
+def test_cuda_graphs_give_plain_decodings_tokens_and_replay_without_recompiling(pair, method, mode):
+    """The CUDA modes (the default: captured CUDA graphs; ``inductor``: reduce-overhead): state buffers at
+    static addresses, updated in place by the replays; greedy identity, and a second run compiles nothing."""
+    mode = CompileMode.graphs(DEVICE) if mode == "graphs" else CompileMode.inductor(DEVICE)
+    dec = graph_decoder(pair, method, mode, budget=8, depth=3)
     events = []
     dec.on_compile = events.append
     assert dec.generate_ids(PROMPT, 24) == plain_ids(pair, 24)

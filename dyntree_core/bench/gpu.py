@@ -401,7 +401,8 @@ def _summary(name: str, r: dict[str, Any]) -> str:
                          f"{t['hf_generate_ms_per_token']:.1f} ({t['ar_vs_hf_generate_best']:.2f}x), static "
                          f"{t['hf_static_ms_per_token']:.1f} ({t['ar_vs_hf_static_best']:.2f}x), floor "
                          f"{t['floor_ms_per_token']:.2f}" for t in r["targets"] if t["ar_ms_per_token"]) \
-            + (f"; {len(r['skipped'])} rows skipped" if r["skipped"] else "")
+            + (f"; {len(r['skipped'])} rows skipped" if r["skipped"] else "") \
+            + (f"; {len(r['failed'])} rows FAILED" if r.get("failed") else "")
     return ""
 
 
@@ -409,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dyntree_core.bench gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory for gpu.json, gpu.md and offload.json")
     p.add_argument("--dry-run", action="store_true", help="CPU: run every check on tiny shapes (no CUDA timings)")
-    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
+                   help="sections to run, in this order (default: all, in the order above)")
     p.add_argument("--offload-seconds", type=float, default=100.0, help="time budget of the offload section")
     p.add_argument("--resident-seconds", type=float, default=140.0,
                    help="time budget of the resident section (later rows are listed as skipped)")
@@ -432,13 +434,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         "attention": lambda: attention_timings(plan, dev),
         "offload": lambda: offload_forward(plan, dev, args.out, args.offload_seconds if not args.dry_run else 60),
         "decode_step": lambda: decode_step(plan, dev),
-        "resident": lambda: resident(dev, args.resident_seconds, args.dry_run, _log),
+        "resident": lambda: resident(dev, args.resident_seconds, args.dry_run, _log, partial("resident")),
     }
+
+    def partial(name: str) -> Callable[[dict[str, Any]], None]:
+        """What a long section has measured so far, saved as it goes (a killed run keeps its rows)."""
+        def save(r: dict[str, Any]) -> None:
+            res["sections"][name] = dict(status="running", summary="unfinished: the rows measured so far", result=r)
+            (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))
+        return save
+
     t_all = time.perf_counter()
     for name in SECTIONS:
         if name not in args.sections:
             res["sections"][name] = dict(status="skipped", seconds=0.0, summary="not selected")
-            continue
+    for name in dict.fromkeys(args.sections):  # in the order asked for
         _log(f"{name} ...")
         before = _resources(dev)
         t0 = time.perf_counter()

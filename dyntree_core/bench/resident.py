@@ -10,11 +10,13 @@ commits ~1 token — the step times are the point) in one process:
 - our engine: autoregressive, chain (depth 4) and dyspec_greedy at each budget, each with SDPA
   (``attention="torch"``) and the Triton kernel (``"triton"``): median step time, tokens per step,
   median of every phase that ran, and the step's cost relative to a plain (AR) step of the same
-  ``step`` kind. ``step``: ``graph`` = fixed-shape programs (``decode.graph_step``, compiled on the
-  first step: ``compile_s``), ``host`` = the eager step with host drafting and verification,
-  ``device_side`` = the eager step drafting greedy trees on device tensors through the HF forward.
-  SDPA rows run as graphs (on the plan's ``graph_targets``), Triton rows on the host path; the
-  dyspec_greedy row at the A/B budget runs all three kinds (the device-side drafting regression);
+  ``step`` kind. ``step``: ``graph`` = fixed-shape programs (``decode.graph_step``) as captured CUDA
+  graphs (captured on the first step: ``compile_s``), ``graph_inductor`` = the same programs compiled
+  by inductor with ``mode="reduce-overhead"``, ``host`` = the eager step with host drafting and
+  verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
+  forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
+  eager kinds (the device-side drafting regression) and inductor's plain step; Triton rows run on the
+  host path, last. A row that raises is recorded under ``failed`` and the others still run;
 - ``ar_vs_hf_generate`` / ``ar_vs_hf_static``: our best autoregressive ms/token per kind over
   transformers' dynamic / static-cache ``generate``;
 - the floor: the target's weight bytes over the measured device-memory bandwidth (a ``clone`` of
@@ -29,8 +31,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -89,9 +92,9 @@ class ResidentPlan:
     @classmethod
     def for_run(cls, dry_run: bool) -> "ResidentPlan":
         if dry_run:
-            return cls(True, TINY_SHAPES, TINY_VOCAB, ("1.5B", "7B"), (4,), 1, 16, 4, 64 << 20, "float32", ("1.5B", "7B"), 4)
-        # compiling the graph programs takes minutes per target: the 7B shape only, inside one device call
-        return cls(False, QWEN_SHAPES, QWEN_VOCAB, ("1.5B", "7B"), (16, 64, 256), 12, 128, 64, 4 << 30, "bfloat16",
+            return cls(True, TINY_SHAPES, TINY_VOCAB, ("7B", "1.5B"), (4,), 1, 16, 4, 64 << 20, "float32", ("1.5B", "7B"), 4)
+        # the 7B shape first: the must-shows' rows before the time budget runs out
+        return cls(False, QWEN_SHAPES, QWEN_VOCAB, ("7B", "1.5B"), (16, 64, 256), 12, 128, 64, 4 << 30, "bfloat16",
                    ("7B",), 64)
 
 
@@ -146,9 +149,13 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
     programs: ``compile_s``); phases that ran, in ms. ``step``: ``graph``, ``host`` or ``device_side``."""
     from .. import SpeculativeDecoder
 
+    from ..decode.compiled import CompileMode
+
     dec = SpeculativeDecoder(draft, target, cfg)
-    dec.graph_steps = step == "graph"
+    dec.graph_steps = step in ("graph", "graph_inductor")
     dec.device_side = step == "device_side"
+    if step == "graph_inductor":
+        dec.compile_mode = CompileMode.inductor(dec.device)
     if dec.graph_steps and dec.graph_reason() is not None:
         raise RuntimeError(f"a graph step was asked for but cannot run: {dec.graph_reason()}")
     events = []
@@ -166,28 +173,38 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
 
 
 def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[tuple[Any, str]]:
-    """(config, step kind) of every row for target ``name``, in run order (see the module docstring)."""
+    """(config, step kind) of every row for target ``name``, in run order: what the issue's must-shows
+    need first (the graph steps, then the A/B of the eager paths), the Triton host rows last."""
     from .. import DecodeConfig
 
     base = dict(device=str(dev), dtype=plan.dtype, temperature=0.0)
-    sdpa = "graph" if name in plan.graph_targets else "host"
+
+    def ar(attention: str) -> Any:
+        return DecodeConfig(method="autoregressive", attention=attention, **base)
+
+    def chain(attention: str) -> Any:
+        return DecodeConfig(method="chain", depth=4, attention=attention, **base)
+
+    def tree(attention: str, budget: int) -> Any:
+        return DecodeConfig(method="dyspec_greedy", budget=budget, depth=8, attention=attention, node_order="dfs",
+                            **base)
+
+    order = sorted(plan.budgets, key=lambda b: (b != plan.ab_budget, -b))  # the A/B budget, then the largest
     out: list[tuple[Any, str]] = []
-    for attention in ATTENTIONS:
-        kind = sdpa if attention == "torch" else "host"
-        out.append((DecodeConfig(method="autoregressive", attention=attention, **base), kind))
-        out.append((DecodeConfig(method="chain", depth=4, attention=attention, **base), kind))
-        out += [(DecodeConfig(method="dyspec_greedy", budget=b, depth=8, attention=attention, node_order="dfs", **base),
-                 kind) for b in plan.budgets]
-    if sdpa == "graph":  # the A/B: the same configurations on the eager paths
-        out.append((DecodeConfig(method="autoregressive", attention="torch", **base), "host"))
-        ab = DecodeConfig(method="dyspec_greedy", budget=plan.ab_budget, depth=8, attention="torch", node_order="dfs",
-                          **base)
-        out += [(ab, "host"), (ab, "device_side")]
+    if name in plan.graph_targets:
+        out += [(ar("torch"), "graph")] + [(tree("torch", b), "graph") for b in order] + [(chain("torch"), "graph")]
+        out += [(ar("torch"), "host"), (tree("torch", plan.ab_budget), "host"),
+                (tree("torch", plan.ab_budget), "device_side"), (ar("torch"), "graph_inductor")]
+    else:
+        out += [(ar("torch"), "host"), (chain("torch"), "host")] + [(tree("torch", b), "host") for b in plan.budgets]
+    out += [(ar("triton"), "host"), (chain("triton"), "host")] + [(tree("triton", b), "host") for b in plan.budgets]
     return out
 
 
-def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dict[str, Any]:
-    """The section (see the module docstring). Rows past ``seconds`` are listed under ``skipped``."""
+def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
+             save: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+    """The section (see the module docstring). Rows past ``seconds`` are listed under ``skipped``;
+    ``save`` gets what is measured so far after each row (a run killed by its time limit keeps it)."""
     from ..decode.prepared import PreparedPair
 
     plan = ResidentPlan.for_run(dry_run)
@@ -200,6 +217,7 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dic
     prompt = torch.randint(0, plan.vocab, (plan.prompt,), generator=gen).tolist()
     targets: list[dict[str, Any]] = []
     skipped: list[str] = []
+    failed: list[dict[str, str]] = []
     for name in plan.targets:
         target = synthetic_qwen(*plan.shapes[name], plan.vocab, seed=2, dev=dev, sharpen=30.0).to(dtype)
         try:
@@ -216,7 +234,15 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dic
                 if time.perf_counter() - t_start > seconds:
                     skipped.append(f"{label}: time budget ({seconds:.0f} s) spent")
                     continue
-                r = run_decoder(draft, target, cfg, prompt, plan.steps, step)
+                try:
+                    r = run_decoder(draft, target, cfg, prompt, plan.steps, step)
+                except Exception as e:  # noqa: BLE001 - recorded; the other rows still run
+                    failed.append(dict(row=label, error=f"{type(e).__name__}: {e}",
+                                       traceback=traceback.format_exc(limit=12)))
+                    log(f"resident {label}: FAILED {type(e).__name__}: {e}")
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    continue
                 if r is None:
                     skipped.append(f"{label}: no step decoded")
                     continue
@@ -224,6 +250,10 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dic
                 if cfg.method != "autoregressive":
                     knobs["depth"] = cfg.depth
                 rows.append(dict(method=cfg.method, **knobs, attention=cfg.attention, **r))
+                if save is not None:
+                    save(dict(partial=True, bandwidth=bandwidth, targets=targets, skipped=skipped, failed=failed,
+                              current=dict(name=name, hf_generate_ms_per_token=hf, hf_static_ms_per_token=hf_static,
+                                           hf_static_warmup_s=hf_static_warmup, weight_bytes=nbytes, rows=rows)))
                 log(f"resident {label}: {r['step_ms']:.2f} ms/step, {r['tokens_per_step']:.2f} tokens/step"
                     + (f" (compiled in {r['compile_s']:.1f} s)" if r["compile_s"] else ""))
             ar_rows = {(r["attention"], r["step"]): r for r in rows if r["method"] == "autoregressive"}
@@ -249,7 +279,7 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print) -> dic
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     want = sum(len(resident_configs(plan, name, dev)) for name in plan.targets)
-    return dict(ok=sum(len(t["rows"]) for t in targets) == want, dtype=plan.dtype, vocab=plan.vocab,
+    return dict(ok=sum(len(t["rows"]) for t in targets) == want and not failed, failed=failed, dtype=plan.dtype, vocab=plan.vocab,
                 prompt_tokens=plan.prompt, steps=plan.steps, budgets=list(plan.budgets),
                 draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes["0.5B"])),
                 bandwidth=bandwidth, targets=targets, skipped=skipped, timings_meaningful=not dry_run,

@@ -220,6 +220,7 @@ class GraphStepper:
         self._t_cols = torch.arange(self.tf.capacity, **i64)  # sliced to a span: [:span] is a view
         self._zero = torch.zeros(1, **i64)
         self.programs: list[GraphFn] = []
+        self._pool = torch.cuda.graph_pool_handle() if self.mode.capture == "cuda" else None
         self._ar = self._program(self._ar_program, "ar")
         self.df: Optional[DenseForward] = None
         if envelope is None:
@@ -287,8 +288,18 @@ class GraphStepper:
             torch._dynamo.mark_static_address(t)
         return t
 
+    def close(self) -> None:
+        """Frees the programs' captured graphs (a run holding the stepper must have ended)."""
+        for program in self.programs:
+            program.release()
+
+    @property
+    def graphs(self) -> int:
+        """CUDA graphs (or their emulation) held by the programs."""
+        return sum(p.graphs for p in self.programs)
+
     def _program(self, fn, name: str) -> GraphFn:
-        g = GraphFn(fn, name, self.mode)
+        g = GraphFn(fn, name, self.mode, pool=self._pool, device=self.device)
         self.programs.append(g)
         return g
 

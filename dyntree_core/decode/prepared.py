@@ -219,7 +219,7 @@ class PreparedPair:
             stepper = make()
             self._steppers[key] = stepper
             while len(self._steppers) > MAX_STEPPERS:
-                self._steppers.popitem(last=False)
+                _release(self._steppers.popitem(last=False)[1])
         self._steppers.move_to_end(key)
         return stepper
 
@@ -236,6 +236,8 @@ class PreparedPair:
         if self.closed:
             return
         self.closed = self.stale = True
+        for stepper in self._steppers.values():
+            _release(stepper)
         self._steppers.clear()
         for m in (self.draft, self.target):
             if m.__dict__.get(_ATTR) is self:
@@ -254,3 +256,9 @@ class PreparedPair:
         for p in pairs.values():
             p.close()
         return len(pairs)
+
+
+def _release(stepper) -> None:
+    """A dropped stepper's captured graphs freed now (one a run still holds is freed when that run drops it)."""
+    if not stepper.in_use:
+        stepper.close()
