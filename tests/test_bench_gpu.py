@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from dyntree_core.bench import gpu
 
@@ -144,12 +145,12 @@ def test_a_resident_row_that_raises_is_recorded_and_the_others_still_run(monkeyp
 
     monkeypatch.setattr(res_mod, "run_decoder", flaky)
     saved = []
-    r = res_mod.resident(torch.device("cpu"), 600.0, True, log=lambda m: None,
+    r = res_mod.resident(DEVICE, 600.0, True, log=lambda m: None,
                          save=lambda x: saved.append(json.loads(json.dumps(x, default=str))))  # as gpu.json does
     assert not r["ok"] and [f["row"] for f in r["failed"]] == ["7B autoregressive torch graph_inductor",
                                                                "1.5B autoregressive torch graph_inductor"]
     assert all("RuntimeError: capture failed" in f["error"] for f in r["failed"])
-    want = len(res_mod.resident_configs(res_mod.ResidentPlan.for_run(True), "7B", torch.device("cpu"))) - 1
+    want = len(res_mod.resident_configs(res_mod.ResidentPlan.for_run(True), "7B", DEVICE)) - 1
     assert [len(t["rows"]) for t in r["targets"]] == [want, want]
     assert saved and saved[-1]["partial"] and len(saved[-1]["current"]["rows"]) == want
     assert saved[0]["current"]["name"] == "7B" and len(saved[0]["current"]["rows"]) == 1

@@ -29,9 +29,9 @@ def pair():
     return draft.to(DEVICE), target.to(DEVICE)
 
 
-#: how the programs run in these tests: eager on the CPU; traced (no inductor) on a GPU, where compiling
-#: every test's programs would take minutes — ``test_cuda_graphs_...`` runs the real CUDA default once
-TEST_MODE = CompileMode.check() if DEVICE.type == "cuda" else None
+#: how the programs run in these tests: eager on the CPU; on a GPU the CUDA default (captured CUDA graphs:
+#: no compiler, so every test can afford it); ``test_cuda_graphs_...`` also runs inductor's mode once
+TEST_MODE = CompileMode.graphs(DEVICE) if DEVICE.type == "cuda" else None
 
 
 def graph_decoder(pair, method, mode=TEST_MODE, **kw):
@@ -268,7 +268,7 @@ def test_a_run_that_compiles_says_so_before_its_first_step(pair):
     again = list(dec.generate(PROMPT, 4, prefill_progress=True))
     assert not any(isinstance(i, PrefillProgress) and i.compiling for i in again)
     assert not any(isinstance(i, PrefillProgress) and i.compiling
-                   for i in graph_decoder(pair, "chain", None, depth=3).generate(PROMPT, 4, prefill_progress=True))
+                   for i in graph_decoder(pair, "chain", CompileMode(), depth=3).generate(PROMPT, 4, prefill_progress=True))
 
 
 @pytest.mark.parametrize("method", ("autoregressive",) + TREE_METHODS)
@@ -285,7 +285,7 @@ def test_captured_programs_replay_with_each_calls_arguments_and_close_frees_the_
                         budget=8, depth=4)
     events = []
     dec.on_compile = events.append
-    eager = list(graph_decoder((draft, target), method, None, budget=8, depth=4).generate(PROMPT, 24))
+    eager = list(graph_decoder((draft, target), method, CompileMode(), budget=8, depth=4).generate(PROMPT, 24))
     replayed = list(dec.generate(PROMPT, 24))
     assert [c.token_id for t in replayed for c in t.committed] == plain_ids((draft, target), 24)
     assert len(replayed) == len(eager)

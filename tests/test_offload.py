@@ -112,7 +112,7 @@ def test_streamed_forwards_bit_exact_and_counted(reference, want, slots, residen
         assert len(ptrs) == 1
     assert {k: v for k, v in model.state_dict().items()}.keys() == reference.state_dict().keys()
     for k, v in reference.state_dict().items():
-        assert torch.equal(v, model.state_dict()[k]), k
+        assert torch.equal(v, model.state_dict()[k].to(v.device)), k  # the non-layer parts sit on DEVICE
 
 
 def test_slots_one_and_close_restores(reference, want):
@@ -123,6 +123,7 @@ def test_slots_one_and_close_restores(reference, want):
     with pytest.raises(OffloadError, match="already offloaded"):
         offload_decoder_layers(model, device=DEVICE)
     h.close()
+    model.to(DEVICE)  # close leaves the streamed layers' weights intact on the host (the rest is on DEVICE)
     for a, b in zip(want, run_script(model)):
         assert torch.equal(a, b)
     assert h.stats().forwards == 4  # no hooks after close

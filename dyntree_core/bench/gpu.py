@@ -415,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offload-seconds", type=float, default=100.0, help="time budget of the offload section")
     p.add_argument("--resident-seconds", type=float, default=140.0,
                    help="time budget of the resident section (later rows are listed as skipped)")
+    p.add_argument("--resident-targets", nargs="+", choices=("1.5B", "7B"), help="only these targets")
+    p.add_argument("--resident-kinds", nargs="+", choices=("graph", "graph_inductor", "host", "device_side"),
+                   help="only these step kinds (plain decoding's graph row always runs: the reference)")
+    p.add_argument("--skip-hf", action="store_true", help="leave transformers' generate rows out")
     return p
 
 
@@ -434,7 +438,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "attention": lambda: attention_timings(plan, dev),
         "offload": lambda: offload_forward(plan, dev, args.out, args.offload_seconds if not args.dry_run else 60),
         "decode_step": lambda: decode_step(plan, dev),
-        "resident": lambda: resident(dev, args.resident_seconds, args.dry_run, _log, partial("resident")),
+        "resident": lambda: resident(dev, args.resident_seconds, args.dry_run, _log, partial("resident"),
+                                     args.resident_targets, args.resident_kinds, args.skip_hf),
     }
 
     def partial(name: str) -> Callable[[dict[str, Any]], None]:

@@ -28,6 +28,7 @@ interpreter): every number is measured, none means anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -194,20 +195,33 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
     if name in plan.graph_targets:
         out += [(ar("torch"), "graph")] + [(tree("torch", b), "graph") for b in order] + [(chain("torch"), "graph")]
         out += [(ar("torch"), "host"), (tree("torch", plan.ab_budget), "host"),
-                (tree("torch", plan.ab_budget), "device_side"), (ar("torch"), "graph_inductor")]
+                (tree("torch", plan.ab_budget), "device_side")]
+        if not plan.dry_run:  # inductor's fused kernels for the draft's many small ones (minutes of compiling)
+            out.append((tree("torch", plan.ab_budget), "graph_inductor"))
+        out.append((ar("torch"), "graph_inductor"))
     else:
         out += [(ar("torch"), "host"), (chain("torch"), "host")] + [(tree("torch", b), "host") for b in plan.budgets]
     out += [(ar("triton"), "host"), (chain("triton"), "host")] + [(tree("triton", b), "host") for b in plan.budgets]
     return out
 
 
+def _selected(plan: ResidentPlan, name: str, dev: torch.device, kinds: Optional[list[str]]) -> list[tuple[Any, str]]:
+    return [(cfg, step) for cfg, step in resident_configs(plan, name, dev)
+            if not kinds or step in kinds or (step == "graph" and cfg.method == "autoregressive")]
+
+
 def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
-             save: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+             save: Optional[Callable[[dict[str, Any]], None]] = None, targets: Optional[list[str]] = None,
+             kinds: Optional[list[str]] = None, skip_hf: bool = False) -> dict[str, Any]:
     """The section (see the module docstring). Rows past ``seconds`` are listed under ``skipped``;
-    ``save`` gets what is measured so far after each row (a run killed by its time limit keeps it)."""
+    ``save`` gets what is measured so far after each row (a run killed by its time limit keeps it).
+    ``targets`` / ``kinds``: only these targets / step kinds (plain decoding's ``graph`` row is always
+    kept: the other rows' reference); ``skip_hf``: transformers' rows left out (their ratios NaN)."""
     from ..decode.prepared import PreparedPair
 
     plan = ResidentPlan.for_run(dry_run)
+    if targets:
+        plan = dataclasses.replace(plan, targets=tuple(t for t in plan.targets if t in targets))
     t_start = time.perf_counter()
     dtype = getattr(torch, plan.dtype)
     bandwidth = memory_bandwidth(dev, plan.bandwidth_bytes)
@@ -223,12 +237,16 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
         try:
             nbytes = weight_bytes(target)
             ids = torch.tensor([prompt], device=dev)
-            hf, _ = hf_generate_ms(target, ids, plan.hf_tokens)
-            hf_static, hf_static_warmup = hf_generate_ms(target, ids, plan.hf_tokens, cache_implementation="static")
+            if skip_hf:
+                hf = hf_static = hf_static_warmup = math.nan
+            else:
+                hf, _ = hf_generate_ms(target, ids, plan.hf_tokens)
+                hf_static, hf_static_warmup = hf_generate_ms(target, ids, plan.hf_tokens,
+                                                             cache_implementation="static")
             log(f"resident {name}: transformers generate {hf:.2f} ms/token, static cache {hf_static:.2f} "
                 f"(warm-up {hf_static_warmup:.1f} s)")
             rows = []
-            for cfg, step in resident_configs(plan, name, dev):
+            for cfg, step in _selected(plan, name, dev, kinds):
                 label = f"{name} {cfg.method}" + (f" b{cfg.budget}" if cfg.method == "dyspec_greedy" else "") \
                     + f" {cfg.attention} {step}"
                 if time.perf_counter() - t_start > seconds:
@@ -278,7 +296,7 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
             del target
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    want = sum(len(resident_configs(plan, name, dev)) for name in plan.targets)
+    want = sum(len(_selected(plan, name, dev, kinds)) for name in plan.targets)
     return dict(ok=sum(len(t["rows"]) for t in targets) == want and not failed, failed=failed, dtype=plan.dtype, vocab=plan.vocab,
                 prompt_tokens=plan.prompt, steps=plan.steps, budgets=list(plan.budgets),
                 draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes["0.5B"])),
