@@ -53,24 +53,36 @@ def test_the_committed_h200_offload_row():
     assert off.tokens == (1, 64, 256, 768)
     assert off.at(1) == pytest.approx(2.475, abs=5e-4) and off.gbps == pytest.approx(55.3, abs=0.05)
     assert off.at(768) == pytest.approx(2.475, abs=5e-3)
+    # the steps come from the project's own bench (bench_gpu_resident.json), newer than the probes
     steps = {s.budget: s for s in gpu.offload_steps}
-    assert sorted(steps) == [64, 128, 256, 512, 768] and steps[64].step_s == pytest.approx(2.537, abs=1e-3)
+    assert sorted(steps) == [64, 256, 768] and steps[64].step_s == pytest.approx(2.561, abs=1e-3)
     assert set(gpu.resident) == {"1.5B", "7B"}
-    ar7, _ = step_time_at(gpu.resident["7B"], "autoregressive", 1)
-    assert ar7 == pytest.approx(0.0599, abs=1e-4)
-    assert gpu.peers["transformers generate (7B shape)"] == pytest.approx(19.95, abs=0.01)
+    ar7, _ = step_time_at(gpu.resident["7B"], "autoregressive", 1, step="graph")
+    assert ar7 == pytest.approx(0.00703, abs=1e-5)
+    host7, _ = step_time_at(gpu.resident["7B"], "autoregressive", 1, attention="torch", step="host")
+    assert host7 == pytest.approx(0.1192, abs=1e-4)
+    assert not any(s.step == "graph" for s in gpu.resident["1.5B"])
+    assert gpu.peers["transformers generate, static cache, compiled (7B shape)"] == pytest.approx(6.85, abs=0.01)
+    assert gpu.peers["transformers generate (7B shape)"] == pytest.approx(20.74, abs=0.01)
 
 
 def test_gpu_rows_price_this_runs_tree_with_the_measured_steps():
     gpu = GpuResults.load(GPU_RESULTS)
     rows = gpu_rows(gpu, tree_size=100, tokens_per_step=3.0, target_params=1.5e9)
     off, resident = rows
-    # offload: measured steps at 64 (2.537 s) and 128 (2.568 s) nodes, linear between: 100 nodes
-    step = 2.537 + (2.568 - 2.537) * (100 - 64) / 64
+    # offload: measured steps at 64 (2.5615 s) and 256 (2.5478 s) nodes, linear between: 100 nodes
+    step = 2.5615 + (2.5478 - 2.5615) * (100 - 64) / 192
     assert off.tree_s_per_token == pytest.approx(step / 3.0, abs=1e-3)
     assert off.ar_s_per_token == pytest.approx(2.475, abs=5e-4) and "55.3 GB/s" in off.inputs["plain decoding"]
     assert "1.5B" in resident.setting and "H200" in resident.inputs["machine"]
-    assert "7B" in gpu_rows(gpu, 100, 3.0, 7e9)[1].setting  # the measured shape nearest the run's target
+    # 1.5B: no graph rows measured: the eager step's faster plain decoding (the tree kernel's 35.8 ms)
+    assert resident.ar_s_per_token == pytest.approx(0.03585, abs=1e-5) and "tree kernel" in resident.inputs["plain decoding"]
+    assert "(7B shape)" not in resident.inputs["same GPU, other engines"]
+    seven = gpu_rows(gpu, 100, 3.0, 7e9)[1]
+    assert "7B" in seven.setting  # the measured shape nearest the run's target
+    # 7B: the CUDA default, graph steps: plain 7.03 ms, DySpec greedy 45.12 ms (64) .. 64.32 ms (256)
+    assert seven.ar_s_per_token == pytest.approx(0.00703, abs=1e-5) and "CUDA graphs" in seven.inputs["tree step"]
+    assert seven.tree_s_per_token == pytest.approx((45.12 + (64.32 - 45.12) * 36 / 192) / 3e3, rel=1e-3)
     assert len(gpu_rows(gpu, tree_size=1024, tokens_per_step=3.0, target_params=1.5e9)) == 0  # larger than measured
 
 

@@ -75,6 +75,9 @@ class MeasuredStep:
         method / budget / tree_size: what ran (``tree_size`` 1 for plain decoding).
         attention: ``torch`` (SDPA) or ``triton`` (the tree kernel); order: the node order it ran in.
         step_s, draft_s, target_s: seconds per step, of its draft forwards, of its target forward.
+        step: how the step ran: ``graph`` (fixed-shape programs as captured CUDA graphs: the CUDA
+            default for the methods ``decode.graph_step`` takes), ``graph_inductor``, ``host``
+            (the eager step), ``device_side``.
     """
 
     method: str
@@ -85,6 +88,7 @@ class MeasuredStep:
     step_s: float
     draft_s: float
     target_s: float
+    step: str = "host"
 
     @property
     def other_s(self) -> float:
@@ -144,6 +148,12 @@ class GpuResults:
         except (OSError, ValueError, KeyError):
             pass
         peers: dict[str, float] = {}
+        bench = _bench_resident(root / "bench_gpu_resident.json")  # the project's own bench: newer than the probes
+        if bench is not None:
+            date, offload_steps, resident, peers = bench
+            if offload_steps:
+                steps = offload_steps
+            return cls(machine, date, offload, steps, resident, {"1.5B": 1.54e9, "7B": 7.6e9}, peers, str(root))
         try:
             p = json.loads((root / "resident_hf_peer_probe.json").read_text())
             peers = {"transformers generate (7B shape)": p["hf_generate_ms_per_token"],
@@ -163,12 +173,50 @@ class GpuResults:
         return min(shapes, key=lambda s: abs(math.log(self.resident_params[s] / target_params)))
 
 
+def _bench_resident(path: Path) -> Optional[tuple[str, tuple[MeasuredStep, ...], dict[str, tuple[MeasuredStep, ...]],
+                                                  dict[str, float]]]:
+    """``bench gpu``'s ``gpu.json`` with a resident section: (date, offloaded steps, resident steps per
+    target shape, peers in ms/token); None when the file is missing or has no resident rows."""
+    try:
+        res = json.loads(Path(path).read_text())
+        sections = res["sections"]
+        targets = sections["resident"]["result"]["targets"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    resident: dict[str, tuple[MeasuredStep, ...]] = {}
+    peers: dict[str, float] = {}
+    for t in targets:
+        rows = []
+        for r in t["rows"]:
+            ar = r["method"] == "autoregressive"
+            rows.append(MeasuredStep(r["method"], 1 if ar else int(r.get("budget", r["tree_size"])),
+                                     1 if ar else int(r["tree_size"]), r["attention"], "dfs", r["step_ms"] / 1e3,
+                                     r["phases_ms"].get("draft", 0.0) / 1e3, r["phases_ms"]["target_forward"] / 1e3,
+                                     r["step"]))
+        resident[t["name"]] = tuple(rows)
+        shape = f"{t['name']} shape"
+        for key, label in (("hf_static_ms_per_token", f"transformers generate, static cache, compiled ({shape})"),
+                           ("hf_generate_ms_per_token", f"transformers generate ({shape})"),
+                           ("floor_ms_per_token", f"weight-streaming floor ({shape})")):
+            if isinstance(t.get(key), (int, float)) and math.isfinite(t[key]):
+                peers[label] = float(t[key])
+    offload_steps: tuple[MeasuredStep, ...] = ()
+    dec = sections.get("decode_step", {}).get("result") or {}
+    if dec.get("rows"):
+        offload_steps = tuple(MeasuredStep("dyspec_greedy", int(r["budget"]), int(r["tree_size"]), "torch", "dfs",
+                                           float(r["step_seconds"]), float(r["draft_seconds"]),
+                                           float(r["target_forward_seconds"])) for r in dec["rows"])
+    return res.get("environment", {}).get("date_utc", ""), offload_steps, resident, peers
+
+
 def step_time_at(steps: Sequence[MeasuredStep], method: str, n: float, attention: Optional[str] = None,
-                 order: Optional[str] = None) -> tuple[float, Optional[MeasuredStep]]:
+                 order: Optional[str] = None, step: Optional[str] = None) -> tuple[float, Optional[MeasuredStep]]:
     """Seconds per step of ``method`` at tree size ``n`` from measured steps (``pricing.interpolate``
-    over their tree sizes), and the measured step nearest to ``n``; ``(inf, None)`` without data."""
+    over their tree sizes), and the measured step nearest to ``n``; ``(inf, None)`` without data.
+    ``attention`` / ``order`` / ``step``: only rows that ran so (None: any)."""
     rows = sorted((s for s in steps if s.method == method and (attention is None or s.attention == attention)
-                   and (order is None or s.order == order)), key=lambda s: s.tree_size)
+                   and (order is None or s.order == order) and (step is None or s.step == step)),
+                  key=lambda s: s.tree_size)
     if not rows:
         return math.inf, None
     t = interpolate([s.tree_size for s in rows], [s.step_s for s in rows], n)
@@ -216,18 +264,29 @@ def gpu_rows(gpu: GpuResults, tree_size: float, tokens_per_step: float, target_p
     shape = gpu.resident_shape_near(target_params)
     if shape is not None:
         steps = gpu.resident[shape]
-        ar, ar_row = step_time_at(steps, "autoregressive", 1)
-        tree, near = step_time_at(steps, "dyspec_greedy", tree_size, attention="triton", order="dfs")
+        graph = any(s.step == "graph" for s in steps)  # the CUDA default where measured
+        if graph:
+            ar, ar_row = step_time_at(steps, "autoregressive", 1, step="graph")
+            tree, near = step_time_at(steps, "dyspec_greedy", tree_size, attention="torch", step="graph")
+            ar_how, tree_how = "captured CUDA graphs, SDPA", "captured CUDA graphs, SDPA"
+        else:  # the eager step: the faster attention of plain decoding, the tree kernel for trees
+            plain = [s for s in steps if s.method == "autoregressive"]
+            fastest = min(plain, key=lambda s: s.step_s) if plain else None
+            ar, ar_row = step_time_at(steps, "autoregressive", 1, attention=fastest.attention if fastest else None)
+            tree, near = step_time_at(steps, "dyspec_greedy", tree_size, attention="triton", order="dfs")
+            ar_how = "tree kernel" if fastest is not None and fastest.attention == "triton" else "SDPA"
+            tree_how = "tree kernel, DFS"
+        peers = {k: v for k, v in gpu.peers.items() if "shape)" not in k or f"({shape} shape)" in k}
         if math.isfinite(ar) and math.isfinite(tree):
             out.append(GpuRow(
                 f"both models in GPU memory ({shape}-shaped target, bf16)", ar,
                 seconds_per_token(tree, 0.0, 0.0, tokens_per_step),
                 {"machine": where,
-                 "plain decoding": f"{ar * 1e3:.1f} ms per step (this engine, SDPA)",
-                 "tree step": f"{tree * 1e3:.1f} ms for DySpec greedy at {tree_size:.0f} nodes (tree kernel, DFS; "
+                 "plain decoding": f"{ar * 1e3:.1f} ms per step (this engine, {ar_how})",
+                 "tree step": f"{tree * 1e3:.1f} ms for DySpec greedy at {tree_size:.0f} nodes ({tree_how}; "
                               f"nearest measured {near.tree_size}: draft {near.draft_s * 1e3:.0f} ms, "
                               f"target {near.target_s * 1e3:.0f} ms)",
                  "tokens/step": f"{tokens_per_step:.2f}, this run's",
-                 **({"same GPU, other engines": "; ".join(f"{k} {v:.1f} ms/token" for k, v in gpu.peers.items())}
-                    if gpu.peers else {})}))
+                 **({"same GPU, other engines": "; ".join(f"{k} {v:.1f} ms/token" for k, v in peers.items())}
+                    if peers else {})}))
     return out
