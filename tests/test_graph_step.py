@@ -316,3 +316,63 @@ def test_cuda_graphs_give_plain_decodings_tokens_and_replay_without_recompiling(
     compiled = len(events)
     assert compiled >= 1 and dec.generate_ids(PROMPT, 24) == plain_ids(pair, 24)
     assert len(events) == compiled
+
+
+def _dense_forward_kernels(layers: int) -> int:
+    """Torch ops that launch work (views left out) in one dense forward of 4 rows, bf16 Qwen2 shape."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dyntree_core.bench.resident import synthetic_qwen
+
+    views = {"view", "t", "select", "transpose", "slice", "_unsafe_view", "unsqueeze", "expand", "alias",
+             "as_strided", "detach", "reshape"}
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] not in views:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = synthetic_qwen(64, layers, 4, 2, 128, 512, seed=1, dev=torch.device("cpu")).to(torch.bfloat16)
+    f = DenseForward(model, 256)
+    rows = torch.arange(4)
+    with Count():
+        f(rows, rows, rows, torch.ones(4, 256, dtype=torch.bool), rows)
+    return Count.n
+
+
+def test_a_dense_forward_layer_launches_at_most_30_ops():
+    """The measured GPU tree step is launch-bound in the draft (H200: ~4 ms per 24-layer 0.5B-shaped
+    forward inside a CUDA graph, docs/GPU_RESULTS.md): each layer's op count is what a draft level costs.
+    One q/k/v matmul and one gate/up matmul (``fuse_projections``), q and k rotated together with 3 ops,
+    the mask converted once per forward: 30 per layer (was 43). Unfusing (``fused=None``) makes it 36,
+    the per-layer bool mask 33: either fails here."""
+    per_layer = _dense_forward_kernels(2) - _dense_forward_kernels(1)
+    assert per_layer <= 30, per_layer
+
+
+def test_fused_projections_keep_the_models_numbers_and_share_its_storage(pair):
+    """Fusing changes no value: the model's own forward gives the same logits, its q/k/v and gate/up
+    parameters are views of the fused tensors (no second copy), a second fuse reuses them, and a dtype
+    change (new parameters) is fused anew."""
+    import copy
+
+    from dyntree_core.decode.dense_forward import fuse_projections
+
+    _, target = pair
+    model = copy.deepcopy(target)
+    ids = torch.tensor([PROMPT], device=DEVICE)
+    before = model(ids).logits
+    layer = model.model.layers[0]
+    qkv, gate_up = fuse_projections(layer)
+    assert torch.equal(model(ids).logits, before)
+    attn = layer.self_attn
+    ptr = qkv.weight.untyped_storage().data_ptr()
+    assert all(p.weight.untyped_storage().data_ptr() == ptr for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == gate_up.weight.untyped_storage().data_ptr()
+    assert fuse_projections(layer)[0] is qkv
+    model.to(torch.float64)
+    again, _ = fuse_projections(layer)
+    assert again is not qkv and again.weight.dtype == torch.float64

@@ -16,11 +16,11 @@ at its length; tested against it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import rotate_half  # (Qwen2's is the same function)
 
 from .static_kv import StaticKV
 
@@ -74,6 +74,7 @@ class DenseForward:
         self.head = model.get_output_embeddings()
         self.inv_freq = inner.rotary_emb.inv_freq.to(torch.float32)
         self.rope_scale = float(inner.rotary_emb.attention_scaling)
+        self.fused = [fuse_projections(layer) for layer in self.layers]
         self.kv = StaticKV.for_model(model, capacity)
         self.vocab_size = int(self.head.weight.shape[0])
 
@@ -118,38 +119,115 @@ class DenseForward:
             kv.v[i].index_copy_(1, slots, v[0])
             return kv.k[i][None, :, :span], kv.v[i][None, :, :span]
 
-        h = decoder_layers(self.layers, h, cos, sin, visible[None, None], write)
+        mask = torch.where(visible, 0.0, float("-inf")).to(h.dtype)  # once, not converted by every layer's SDPA
+        h = decoder_layers(self.layers, h, cos, sin, mask[None, None], write, self.fused)
         h = self.norm(h[0].index_select(0, rows))
         return self.head(h)
 
 
+@dataclass(frozen=True)
+class FusedQKV:
+    """A layer's q/k/v projections as one ``[(H + 2 H_kv) * d, hidden]`` weight (and bias)."""
+
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    heads: int
+    kv_heads: int
+
+
+@dataclass(frozen=True)
+class FusedGateUp:
+    """A gated MLP's gate and up projections as one ``[2 F, hidden]`` weight (gate rows first)."""
+
+    weight: torch.Tensor
+    intermediate: int
+
+
+def fuse_projections(layer) -> tuple[FusedQKV, FusedGateUp]:
+    """Put ``layer``'s q/k/v weights (and biases) and its gate/up weights in one tensor each and make the
+    modules' parameters row views of it (values and the modules' own forward unchanged, no copy kept),
+    so ``decoder_layers`` runs one matmul for q, k and v and one for gate and up. Idempotent (the fused
+    tensors are remembered on the modules); a layer whose parameters were replaced since (a reload, a
+    dtype or device change) is fused anew. Dense ``nn.Linear`` only."""
+    attn, mlp = layer.self_attn, layer.mlp
+    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    g, u = mlp.gate_proj, mlp.up_proj
+    with torch.no_grad():
+        if not _backs(getattr(attn, "dyntree_qkv", None), (q, k, v)):
+            biased = all(p.bias is not None for p in (q, k, v))
+            weight = _rows_of_one((q, k, v), "weight")
+            bias = _rows_of_one((q, k, v), "bias") if biased else None
+            attn.dyntree_qkv = FusedQKV(weight, bias, q.out_features // attn.head_dim, k.out_features // attn.head_dim)
+        if not _backs(getattr(mlp, "dyntree_gate_up", None), (g, u)):
+            mlp.dyntree_gate_up = FusedGateUp(_rows_of_one((g, u), "weight"), g.out_features)
+    return attn.dyntree_qkv, mlp.dyntree_gate_up
+
+
+def _rows_of_one(mods, name: str) -> torch.Tensor:
+    fused = torch.cat([getattr(m, name).detach() for m in mods])
+    start = 0
+    for m in mods:
+        rows = getattr(m, name).shape[0]
+        setattr(m, name, torch.nn.Parameter(fused[start:start + rows], requires_grad=False))
+        start += rows
+    return fused
+
+
+def _backs(fused, mods) -> bool:
+    """Whether ``fused`` (a ``FusedQKV``/``FusedGateUp`` or None) still holds ``mods``' weights."""
+    if fused is None:
+        return False
+    ptr = fused.weight.untyped_storage().data_ptr()
+    return all(m.weight.untyped_storage().data_ptr() == ptr for m in mods) and \
+        (not isinstance(fused, FusedQKV) or fused.bias is None
+         or all(m.bias.untyped_storage().data_ptr() == fused.bias.untyped_storage().data_ptr() for m in mods))
+
+
 def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
-                   write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+                   write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                   fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None) -> torch.Tensor:
     """Qwen2/Llama decoder layers with one op per step (transformers' numbers up to float rounding).
 
     Args:
         layers: the model's decoder layers.
         h: ``[1, q, hidden]`` hidden states.
         cos, sin: ``[1, 1, q, head_dim]`` rotary tables of the rows' positions.
-        mask: ``[1, 1, q, kv]`` bool visibility (None: every key visible).
+        mask: ``[1, 1, q, kv]`` bool visibility or additive float mask (None: every key visible).
         write: ``write(i, k, v)`` stores layer ``i``'s new rotated keys and values ``[1, H_kv, q, d]``
             and returns the ``[1, H_kv, kv, d]`` keys and values to attend over.
+        fused: per layer, its ``fuse_projections`` (None: the modules' own projections, one matmul each).
     Returns:
         ``[1, q, hidden]`` hidden states after the last layer.
     """
     n = h.shape[1]
+    # rope: x * cos + rotate_half(x) * sin == x * cos + swap(x) * sin_signed, swap = cat(x2, x1) and
+    # sin_signed = cat(-sin1, sin2): 3 ops per tensor (cat, mul, addcmul) instead of 5
+    half = sin.shape[-1] // 2
+    sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
     for i, layer in enumerate(layers):
         attn = layer.self_attn
         d = attn.head_dim
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
-        k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
-        v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        qkv, gate_up = fused[i] if fused is not None else (None, None)
+        if qkv is not None:  # one matmul; q and k rotated together
+            y = F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, n, d]
+            qk = y[:, :qkv.heads + qkv.kv_heads]
+            qk = torch.addcmul(qk * cos, torch.cat([qk[..., d // 2:], qk[..., :d // 2]], dim=-1), sin_signed)
+            q, k, v = qk[:, :qkv.heads], qk[:, qkv.heads:], y[:, qkv.heads + qkv.kv_heads:]
+        else:
+            q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
+            k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
+            v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
+            q = torch.addcmul(q * cos, torch.cat([q[..., d // 2:], q[..., :d // 2]], dim=-1), sin_signed)
+            k = torch.addcmul(k * cos, torch.cat([k[..., d // 2:], k[..., :d // 2]], dim=-1), sin_signed)
         keys, values = write(i, k, v)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                            enable_gqa=q.shape[1] != keys.shape[1])
         h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        mlp = layer.mlp
+        if gate_up is not None:
+            gu = F.linear(layer.post_attention_layernorm(h), gate_up.weight)
+            h = h + mlp.down_proj(mlp.act_fn(gu[..., :gate_up.intermediate]) * gu[..., gate_up.intermediate:])
+        else:
+            h = h + mlp(layer.post_attention_layernorm(h))
     return h
