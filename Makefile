@@ -29,6 +29,7 @@ browser:
 
 models: setup
 	$(PY) -m dyntree_core fetch
+	$(PY) -m dyntree_core kernels
 
 run: setup browser models
 	$(PY) app.py

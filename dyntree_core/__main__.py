@@ -15,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("fetch", help="fetch and convert the embedded offline model pair (with progress)")
+    sub.add_parser("kernels", help="compile this machine's C kernels now (the set-up step; cached), or say why "
+                                   "they cannot run here (torch's kernels are used then)")
 
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("--prompt", required=True, help="prompt text")
@@ -61,10 +63,27 @@ def main(argv: Optional[list[str]] = None) -> int:
             draft_dir, target_dir = ensure_embedded_pair()
             print(f"draft:  {draft_dir}\ntarget: {target_dir}")
             return 0
+        if args.command == "kernels":
+            return _kernels()
         return _generate(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _kernels() -> int:
+    """Builds (or finds cached) the GGML C kernels; never fails the set-up: without them torch's run."""
+    import time
+
+    from .quant.native import native_kernels, native_unavailable_reason
+
+    t0 = time.perf_counter()
+    k = native_kernels()
+    if k is None:
+        print(f"C kernels not used on this machine: {native_unavailable_reason()} (torch's kernels run instead)")
+    else:
+        print(f"C kernels ready: {k.path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
 
 
 def _budget_arg(text: str):

@@ -194,6 +194,8 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     assert measured == [s.label, s.label] and first == again
     assert first[s].kind == "ggml" and first[s].mm_min_rows == 64
     saved = json.loads(kt.table_path().read_text())
+    assert saved["digest"] == kt.table_key() and saved["verdict"]["quiet"]
+    saved = saved["value"]
     assert saved["key"] == kt.table_key() and s.label in saved["timings"] and saved["machine"]["cpu_model"]
 
 
@@ -439,3 +441,24 @@ def test_int8_activation_kernels_are_bit_identical_to_their_arithmetic_at_every_
     for m in (1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 17):  # every row-block size (1..8) and combinations
         got = nk.matmul(type_name, x[:m].clone(), blocks, n, k, bias, int8_activations=True)
         assert torch.equal(got, _q8k_reference(type_name, blocks, n, k, x[:m], bias)), m
+
+
+def test_the_set_up_step_compiles_the_kernels_or_says_why_not(monkeypatch, capsys):
+    """``python -m dyntree_core kernels`` (``make run``/``make test`` run it after the fetch) never fails
+    the set-up: it reports the compiled library, or the reason torch's kernels run instead."""
+    from dyntree_core.__main__ import main
+    from dyntree_core.quant.native import native_kernels, reset_native_kernels
+
+    reset_native_kernels()
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    lib = native_kernels()
+    assert (f"C kernels ready: {lib.path}" in out) if lib is not None else ("C kernels not used" in out)
+    monkeypatch.setenv("DYNTREE_NATIVE_KERNELS", "0")
+    reset_native_kernels()
+    try:
+        assert main(["kernels"]) == 0
+        assert "not used on this machine: turned off by DYNTREE_NATIVE_KERNELS=0" in capsys.readouterr().out
+    finally:
+        monkeypatch.delenv("DYNTREE_NATIVE_KERNELS")
+        reset_native_kernels()
