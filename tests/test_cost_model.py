@@ -153,3 +153,66 @@ def test_the_panels_prediction_for_a_hybrid_run_matches_what_the_run_measured():
     page = cost_model_html(rec, None)
     assert "model-drafted steps" in page and "suffix-tree steps" in page and "all steps, weighted" in page
     assert f"<td>{cost.predicted_s_per_token * 1e3:.1f} ms</td><td>{cost.decode_s_per_token * 1e3:.1f} ms</td>" in page
+
+
+def test_the_one_other_cost_is_the_engine_steps_time_outside_the_two_forwards(monkeypatch):
+    """``pricing.other_seconds``: a recorded step's other cost is exactly its measured step minus its
+    draft and target forwards (so tree build, mask, verification and KV compaction all count, not the
+    verification alone); ``cost_model`` and ``tuning`` price recorded steps with it; the machine
+    profile's row is the same function of the engine's own steps at each size (structurally: the
+    fastest of the steps it recorded, trees of n nodes), and ``auto`` prices it from that row."""
+    import statistics
+
+    from dyntree_core import DecodeConfig, SpeculativeDecoder
+    from dyntree_core.planning import profiling
+    from dyntree_core.planning.machine_profile import MachineProfile, empty_profile
+    from dyntree_core.planning.pricing import autoregressive_candidate, other_seconds
+    from dyntree_core.planning.tuning import calibrate_point
+
+    draft, target = tiny_pair(seed=0)
+    cfg = DecodeConfig(method="dyspec_greedy", attention="torch", budget=6, depth=3)
+    prompt = list(range(2, 10))
+    steps = list(SpeculativeDecoder(draft, target, cfg).generate(prompt, 12))
+    assert len(steps) >= 2 and all(t.tree is not None for t in steps)
+    for t in steps:
+        ph = t.timings
+        o = other_seconds(t.tree_size, "dyspec_greedy", step=t)
+        assert o == t.step_seconds - ph.draft - ph.target_forward > 0  # exact: the step's own phases
+        assert o >= ph.tree_build + ph.mask + ph.verify + ph.kv_compaction > ph.verify
+    mean_other = statistics.fmean(other_seconds(t.tree_size, t.method, step=t) for t in steps)
+    assert step_cost(steps).mean.other_s == pytest.approx(mean_other, rel=1e-9, abs=1e-12)  # cost_model
+
+    seen: list = []  # tuning: overhead = draft + the one other, over the steps its calibration ran
+    real_generate = SpeculativeDecoder.generate
+
+    def spy(self, *a, **k):
+        for t in real_generate(self, *a, **k):
+            seen.append(t)
+            yield t
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
+    flat = MachineProfile(key="k", machine={}, prefix_len=1, ns=[1, 64], target={"float32": [0.0, 0.0]}, draft={},
+                          verify=[0.0, 0.0])
+    point = calibrate_point(draft, target, cfg, flat, [prompt], 12)
+    assert seen and point.overhead_seconds == pytest.approx(
+        statistics.fmean(t.timings.draft + other_seconds(t.tree_size, t.method, step=t) for t in seen), rel=1e-9)
+    monkeypatch.setattr(SpeculativeDecoder, "generate", real_generate)
+
+    recorded: dict = {}  # the profile: the engine's steps, priced by the same function
+    real_steps = profiling.engine_steps
+
+    def recording(d, t, n, **k):
+        recorded[n] = real_steps(d, t, n, **k)
+        return recorded[n]
+
+    monkeypatch.setattr(profiling, "engine_steps", recording)
+    prof = empty_profile("k")
+    pair = tiny_pair(seed=0)
+    profiling.measure_into(prof, lambda role, _p: pair[0] if role == "draft" else pair[1],
+                           {("target", "float32"): (1, 2, 4), ("draft", "float32"): (1, 2, 4)})
+    assert sorted(recorded) == [1, 2, 4] and prof.meta["other"] == profiling.OTHER_MEASURE
+    for n, ts in recorded.items():
+        assert ts and all(max(1, t.tree_size) == n for t in ts)
+        assert all(t.method == ("autoregressive" if n == 1 else "chain") for t in ts)
+        assert other_seconds(n, "chain", profile=prof) == min(other_seconds(n, "", step=t) for t in ts) > 0
+    assert autoregressive_candidate(prof, "float32").verify_seconds == other_seconds(1, "autoregressive", profile=prof)

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from ..trace import StepTrace
 from .forward_timer import ForwardTiming
-from .pricing import seconds_per_token
+from .pricing import other_seconds, seconds_per_token
 
 #: named phases besides the draft and the target forward (``offload_transfer`` is part of the
 #: target forward's time, the wait for weights inside it, so it is not added again)
@@ -36,7 +36,8 @@ class KindCost:
         tree_size / depth: mean nodes per tree (the target forward's tokens) / mean tree depth.
         draft_s, target_s: mean seconds of the drafting and of the target's tree forward.
         phases_s: mean seconds of the other named phases (tree build, mask, verify, KV compaction).
-        rest_s: mean seconds of the step outside every named phase (drafter update, commit, trace).
+        rest_s: mean seconds of the step outside every named phase (drafter update, commit, trace);
+            ``other_s`` (= phases_s + rest_s) is the mean of ``pricing.other_seconds`` over the steps.
         tokens_per_step: mean tokens committed per step (accepted + bonus).
     """
 
@@ -62,6 +63,7 @@ class KindCost:
 def _kind(source: str, steps: Sequence[StepTrace]) -> KindCost:
     mean = statistics.fmean
     phases = [sum(getattr(t.timings, p) for p in OTHER_PHASES) for t in steps]
+    others = [other_seconds(t.tree_size, t.method, step=t) for t in steps]  # the one "other" (pricing)
     return KindCost(
         source=source, steps=len(steps),
         tree_size=mean(t.tree_size for t in steps),
@@ -69,8 +71,7 @@ def _kind(source: str, steps: Sequence[StepTrace]) -> KindCost:
         draft_s=mean(t.timings.draft for t in steps),
         target_s=mean(t.timings.target_forward for t in steps),
         phases_s=mean(phases),
-        rest_s=mean(max(0.0, t.step_seconds - t.timings.draft - t.timings.target_forward - p)
-                    for t, p in zip(steps, phases)),
+        rest_s=mean(o - p for o, p in zip(others, phases)),  # so other_s is the mean of other_seconds
         tokens_per_step=mean(t.num_committed for t in steps),
     )
 

@@ -9,6 +9,10 @@ mask, KV compaction, bookkeeping); it commits ``tokens_per_step`` tokens (accept
 
     seconds per token = (target + draft + other) / tokens per step
 
+``other`` has one definition, ``other_seconds``: what the engine's step spends outside the draft
+model's forwards and the target's forward (``step_seconds - draft - target_forward`` of a recorded
+step; from the machine profile, the same quantity measured by running the engine's step).
+
 Averages over steps of different kinds (a hybrid's model and suffix steps) are taken *before* the
 division, each weighted by how often it happens: the mean step over the mean tokens per step, never a
 median step (a median hides the minority of expensive steps).
@@ -59,6 +63,7 @@ from .candidates import (CHAIN_LENGTHS, CHAIN_MAX, HYBRID_BUDGETS, HYBRID_DEPTHS
                          chain_expected_tokens, sequoia_shapes, simulate_chain, simulate_suffix_shapes)
 
 if TYPE_CHECKING:  # (machine_profile imports this module's interpolate)
+    from ..trace import StepTrace
     from .machine_profile import MachineProfile
 
 #: the methods ``auto`` prices (every other tree method is calibrated by ``tuning``)
@@ -70,6 +75,27 @@ def seconds_per_token(target_s: float, draft_s: float, other_s: float, tokens_pe
     if tokens_per_step <= 0:
         return math.inf
     return (target_s + draft_s + other_s) / tokens_per_step
+
+
+def other_seconds(n: float, method: str, *, step: Optional[StepTrace] = None,
+                  profile: Optional[MachineProfile] = None) -> float:
+    """Seconds a step of ``method`` with an ``n``-node tree spends outside the draft model's forwards
+    and the target's forward: tree build, mask, verification, KV compaction, drafter update, commit,
+    trace. The one "other" cost ``auto``, ``tuning`` and ``cost_model`` price.
+
+    Args:
+        step: a recorded ``StepTrace``: its ``step_seconds - timings.draft - timings.target_forward``
+            (never below 0; ``n`` and ``method`` are then the step's own).
+        profile: without a step, the machine profile's row of the same quantity (its ``verify_time``
+            row, measured by ``profiling.measure_into`` as this function of the engine's own steps:
+            chain trees of n nodes, the autoregressive step at n = 1; ``autoregressive`` prices n = 1).
+    """
+    if step is not None:
+        t = step.timings
+        return max(0.0, step.step_seconds - t.draft - t.target_forward)
+    if profile is None:
+        raise ValueError("other_seconds needs a recorded step or a machine profile")
+    return profile.verify_time(1 if method == "autoregressive" else n)
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -105,7 +131,7 @@ class Candidate:
     depth: int
     expected_tokens: float
     target_seconds: float
-    verify_seconds: float
+    verify_seconds: float  # the step's other cost (``other_seconds``), not verification alone
     draft_seconds: float
     stop_confidence: Optional[float] = None
     threshold: Optional[float] = None  # suffix: the path-probability cut-off
@@ -138,7 +164,7 @@ def autoregressive_candidate(profile: MachineProfile, tp: str) -> Candidate:
     """Plain decoding at target precision ``tp``: one 1-token target forward per token."""
     return Candidate(method="autoregressive", target_precision=tp, draft_precision=None, budget=1, depth=0,
                      expected_tokens=1.0, target_seconds=profile.target_time(tp, 1),
-                     verify_seconds=profile.verify_time(1), draft_seconds=0.0)
+                     verify_seconds=other_seconds(1, "autoregressive", profile=profile), draft_seconds=0.0)
 
 
 def _chain_stats(sequences, max_tokens: int) -> dict[tuple[int, Optional[int]], ChainStats]:
@@ -175,7 +201,8 @@ def _price_replayed(profile: MachineProfile, replayed: dict, model_trees: dict, 
         if st is None:
             continue
         t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
-        v_s = sum(p * profile.verify_time(size) for size, p in st.size_probs.items())
+        method = "hybrid" if sh.hybrid else "suffix"
+        v_s = sum(p * other_seconds(size, method, profile=profile) for size, p in st.size_probs.items())
         shape = dict(budget=sh.budget, depth=sh.depth, threshold=sh.threshold, spec_factor=sh.spec_factor)
         if not sh.hybrid:
             cands.append(Candidate(method="suffix", target_precision=tp, draft_precision=None,
@@ -188,7 +215,7 @@ def _price_replayed(profile: MachineProfile, replayed: dict, model_trees: dict, 
             cands.append(Candidate(
                 method="hybrid", target_precision=tp, draft_precision=dp, expected_tokens=st.suffix_tokens + m * g,
                 target_seconds=t_s + m * profile.target_time(tp, size),
-                verify_seconds=v_s + m * profile.verify_time(size),
+                verify_seconds=v_s + m * other_seconds(size, method, profile=profile),
                 draft_seconds=st.build_seconds + m * sum(profile.draft_time(dp, w) for w in levels),
                 model_share=m, **shape))
     return cands
@@ -207,7 +234,7 @@ def _price_chain(profile: MachineProfile, tp: str, dp: str, stats: Optional[dict
                 method="chain", target_precision=tp, draft_precision=dp, budget=k + 1, depth=k,
                 expected_tokens=st.tokens,
                 target_seconds=sum(p * profile.target_time(tp, n) for p, n in zip(st.size_probs, sizes)),
-                verify_seconds=sum(p * profile.verify_time(n) for p, n in zip(st.size_probs, sizes)),
+                verify_seconds=sum(p * other_seconds(n, "chain", profile=profile) for p, n in zip(st.size_probs, sizes)),
                 draft_seconds=st.drafted * td, stop_confidence=None if stop is None else STOP_GRID[stop]))
         return cands
     for k in lengths:
@@ -216,14 +243,16 @@ def _price_chain(profile: MachineProfile, tp: str, dp: str, stats: Optional[dict
         cands.append(Candidate(method="chain", target_precision=tp, draft_precision=dp, budget=k + 1, depth=k,
                                expected_tokens=chain_expected_tokens(p1, k),
                                target_seconds=profile.target_time(tp, k + 1),
-                               verify_seconds=profile.verify_time(k + 1), draft_seconds=k * profile.draft_time(dp, 1)))
+                               verify_seconds=other_seconds(k + 1, "chain", profile=profile),
+                               draft_seconds=k * profile.draft_time(dp, 1)))
     return cands
 
 
 def _price_sequoia(profile: MachineProfile, tp: str, dp: str, shapes: dict) -> list[Candidate]:
     """``sequoia`` candidates at (``tp``, ``dp``) from ``{(n, d): (tree size, G, draft level widths)}``."""
     return [Candidate(method="sequoia", target_precision=tp, draft_precision=dp, budget=n, depth=d, expected_tokens=g,
-                      target_seconds=profile.target_time(tp, size), verify_seconds=profile.verify_time(size),
+                      target_seconds=profile.target_time(tp, size),
+                      verify_seconds=other_seconds(size, "sequoia", profile=profile),
                       draft_seconds=sum(profile.draft_time(dp, w) for w in levels), tree_size=size)
             for (n, d), (size, g, levels) in shapes.items()]
 

@@ -12,7 +12,8 @@ tokens); dropped sizes are never measured again.
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import itertools
 import time
 from contextlib import nullcontext
 from typing import Callable, Optional, Sequence
@@ -21,6 +22,7 @@ import torch
 
 from ..machine import machine_info
 from .forward_timer import ForwardTimer, Progress, Turn
+from .pricing import other_seconds
 from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachineProfile, NotMeasuredYet, empty_profile,
                               profile_key, profile_path)
 
@@ -28,16 +30,40 @@ from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachinePr
 ModelLoader = Callable[[str, str], object]
 
 
-def _verify_seconds(vocab: int, n: int) -> float:
-    from ..sampling import probs_from_logits
+#: how the profile's per-size "verify" row is measured (kept in ``meta["other"]``): a cached profile
+#: whose row was measured another way (before: forming n probability rows only) measures it again
+OTHER_MEASURE = "engine steps: step - draft - target (pricing.other_seconds)"
+OTHER_STEPS = 3
 
-    logits = torch.randn(n, vocab)
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        probs_from_logits(logits, 1.0).cpu().max(dim=-1)
-        best = min(best, time.perf_counter() - t0)
-    return best
+
+def engine_steps(draft, target, n: int, steps: int = OTHER_STEPS, prompt_len: int = 16) -> list:
+    """``steps`` recorded steps of the engine on ``(draft, target)`` as loaded, whose trees have ``n``
+    nodes: the autoregressive step at n = 1, else chain trees of n - 1 drafted tokens (greedy, the
+    engine's defaults otherwise). The profile's other cost at n is the fastest of their
+    ``pricing.other_seconds`` (like its forwards: interference only adds time)."""
+    from ..config import DTYPES, DecodeConfig
+    from ..decode import prepared
+    from ..decode.engine import SpeculativeDecoder
+    from ..quant.apply import model_precision, output_dim
+
+    tp, dp = model_precision(target), model_precision(draft)
+    cfg = DecodeConfig(method="autoregressive" if n <= 1 else "chain", depth=max(1, n - 1), budget=max(2, n),
+                       dtype=tp if tp in DTYPES else "float32", precision=tp, draft_precision=dp,
+                       device=next(target.parameters()).device.type)
+    pair = target.__dict__.get(prepared._ATTR)  # the pair these models were prepared as: borrowed, not redone
+    if pair is not None and pair.draft is draft and not (pair.stale or pair.closed):
+        st = pair.settings
+        cfg = dataclasses.replace(cfg, device=st.device, dtype=st.dtype, precision=st.precision,
+                                  draft_precision=st.draft_precision, offload_target=st.offload_target)
+    prompt = torch.randint(2, output_dim(target), (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    room = int(getattr(target.config, "max_position_embeddings", 1 << 30)) - prompt_len - n - 1
+    new_tokens = max(1, min(steps * max(1, n), room))
+    decoder = SpeculativeDecoder(draft, target, cfg, eos_token_id=-1)  # nothing ends the run early
+    run = decoder.generate(prompt, new_tokens)
+    out = list(itertools.islice(run, steps))
+    run.close()  # (the steps asked for, not the whole run)
+    sized = [t for t in out if max(1, t.tree_size) == n]
+    return sized or out
 
 
 def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
@@ -72,13 +98,13 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     if not todo and not verify_todo:
         return 0
     t_start = time.perf_counter()
-    vocab = 0
+    kept: dict[str, object] = {}  # the last model of each role: the pair the engine's steps run on
     for done, (role, prec, sizes) in enumerate(todo, 1):
         say(f"[{done}/{len(todo)}] loading the {role} at {prec} ...")
+        kept.pop(role, None)  # (at most one model per role in memory, as when decoding)
         with turn(), torch.inference_mode():  # (loading is model work too: not beside a session's step)
-            model = load(role, prec)
+            model = kept[role] = load(role, prec)
             timer = ForwardTimer(model, prof.prefix_len, max(sizes))
-            vocab = timer.vocab
             timer.once(1)  # warm-up (allocations, first-call paths)
         with torch.inference_mode():
             table = getattr(prof, role)
@@ -96,14 +122,17 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                 row[i] = t
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
         del model, timer
-    if verify_todo:
-        with turn():
-            if not vocab:
-                from ..quant.apply import output_dim
-
-                vocab = output_dim(load("target", next(iter(prof.target), "float32")))
+    if verify_todo:  # the step's other cost at each size, measured by running the engine's step
+        with turn(), torch.inference_mode():
+            for role, table in (("target", prof.target), ("draft", prof.draft)):
+                if role not in kept:
+                    kept[role] = load(role, next(iter(table), next(iter(prof.target), "float32")))
             for n in verify_todo:
-                prof.verify[prof.ns.index(n)] = _verify_seconds(vocab, n)
+                o = min(other_seconds(n, "", step=t) for t in engine_steps(kept["draft"], kept["target"], n))
+                prof.verify[prof.ns.index(n)] = o
+                say(f"    the engine's step outside the forwards, n={n}: {o * 1e3:.1f} ms")
+        prof.meta["other"] = OTHER_MEASURE
+    kept.clear()
     prof.seconds += time.perf_counter() - t_start
     prof.machine = machine_info().to_dict()
     return len(todo)
@@ -139,6 +168,8 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
             prof = MachineProfile.load(path)
             if prof.version != PROFILE_VERSION:
                 prof = None
+            elif prof.meta.get("other") != OTHER_MEASURE:  # its other-cost row predates engine_steps
+                prof.verify = [None] * len(prof.ns)
         except (OSError, ValueError, TypeError):
             prof = None
     prof = prof or empty_profile(key)

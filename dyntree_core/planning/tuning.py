@@ -41,7 +41,7 @@ from ..config import DecodeConfig, default_threshold
 from ..methods import method_spec
 from .grid_search import coordinate_search, middle, paired_standard_error, select_within_noise
 from .machine_profile import MachineProfile
-from .pricing import price_candidates
+from .pricing import other_seconds, price_candidates
 from .tuning_result import TuningPoint, TuningResult
 
 BUDGET_GRID: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
@@ -81,7 +81,7 @@ def calibrate_point(
             if not math.isfinite(t):
                 raise ValueError(f"the machine profile has no target time for {tr.tree_size} tokens at "
                                  f"{_precision(cfg)}: measure it first (profile sizes CALIBRATION_NS)")
-            o = max(0.0, tr.step_seconds - tr.timings.target_forward)
+            o = tr.timings.draft + other_seconds(tr.tree_size, cfg.method, step=tr)  # draft + the one "other"
             target_s, overhead_s, wall = target_s + t, overhead_s + o, wall + tr.step_seconds
             p_tokens, p_seconds = p_tokens + len(tr.committed), p_seconds + t + o
         tokens += p_tokens
