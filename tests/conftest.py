@@ -40,6 +40,15 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """Every test measures on a "quiet" machine: ``measured``'s busy detector says quiet, so a test's
+    measurements are cached whatever else runs here (tests of the detector replace it themselves)."""
+    from dyntree_core import measured
+
+    monkeypatch.setattr(measured, "busy_detector", lambda watch: None)
+
+
 @pytest.fixture()
 def one_torch_thread():
     """One torch thread for this test, the count restored after it: tiny models gain nothing from

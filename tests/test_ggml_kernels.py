@@ -199,6 +199,29 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     assert saved["key"] == kt.table_key() and s.label in saved["timings"] and saved["machine"]["cpu_model"]
 
 
+def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, tmp_path, nk):
+    from dyntree_core import measured
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    measured_shapes = []
+
+    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+        measured_shapes.append(shape.label)
+        return {c: {str(m): 1.0 for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt, "measure_shape", fake_measure)
+    monkeypatch.setattr(measured, "busy_detector", lambda w: "busy: simulated load")
+    s, msgs = kt.LayerShape("Q4_K", 16, 256), []
+    table = kt.ensure_shapes([s], msgs.append)
+    assert s.label in table.timings and "simulated" in table.provisional[s.label] and any("provisional" in m for m in msgs)
+    assert not kt.table_path().exists()
+    monkeypatch.setattr(measured, "busy_detector", lambda w: None)
+    n = len(measured_shapes)
+    table = kt.ensure_shapes([s])  # measured again, now stored
+    assert len(measured_shapes) > n and not table.provisional and kt.table_path().exists()
+    assert s.label in kt.load_table().timings
+
+
 def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
     calls = []
 

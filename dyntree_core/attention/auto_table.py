@@ -1,8 +1,11 @@
 """``attention="auto"``: the tree-attention backend measured fastest on this device.
 
 ``bench attention`` times the Triton kernel (per node order) and SDPA with the tree mask at a grid
-of (tree size, cached prefix) and writes an ``AutoTable`` for the device it ran on
-(``cache_root()/attention/<device key>.json``, the same store as the machine profiles). For a
+of (tree size, cached prefix) and writes an ``AutoTable`` for the device it ran on, keyed through
+``dyntree_core.measured`` by this machine's identity (CPU model and flags, CPUs, threads, and the GPU
+for a CUDA table), torch and Triton's versions, the kernel's source and the device's name
+(``cache_root()/attention/<digest>.json``, the same store as the machine profiles); timings taken
+while the machine was busy are not stored (``save_table`` with a busy verdict). For a
 forward of ``n`` tree tokens after a ``prefix``-token cache, ``choose`` looks up the nearest
 measured cell (log scale in both) and returns the faster backend for the node order's kernel
 path: the interval form for pre-orders (DFS/HPD), the mask tensor otherwise. With no table for
@@ -14,7 +17,6 @@ On a CPU the kernel runs in Triton's interpreter and loses everywhere; a CPU tab
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from dataclasses import asdict, dataclass
@@ -23,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..paths import cache_file
+from .. import measured
 
 Choice = str  # "triton" | "torch"
 #: the kernel column a node order reads: pre-orders use the interval form, others the mask tensor
@@ -116,12 +118,14 @@ class AutoTable:
 # ---------------------------------------------------------------------------------------- store
 _lock = threading.Lock()
 _keys: dict[str, str] = {}
+_mkeys: dict[tuple[str, int], measured.MeasureKey] = {}
 _tables: dict[str, Optional[AutoTable]] = {}
 _choices: dict[tuple[str, int, int, bool], Choice] = {}
 
 
 def device_key(device: torch.device | str) -> str:
-    """``cuda-<GPU name>`` or ``cpu-<CPU model>`` (filename-safe through ``paths.cache_file``)."""
+    """``cuda-<GPU name>`` or ``cpu-<CPU model>``: which device a table is for (its file is keyed by
+    ``measure_key``: this machine's identity too)."""
     dev = torch.device(device)
     name = str(dev)
     with _lock:
@@ -138,38 +142,62 @@ def device_key(device: torch.device | str) -> str:
     return key
 
 
+def _triton_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def measure_key(key: str) -> measured.MeasureKey:
+    """The ``measured.MeasureKey`` of device key ``key``'s table on this machine (cached per process and
+    torch thread count)."""
+    memo = (key, torch.get_num_threads())
+    with _lock:
+        got = _mkeys.get(memo)
+    if got is None:
+        got = measured.measure_key("attention", device="cuda" if key.startswith("cuda") else "cpu",
+                                   code=[Path(__file__).with_name("triton_kernel.py")],
+                                   versions={"triton": _triton_version()}, extra={"device": key})
+        with _lock:
+            _mkeys[memo] = got
+    return got
+
+
 def table_path(key: str) -> Path:
-    return cache_file("attention", key)
+    """The file of device key ``key``'s table on this machine."""
+    return measure_key(key).path
 
 
-def save_table(table: AutoTable) -> Path:
-    """Write ``table`` to the store (replacing the device's previous one) and forget cached lookups."""
-    path = table_path(table.device_key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table.to_dict(), indent=1))
-    tmp.replace(path)
+def save_table(table: AutoTable, verdict: Optional[measured.Verdict] = None) -> Optional[Path]:
+    """Write ``table`` to the store (replacing this machine's previous one for its device) and forget
+    cached lookups; returns the file. With a busy ``verdict`` (``measured.watch`` around the timings)
+    nothing is written and None is returned."""
+    key = measure_key(table.device_key)
+    if not measured.store(key, table.to_dict(), verdict or measured.Verdict(True)):
+        return None
     reload()
-    return path
+    return key.path
 
 
 def load_table(device: torch.device | str) -> Optional[AutoTable]:
-    """The device's table, or None (cached per process; ``reload()`` re-reads)."""
+    """The device's table on this machine, or None (cached per process; ``reload()`` re-reads)."""
     key = device_key(device)
+    mkey = measure_key(key)
     with _lock:
-        if key in _tables:
-            return _tables[key]
-    path = table_path(key)
-    table = None
-    if path.exists():
-        try:
-            table = AutoTable.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not an attention auto table ({e}); delete it or rerun `bench attention`") from e
-        if table.device_key != key or not table.cells:
-            table = None
+        if mkey.digest in _tables:
+            return _tables[mkey.digest]
+    try:
+        data = measured.load(mkey, strict=True)
+        table = AutoTable.from_dict(data) if data is not None else None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{mkey.path}: not an attention auto table ({e}); delete it or rerun `bench attention`") from e
+    if table is not None and (table.device_key != key or not table.cells):
+        table = None
     with _lock:
-        _tables[key] = table
+        _tables[mkey.digest] = table
     return table
 
 
@@ -178,6 +206,7 @@ def reload() -> None:
     with _lock:
         _tables.clear()
         _choices.clear()
+        _mkeys.clear()
 
 
 def rule(device: torch.device) -> Choice:

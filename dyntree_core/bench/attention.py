@@ -42,6 +42,7 @@ import torch
 
 from dyntree_core.attention.trees import TREE_FAMILIES, make_tree
 from dyntree_core.machine import machine_info
+from dyntree_core.measured import Verdict, summarize, watch
 from dyntree_core.tree import TokenTree, count_nonzero_blocks, tree_from_parents
 
 ORDERS: tuple[str, ...] = ("gen", "bfs", "dfs", "hpd")
@@ -155,7 +156,8 @@ def print_block_table(rows: list[dict], out=None) -> None:
 
 # ---------------------------------------------------------------------------------------- timing
 def _time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> float:
-    """Median milliseconds of ``fn``: CUDA events on GPU, wall clock otherwise."""
+    """Median milliseconds of ``fn``: CUDA events on GPU, wall clock otherwise (``measured.summarize``: the
+    spread goes to the quiet check of an enclosing ``measured.watch``)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -173,7 +175,7 @@ def _time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: in
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return summarize([t / 1e3 for t in times]).median_ms
 
 
 def _manual(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -288,8 +290,9 @@ def _fmt_timing(r: dict) -> str:
             f" | max err {max(r.get('kernel_bfs_maxerr_vs_sdpa', 0), r.get('kernel_dfs_maxerr_vs_sdpa', 0)):.2e}")
 
 
-def write_auto_table(dev: torch.device, rows: list[dict]) -> dict:
-    """Store the kernel-vs-SDPA table ``attention="auto"`` reads for ``dev`` and print its choices."""
+def write_auto_table(dev: torch.device, rows: list[dict], verdict: Optional[Verdict] = None) -> dict:
+    """Store the kernel-vs-SDPA table ``attention="auto"`` reads for ``dev`` and print its choices; with a busy
+    ``verdict`` (of the ``measured.watch`` the rows were timed in) it is printed but not stored."""
     import triton
 
     from dyntree_core.attention.auto_table import AutoTable, save_table
@@ -297,13 +300,15 @@ def write_auto_table(dev: torch.device, rows: list[dict]) -> dict:
     machine = dict(machine_info().to_dict(), triton=triton.__version__,
                    device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
     table = AutoTable.from_timing_rows(dev, rows, machine)
-    path = save_table(table)
-    print(f"\nattention='auto' table for {table.device_key} ({path}):")
+    path = save_table(table, verdict)
+    print(f"\nattention='auto' table for {table.device_key} "
+          f"({path if path is not None else 'not stored: ' + verdict.reason}):")
     for c in table.cells:
         print(f"  T={c.size:<5} P={c.prefix:<5} kernel dfs {c.kernel_ms.get('dfs', float('nan')):8.3f} "
               f"bfs {c.kernel_ms.get('bfs', float('nan')):8.3f} sdpa {c.sdpa_ms:8.3f} ms -> "
               f"pre-order {c.choice(True)}, other {c.choice(False)}")
-    return dict(table.to_dict(), path=str(path))
+    return dict(table.to_dict(), path=None if path is None else str(path),
+                verdict=(verdict or Verdict(True)).to_dict())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,10 +392,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     hq, hkv, d = args.heads
     if device == "cuda":
         print(f"\nTimings on {torch.cuda.get_device_name(0)} ({args.dtype}, {hq} q / {hkv} kv heads, d={d}, median ms):")
-        result["gpu_timings"] = timing_rows(args, torch.device("cuda"), args.sizes, args.prefixes, hq=hq, hkv=hkv, d=d,
-                                            use_flex=not args.no_flex, prefix_blocks=tuple(args.prefix_blocks))
+        with watch() as w:
+            result["gpu_timings"] = timing_rows(args, torch.device("cuda"), args.sizes, args.prefixes, hq=hq, hkv=hkv,
+                                                d=d, use_flex=not args.no_flex, prefix_blocks=tuple(args.prefix_blocks))
         if args.auto_table != "no":
-            result["auto_table"] = write_auto_table(torch.device("cuda"), result["gpu_timings"])
+            result["auto_table"] = write_auto_table(torch.device("cuda"), result["gpu_timings"], w.verdict())
     elif args.auto_table == "yes":
         from dyntree_core.attention.triton_kernel import interpreting
 
@@ -400,10 +406,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
         print("\n[auto table on the CPU: the kernel through the Triton interpreter vs SDPA, 4 q / 2 kv heads, d=32]")
         args.warmup, args.iters = 1, 3
-        rows_cpu = timing_rows(args, torch.device("cpu"), args.table_sizes, args.table_prefixes, hq=4, hkv=2, d=32,
-                               use_flex=False)
+        with watch() as w:
+            rows_cpu = timing_rows(args, torch.device("cpu"), args.table_sizes, args.table_prefixes, hq=4, hkv=2,
+                                   d=32, use_flex=False)
         result["cpu_table_timings"] = rows_cpu
-        result["auto_table"] = write_auto_table(torch.device("cpu"), rows_cpu)
+        result["auto_table"] = write_auto_table(torch.device("cpu"), rows_cpu, w.verdict())
     if args.interp_timing and device == "cpu":
         from dyntree_core.attention.triton_kernel import interpreting
 

@@ -176,19 +176,21 @@ def greedy_identity(plan: Plan, dev: torch.device) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ 3. attention timings
 def attention_timings(plan: Plan, dev: torch.device) -> dict[str, Any]:
     from ..attention.auto_table import AutoTable
+    from ..measured import watch
     from .attention import timing_rows, write_auto_table
 
     hq, hkv, d = plan.attention_heads
     args = argparse.Namespace(family="dyspec", dtype="bfloat16" if not plan.dry_run else "float32", block_m=128,
                               warmup=3 if not plan.dry_run else 0, iters=20 if not plan.dry_run else 1)
-    rows = timing_rows(args, dev, list(plan.attention_sizes), list(plan.attention_prefixes), hq=hq, hkv=hkv, d=d,
-                       use_flex=not plan.dry_run, prefix_blocks=() if plan.dry_run else (64, 128))
+    with watch() as w:
+        rows = timing_rows(args, dev, list(plan.attention_sizes), list(plan.attention_prefixes), hq=hq, hkv=hkv, d=d,
+                           use_flex=not plan.dry_run, prefix_blocks=() if plan.dry_run else (64, 128))
     for r in rows:
         r["dfs_vs_bfs"] = r["kernel_bfs_ms"] / r["kernel_dfs_ms"]
         r["tiles_bfs_vs_dfs"] = r["kernel_bfs_tiles"] / max(1, r["kernel_dfs_tiles"])
     # the dry run's interpreter timings describe nothing worth storing: its table stays in the JSON
     table = AutoTable.from_timing_rows(dev, rows, machine_info().to_dict()).to_dict() if plan.dry_run \
-        else write_auto_table(dev, rows)
+        else write_auto_table(dev, rows, w.verdict())
     errs = [v for r in rows for k, v in r.items() if k.endswith("_maxerr_vs_sdpa")]
     return dict(ok=max(errs) < 0.05, timings_meaningful=not plan.dry_run, rows=rows, auto_table=table)
 

@@ -38,6 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import measured
 from ..machine import machine_info
 from ..quant import kernel_table as kt
 
@@ -130,23 +131,19 @@ def measure_all(shape: kt.LayerShape, rows: list[int], extra: tuple[str, ...], i
             except Exception as e:  # report what failed; the other candidates still run
                 out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 continue
-            slow = False
-            for m in rows:
-                if fn is None or slow:
-                    out[name][str(m)] = None
-                    continue
-                x = torch.randn(m, shape.k, generator=gen)
-                try:
-                    if name == "inductor_int8":
-                        t1 = time.perf_counter()
-                        fn(x)  # compiles for this M (static shapes)
-                        compile_s = (compile_s or 0.0) + time.perf_counter() - t1
-                    t = kt.median_ms(lambda: fn(x))
-                except Exception as e:
-                    out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                    break
-                out[name][str(m)] = t
-                slow = t > kt.SLOW_MS
+
+            def at(x, fn=fn, name=name):
+                nonlocal compile_s
+                if name == "inductor_int8":
+                    t1 = time.perf_counter()
+                    fn(x)  # compiles for this M (static shapes)
+                    compile_s = (compile_s or 0.0) + time.perf_counter() - t1
+                return lambda: fn(x)
+
+            try:
+                out[name] = kt.time_rows(None if fn is None else at, shape.k, rows, gen)
+            except Exception as e:
+                out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             if name == "inductor_int8" and compile_s is not None:
                 out[name]["compile_seconds"] = compile_s
             say(f"    {shape.label} {name}: " + ", ".join(
@@ -338,11 +335,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     table = kt.load_table()
     for s in ([] if args.no_shapes else sorted(shapes, key=lambda s: (s.type_name, s.n, s.k))):
         say(f"  {s.label} ({', '.join(shapes[s])})")
-        timings = measure_all(s, args.rows, tuple(args.extra), s in inductor, say)
-        record["shapes"][s.label] = {"roles": shapes[s], "ms": timings}
-        if [str(m) for m in table.ms] == list(timings["aten"]):  # this run's timings become the runtime table's
+        with measured.watch() as w:
+            timings = measure_all(s, args.rows, tuple(args.extra), s in inductor, say)
+        verdict = w.verdict()
+        record["shapes"][s.label] = {"roles": shapes[s], "ms": timings, "verdict": verdict.to_dict()}
+        if not verdict.quiet:
+            say(f"    {s.label}: not stored in the runtime table ({verdict.reason})")
+        elif [str(m) for m in table.ms] == list(timings["aten"]):  # this run's timings become the runtime table's
             table.timings[s.label] = {c: timings[c] for c in kt.RUNTIME_CANDIDATES}
-            table.save(kt.table_path(table.key))
+            kt.save_table(table)
     table = kt.ensure_shapes(shapes, say)
     for s in sorted(shapes, key=lambda s: (s.type_name, s.n, s.k)):
         plan = table.plan_for(s)

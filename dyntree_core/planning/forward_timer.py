@@ -17,6 +17,7 @@ from typing import Callable, ContextManager, Optional
 import torch
 
 from ..machine import machine_info
+from ..measured import summarize
 
 #: receives one line of progress
 Progress = Callable[[str], None]
@@ -94,7 +95,8 @@ class ForwardTimer:
         return dt
 
     def best(self, n: int, samples: int = 2) -> float:
-        return min(self.once(n) for _ in range(samples))
+        """The fastest of ``samples`` forwards (``measured.summarize``: their spread goes to the quiet check)."""
+        return summarize([self.once(n) for _ in range(max(1, samples))]).min_s
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -118,5 +120,5 @@ def time_forward(model, prefix_len: int, n: int = 1, samples: int = 3) -> Forwar
         timer.once(n)
         xs = [timer.once(n) for _ in range(max(1, samples))]
     load, cpus = machine_load()
-    return ForwardTiming(min(xs), sum(xs) / len(xs), n, timer.prefix_len, len(xs),
+    return ForwardTiming(summarize(xs).min_s, sum(xs) / len(xs), n, timer.prefix_len, len(xs),
                          time.strftime("%Y-%m-%d %H:%M:%S"), load, cpus)

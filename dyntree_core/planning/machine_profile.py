@@ -1,8 +1,10 @@
 """The machine profile: what a forward of n tokens costs here, per model, precision and size.
 
-One profile per machine and pair: cached as JSON under ``cache_root()/profiles/``, keyed by the
-machine's identity (the CPU model and flags, or the GPU name), the thread count, the torch version,
-the pair and the device (``profile_key``). It holds a row of seconds per size for each (model,
+One profile per machine and pair: cached as JSON under ``cache_root()/profiles/``, keyed through
+``dyntree_core.measured`` by the machine's identity (the CPU model and flags, CPUs and threads, plus
+the GPU on a CUDA device), the torch version, the code that times it, the kernels its int4 layers run,
+the pair and the device (``profile_key``). Rows measured while the machine was busy are used by the
+request that measured them but not written (``MachineProfile.provisional`` says why). It holds a row of seconds per size for each (model,
 precision) measured so far (``profiling.load_or_measure_profile`` measures what a request lacks and
 writes it into the same file), so every planner on this machine reads the same numbers: ``auto`` (its
 closed-form prices), ``tuning`` (auto's calibration of the methods it cannot price in closed form)
@@ -12,7 +14,6 @@ and the app. Sizes that were dropped or never measured have no time and are neve
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -20,8 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
+from .. import measured
 from ..machine import machine_info
 from .pricing import interpolate
 
@@ -52,6 +52,8 @@ class MachineProfile:
         dropped: ``{"role:precision": n}``: that precision was dropped from size n on (slower than
             ``prune_factor`` x the best precision there); larger sizes are never measured for it.
         seconds: how long profiling took (all passes).
+        provisional: why rows measured in this process were not written (the machine was busy while
+            they ran); empty when everything in it is stored. Never written itself.
     """
 
     key: str
@@ -66,6 +68,7 @@ class MachineProfile:
     created: str = ""
     version: int = PROFILE_VERSION
     meta: dict = field(default_factory=dict)
+    provisional: str = ""
 
     def _time(self, table: dict[str, list[Optional[float]]], precision: str, n: float) -> float:
         row = table.get(precision)
@@ -100,30 +103,37 @@ class MachineProfile:
         return sorted(n for n in set(ns) if n not in have and n < stop)
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
+        """Write the profile atomically (``measured.write_json``); ``provisional`` is not written."""
+        d = asdict(self)
+        d.pop("provisional")
+        measured.write_json(path, d)
 
     @classmethod
     def load(cls, path: Path) -> "MachineProfile":
         return cls(**json.loads(Path(path).read_text()))
 
 
-def profile_key(pair_name: str, device: str) -> str:
-    mi = machine_info()
-    hw = mi.gpu if (device.startswith("cuda") and mi.gpu) else f"{mi.cpu_model}|{','.join(mi.cpu_flags)}"
-    from ..quant.kernel_table import table_identity  # the kernels each int4 layer runs (issue 30)
+def profile_measure_key(pair_name: str, device: str) -> measured.MeasureKey:
+    """The profile's ``measured.MeasureKey``: this machine (the GPU too on a CUDA device), torch, the code
+    that times forwards, the kernels each int4 layer runs (issue 30), the pair, the device and
+    ``PROFILE_VERSION``."""
+    from ..quant.kernel_table import table_identity
 
-    raw = "|".join([hw, f"threads={torch.get_num_threads()}", torch.__version__, pair_name, device,
-                    f"v{PROFILE_VERSION}", table_identity()])
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+    here = Path(__file__).parent
+    code = [here / "forward_timer.py", here / "profiling.py", here.parent / "decode" / "forward.py",
+            here.parent / "decode" / "lean_forward.py", table_identity()]
+    return measured.measure_key("profiles", device=device, code=code, info=machine_info(), prefix="machine-",
+                                extra={"pair": pair_name, "device": device, "version": PROFILE_VERSION})
+
+
+def profile_key(pair_name: str, device: str) -> str:
+    return profile_measure_key(pair_name, device).digest
 
 
 def profile_path(key: str) -> Path:
     from ..paths import cache_root
 
-    return cache_root() / "profiles" / f"machine-{key}.json"
+    return cache_root() / "profiles" / f"machine-{key}.json"  # = profile_measure_key(...).path
 
 
 def empty_profile(key: str, prefix_len: int = PREFIX_LEN) -> MachineProfile:

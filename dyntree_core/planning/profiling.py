@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .. import measured
 from ..machine import machine_info
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
@@ -158,8 +159,10 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                             turn: Turn = nullcontext) -> MachineProfile:
     """This machine's profile of the pair with at least ``ns`` for both models at their precisions
     (and ``target_ns`` too for the target): read from the cache, and what it lacks measured once and
-    written back. ``refresh`` measures everything asked for anew; ``measure=False`` raises
-    ``NotMeasuredYet`` instead of measuring; ``turn`` as in ``measure_into``."""
+    written back when the machine was quiet while it ran (``measured.watch``; else the profile is
+    returned with ``provisional`` saying why, and the next call measures again). ``refresh`` measures
+    everything asked for anew; ``measure=False`` raises ``NotMeasuredYet`` instead of measuring;
+    ``turn`` as in ``measure_into``."""
     key = profile_key(pair_name, device)
     path = profile_path(key)
     prof: Optional[MachineProfile] = None
@@ -179,6 +182,12 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     if not measure and (refresh or any(prof.missing(role, p, ns) for (role, p), ns in wanted.items())
                         or any(n not in prof.ns or prof.verify[prof.ns.index(n)] is None for n in t_ns)):
         raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
-    if measure_into(prof, load, wanted, progress=progress, turn=turn) or not path.is_file() or refresh:
+    with measured.watch() as w:  # (written only when the machine was quiet while it was measured)
+        timed = measure_into(prof, load, wanted, progress=progress, turn=turn)
+    verdict = w.verdict()
+    if not verdict.quiet:
+        prof.provisional = verdict.reason
+        (progress or (lambda _m: None))(f"the profile is provisional, not stored: {verdict.reason}")
+    elif timed or not path.is_file() or refresh:
         prof.save(path)
     return prof

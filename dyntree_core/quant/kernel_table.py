@@ -15,25 +15,25 @@ or ``native_rows`` (``GGMLLinear`` in float32, with ``mm_min_rows``: the smalles
 measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M; the two agree
 to float32 rounding).
 
-The table is cached as JSON under ``$DYNTREE_CACHE/kernels/``, keyed by the machine (CPU model and flags,
-threads), the torch version, the native kernels' digest and ``TABLE_VERSION``; shapes not yet in it are
-measured when first asked for (``measure_for_plan``: one row for every candidate, more rows only where the
-float32 row kernel wins; about a second per shape here) or all of them by ``bench kernels``.
+The table is cached as JSON under ``$DYNTREE_CACHE/kernels/`` through ``dyntree_core.measured``, keyed by the
+machine (CPU model and flags, CPUs, threads), the torch version, the native kernels' digest, the measuring code
+and ``TABLE_VERSION``; shapes not yet in it are measured when first asked for (``measure_for_plan``: one row for
+every candidate, more rows only where the float32 row kernel wins; about a second per shape here) or all of them
+by ``bench kernels``. A shape measured while the machine was busy (``measured.watch``) is used by this process
+but not stored (``KernelTable.provisional`` says why): the next process measures it again.
 ``table_identity()`` names all of that for the machine profile's cache key.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import torch
 
+from .. import measured
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 
 TABLE_VERSION = 3  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan)
@@ -105,21 +105,6 @@ def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
     return Int8Linear.from_dense(dense)
 
 
-def median_ms(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0, stat: str = "median") -> float:
-    """Median (or ``stat="min"``) wall time of ``fn`` after one warm-up call; fewer repeats when one call is
-    slow."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    repeats = max(1, min(repeats, int(budget_s / max(first, 1e-6))))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return (min(times) if stat == "min" else sorted(times)[len(times) // 2]) * 1e3
-
-
 def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
                   candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median") -> dict[str, dict[str, Optional[float]]]:
     """``{candidate: {str(M): ms or None}}`` for one shape (None: not run, e.g. slower than ``SLOW_MS`` at a
@@ -138,22 +123,39 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
                 layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
         elif c.startswith("native") and nk is not None:
             layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
-    out: dict[str, dict[str, Optional[float]]] = {c: {} for c in candidates}
     gen = torch.Generator().manual_seed(1)
     with torch.inference_mode():
-        for c in candidates:
-            layer = layers.get(c)
-            slow = False
-            for m in ms:
-                if layer is None or slow:
-                    out[c][str(m)] = None
-                    continue
-                x = torch.randn(m, shape.k, generator=gen)
-                fn = {"native_rows": lambda: layer.rows(x), "native_q8": lambda: layer.rows(x),
-                      "native_dequant_mm": lambda: layer.dequant_mm(x)}.get(c, lambda: layer(x))
-                t = median_ms(fn, 7 if stat == "min" else 5, stat=stat)
-                out[c][str(m)] = t
-                slow = t > SLOW_MS
+        return {c: time_rows(None if layers.get(c) is None else _runtime_call(c, layers[c]), shape.k, ms, gen, stat)
+                for c in candidates}
+
+
+def _runtime_call(candidate: str, layer) -> Callable[[torch.Tensor], Callable[[], object]]:
+    def at(x: torch.Tensor) -> Callable[[], object]:
+        if candidate in ("native_rows", "native_q8"):
+            return lambda: layer.rows(x)
+        if candidate == "native_dequant_mm":
+            return lambda: layer.dequant_mm(x)
+        return lambda: layer(x)
+
+    return at
+
+
+def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k: int, ms: Iterable[int],
+              gen: torch.Generator, stat: str = "median") -> dict[str, Optional[float]]:
+    """``{str(M): ms}`` of ``call(x)()`` for ``x`` of M random rows of ``k`` columns, timed by
+    ``measured.time_call`` (``stat``: the median of 5 or the fastest of 7 after a warm-up); None at every M
+    after one slower than ``SLOW_MS``, and everywhere when ``call`` is None (no such kernel here). The one loop
+    over row counts of the table and of ``bench kernels``."""
+    out: dict[str, Optional[float]] = {}
+    slow = call is None
+    for m in ms:
+        if slow:
+            out[str(m)] = None
+            continue
+        x = torch.randn(m, k, generator=gen)
+        timing = measured.time_call(call(x), 7 if stat == "min" else 5)
+        out[str(m)] = t = timing.min_ms if stat == "min" else timing.median_ms
+        slow = t > SLOW_MS
     return out
 
 
@@ -173,14 +175,17 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
     return out
 
 
-def table_key() -> str:
-    from ..machine import machine_info
-
-    mi = machine_info()
+def measure_key() -> measured.MeasureKey:
+    """The table's ``measured.MeasureKey``: this machine, torch, the native kernels' digest (or ``no-native``),
+    the code that times them and ``TABLE_VERSION``."""
     nk = native_kernels()
-    raw = "|".join([mi.cpu_model, ",".join(mi.cpu_flags), f"threads={torch.get_num_threads()}", torch.__version__,
-                    nk.digest if nk is not None else "no-native", f"v{TABLE_VERSION}"])
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+    code = (nk.digest if nk is not None else "no-native", synthetic_blocks, _aten_layer, measure_shape, _runtime_call,
+            time_rows, measure_for_plan, measured.time_call, Path(__file__).with_name("ggml_linear.py"))
+    return measured.measure_key("kernels", code=code, extra={"version": TABLE_VERSION}, prefix="table-")
+
+
+def table_key() -> str:
+    return measure_key().digest
 
 
 def table_identity() -> str:
@@ -191,14 +196,13 @@ def table_identity() -> str:
 
 
 def table_path(key: Optional[str] = None) -> Path:
-    from ..paths import cache_root
-
-    return cache_root() / "kernels" / f"table-{key or table_key()}.json"
+    return measure_key().path if key is None else measure_key().path.with_name(f"table-{key}.json")
 
 
 @dataclass
 class KernelTable:
-    """Per layer shape (``LayerShape.label``): candidate -> {M: ms}."""
+    """Per layer shape (``LayerShape.label``): candidate -> {M: ms}; ``provisional``: shapes measured on a busy
+    machine (label -> why), used here but never stored."""
 
     key: str
     machine: dict
@@ -208,6 +212,7 @@ class KernelTable:
     ms: list[int]
     timings: dict[str, dict[str, dict[str, Optional[float]]]] = field(default_factory=dict)
     version: int = TABLE_VERSION
+    provisional: dict[str, str] = field(default_factory=dict)
 
     def winners(self, label: str) -> dict[str, Optional[str]]:
         """``{str(M): fastest runtime candidate}`` for one measured shape."""
@@ -244,11 +249,19 @@ class KernelTable:
         return LayerPlan("ggml", threshold, f"native {rows[one]:.3f} ms at {one} row"
                          + (f"; dequant+GEMM from {threshold} rows" if threshold else ""))
 
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
+    def stored(self) -> dict:
+        """What is stored: every shape measured on a quiet machine."""
+        d = asdict(self)
+        d.pop("provisional")
+        d["timings"] = {k: v for k, v in self.timings.items() if k not in self.provisional}
+        return d
+
+
+def save_table(table: KernelTable) -> Path:
+    """Store ``table``'s quiet shapes (atomically) under this machine's key; returns the file."""
+    key = measure_key()
+    measured.store(key, table.stored(), measured.Verdict(True))
+    return key.path
 
 
 def _new_table(key: str) -> KernelTable:
@@ -261,29 +274,38 @@ def _new_table(key: str) -> KernelTable:
 
 def load_table() -> KernelTable:
     """This machine's cached table (an empty one when none is cached or the cache is unreadable)."""
-    key = table_key()
-    path = table_path(key)
-    if path.is_file():
+    key = measure_key()
+    data = measured.load(key)
+    if isinstance(data, dict) and data.get("version") == TABLE_VERSION and data.get("key") == key.digest:
         try:
-            data = json.loads(path.read_text())
-            if data.get("version") == TABLE_VERSION and data.get("key") == key:
-                return KernelTable(**data)
-        except (OSError, ValueError, TypeError):
+            return KernelTable(**data)
+        except TypeError:
             pass
-    return _new_table(key)
+    return _new_table(key.digest)
 
 
 def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None) -> KernelTable:
-    """The table with every shape in ``shapes`` measured (missing ones are measured now and cached)."""
+    """The table with every shape in ``shapes`` measured: missing ones are measured now and stored when the
+    machine was quiet while they ran; a shape measured on a busy machine is in the table returned, marked in
+    ``provisional`` with the reason, and not stored."""
     table = load_table()
     missing = sorted({s for s in shapes if s.type_name in BLOCKS and s.label not in table.timings},
                      key=lambda s: s.label)
+    quiet = 0
     for s in missing:
         if progress:
             progress(f"  measuring kernels for {s.label} (once per machine)")
-        table.timings[s.label] = measure_for_plan(s, table.ms)
-    if missing:
-        table.save(table_path(table.key))
+        with measured.watch() as w:
+            table.timings[s.label] = measure_for_plan(s, table.ms)
+        verdict = w.verdict()
+        if verdict.quiet:
+            quiet += 1
+        else:
+            table.provisional[s.label] = verdict.reason
+            if progress:
+                progress(f"  {s.label}: provisional, not stored ({verdict.reason})")
+    if quiet:
+        save_table(table)
     return table
 
 

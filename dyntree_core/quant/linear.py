@@ -297,22 +297,12 @@ def enable_dense_rows(model: nn.Module, min_rows: int) -> int:
     return total
 
 
-def _median_ms(fn, repeats: int = 5) -> float:
-    import time
-
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
-
-
 def measure_dense_rows(model: nn.Module, rows: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)) -> tuple[int, dict]:
     """Time the model's largest low-bit layer on its kernel and on the dense split at each row count; the
     threshold is the smallest count from which the dense split is faster at every larger count tried
     (0 when it never is, e.g. without AMX, where bf16 GEMMs are slow). Returns it and the timings."""
+    from ..measured import time_call
+
     layers = low_bit_layers(model)
     if not layers:
         return 0, {}
@@ -325,9 +315,9 @@ def measure_dense_rows(model: nn.Module, rows: tuple[int, ...] = (2, 4, 8, 16, 3
         for m in rows:
             x = torch.randn(m, layer.in_features)
             layer.dense_min_rows = 1 << 62
-            kernel_ms = _median_ms(lambda: layer(x))
+            kernel_ms = time_call(lambda: layer(x)).median_ms
             layer.dense_min_rows = 1
-            dense_ms = _median_ms(lambda: layer(x))
+            dense_ms = time_call(lambda: layer(x)).median_ms
             timings[m] = {"kernel_ms": kernel_ms, "dense_ms": dense_ms}
     layer.dense_parts, layer.dense_min_rows = saved
     threshold = 0
