@@ -88,7 +88,7 @@ def other_seconds(n: float, method: str, *, step: Optional[StepTrace] = None,
             (never below 0; ``n`` and ``method`` are then the step's own).
         profile: without a step, the machine profile's row of the same quantity (its ``verify_time``
             row, measured by ``profiling.measure_into`` as this function of the engine's own steps:
-            chain trees of n nodes, the autoregressive step at n = 1; ``autoregressive`` prices n = 1).
+            one-level trees of n nodes, the autoregressive step at n = 1; ``autoregressive`` prices n = 1).
     """
     if step is not None:
         t = step.timings

@@ -33,14 +33,15 @@ ModelLoader = Callable[[str, str], object]
 
 #: how the profile's per-size "verify" row is measured (kept in ``meta["other"]``): a cached profile
 #: whose row was measured another way (before: forming n probability rows only) measures it again
-OTHER_MEASURE = "engine steps: step - draft - target (pricing.other_seconds)"
+OTHER_MEASURE = "engine steps of one-level trees: step - draft - target (pricing.other_seconds)"
 OTHER_STEPS = 3
 
 
 def engine_steps(draft, target, n: int, steps: int = OTHER_STEPS, prompt_len: int = 16) -> list:
     """``steps`` recorded steps of the engine on ``(draft, target)`` as loaded, whose trees have ``n``
-    nodes: the autoregressive step at n = 1, else chain trees of n - 1 drafted tokens (greedy, the
-    engine's defaults otherwise). The profile's other cost at n is the fastest of their
+    nodes: the autoregressive step at n = 1, else one-level trees of the root's n - 1 most likely
+    children (DySpec greedy at depth 1: one draft forward per step, where a chain of n nodes would
+    cost n - 1 sequential ones; greedy, the engine's defaults otherwise). The profile's other cost at n is the fastest of their
     ``pricing.other_seconds`` (like its forwards: interference only adds time)."""
     from ..config import DTYPES, DecodeConfig
     from ..decode import prepared
@@ -48,7 +49,7 @@ def engine_steps(draft, target, n: int, steps: int = OTHER_STEPS, prompt_len: in
     from ..quant.apply import model_precision, output_dim
 
     tp, dp = model_precision(target), model_precision(draft)
-    cfg = DecodeConfig(method="autoregressive" if n <= 1 else "chain", depth=max(1, n - 1), budget=max(2, n),
+    cfg = DecodeConfig(method="autoregressive" if n <= 1 else "dyspec_greedy", depth=1, budget=max(2, n),
                        dtype=tp if tp in DTYPES else "float32", precision=tp, draft_precision=dp,
                        device=next(target.parameters()).device.type)
     pair = target.__dict__.get(prepared._ATTR)  # the pair these models were prepared as: borrowed, not redone
