@@ -3,16 +3,8 @@
 import pytest
 import torch
 
-from dyntree_core.attention.mask import (
-    attention_mask_4d,
-    build_block_lists,
-    dense_prefix_len,
-    interval_mask,
-    is_preorder,
-    meta_from_mask,
-    subtree_end,
-    tree_mask,
-)
+from dyntree_core.attention.mask import (attention_mask_4d, build_block_lists, dense_prefix_len, interval_mask,
+                                         is_preorder, meta_from_mask, subtree_end, tree_mask)
 from dyntree_core.attention.trees import chain, dyspec_like_tree, make_tree, skewed, star, uniform_random_tree
 from dyntree_core.tree import count_nonzero_blocks
 

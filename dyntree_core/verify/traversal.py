@@ -23,17 +23,8 @@ import numpy as np
 
 from ..tree import SampledKind, TokenTree
 from .base import VerifyResult, check_compatible
-from .common import (
-    Decisions,
-    DraftUpdate,
-    NodeInputs,
-    Outcome,
-    ScriptedVerifier,
-    SiblingDraft,
-    check_new_sibling,
-    ratio_accept,
-    residual_update,
-)
+from .common import (Decisions, DraftUpdate, NodeInputs, Outcome, ScriptedVerifier, SiblingDraft, check_new_sibling,
+                     ratio_accept, residual_update)
 from .rows import Target
 
 
