@@ -33,6 +33,8 @@ class MethodSpec:
         threshold_controlled: the tuner runs it with the online threshold controller
             (``adaptive_threshold``) starting from ``config.default_threshold(budget)``.
         uses_draft_model: False for model-free drafters (the engine then never runs the draft).
+        pricer: ``"module:function"`` of how ``auto`` prices its shapes in closed form
+            (``planning.method_prices``); None: ``auto`` does not (``tuning`` calibrates it by short runs).
     """
 
     name: str
@@ -43,10 +45,18 @@ class MethodSpec:
     tuning: Tuning
     threshold_controlled: bool = False
     uses_draft_model: bool = True
+    pricer: Optional[str] = None
 
     @property
     def is_tree(self) -> bool:
         return self.drafter is not None
+
+    def pricer_fn(self):
+        """``auto``'s pricer of this method (``price(inputs, target_precision) -> [Candidate]``), or None."""
+        if self.pricer is None:
+            return None
+        module, fn = self.pricer.split(":")
+        return getattr(importlib.import_module(module), fn)
 
     def drafter_class(self) -> type:
         if self.drafter is None:
@@ -56,14 +66,17 @@ class MethodSpec:
 
 
 _D = "dyntree_core.drafting."
+_P = "dyntree_core.planning.method_prices:price_"
 REGISTRY: dict[str, MethodSpec] = {m.name: m for m in (
-    MethodSpec("autoregressive", None, None, frozenset(), "Baseline: one target forward per token, no draft.", "none"),
+    MethodSpec("autoregressive", None, None, frozenset(), "Baseline: one target forward per token, no draft.", "none",
+               pricer=_P + "autoregressive"),
     MethodSpec("chain", _D + "chain:ChainDrafter", "iid", frozenset({"depth"}),
-               "Leviathan chain: one draft sample per level, `depth` levels.", "chain_length"),
+               "Leviathan chain: one draft sample per level, `depth` levels.", "chain_length", pricer=_P + "chain"),
     MethodSpec("specinfer", _D + "specinfer:SpecInferDrafter", "iid", frozenset({"depth", "width"}),
                "SpecInfer: `width` i.i.d. draft samples per level, `depth` levels.", "width_depth"),
     MethodSpec("sequoia", _D + "sequoia:SequoiaDrafter", "swor", frozenset({"budget", "depth"}),
-               "Sequoia: static DP-optimal tree of `budget` nodes (depth-capped), SWOR siblings.", "sequoia_dp"),
+               "Sequoia: static DP-optimal tree of `budget` nodes (depth-capped), SWOR siblings.", "sequoia_dp",
+               pricer=_P + "sequoia"),
     MethodSpec("dyspec_greedy", _D + "dyspec_greedy:DySpecGreedyDrafter", "swor", frozenset({"budget", "depth"}),
                "DySpec greedy heap: expand the most probable node until `budget` nodes.", "budget_depth"),
     MethodSpec("dyspec_threshold", _D + "dyspec_threshold:DySpecThresholdDrafter", "swor",
@@ -80,10 +93,10 @@ REGISTRY: dict[str, MethodSpec] = {m.name: m for m in (
                "Suffix (model-free): continuations already seen in the prompt and output, best-first by their "
                "frequency until `budget` nodes, a path score below `threshold` or ceil(spec_factor x match length) "
                "tokens; no draft model runs.",
-               "budget_depth", uses_draft_model=False),
+               "budget_depth", uses_draft_model=False, pricer=_P + "suffix"),
     MethodSpec("hybrid", _D + "hybrid:HybridDrafter", "topk", frozenset({"budget", "depth", "threshold"}),
                "Hybrid: the suffix tree when the text so far expects >= 2 accepted tokens from it (no draft "
-               "forward that step), else OPT-Tree on the draft model.", "budget_depth"),
+               "forward that step), else OPT-Tree on the draft model.", "budget_depth", pricer=_P + "hybrid"),
 )}
 
 

@@ -58,3 +58,28 @@ def test_every_drafter_derives_from_the_one_abstract_drafter():
 
     with pytest.raises(TypeError, match="_draft"):
         Incomplete(DecodeConfig())
+
+
+def test_auto_prices_exactly_the_methods_whose_spec_names_a_pricer():
+    """A method's pricer lives in its registry entry: ``auto``'s methods are those entries, and each
+    pricer prices its own method only."""
+    from dyntree_core.methods import REGISTRY
+    from dyntree_core.planning.acceptance import Acceptance
+    from dyntree_core.planning.machine_profile import MachineProfile
+    from dyntree_core.planning.pricing import PricingInputs
+    from dyntree_core.planning.pricing import AUTO_METHODS, price_candidates
+
+    priced = [name for name, spec in REGISTRY.items() if spec.pricer is not None]
+    assert list(AUTO_METHODS) == priced == ["autoregressive", "chain", "sequoia", "suffix", "hybrid"]
+    ns = (1, 2, 4, 8, 16, 32)
+    prof = MachineProfile(key="k", machine={"cpu_model": "x", "cpu_class": "avx2"}, prefix_len=32, ns=ns,
+                          target={"int4": [0.04 + 0.002 * n for n in ns]}, draft={"int4": [0.01] * len(ns)},
+                          verify=[0.001] * len(ns))
+    acc = Acceptance((0.8, 0.6, 0.4), (), (((1, 2, 3, 1, 2, 3, 1, 2), (3, 1, 2, 3, 1, 2)),))
+    inputs = PricingInputs.build(prof, acc, ["int4"], AUTO_METHODS, (1, 2, 4), (4, 8, 16), (2, 3))
+    for name in priced:
+        cands = REGISTRY[name].pricer_fn()(inputs, "int4")
+        assert cands and {c.method for c in cands} == {name}, name
+    assert {c.method for c in price_candidates(prof, acc, ["int4"], ["int4"])} == set(priced)
+    with pytest.raises(ValueError, match="cannot price 'dyspec_greedy'"):
+        price_candidates(prof, acc, ["int4"], ["int4"], methods=("dyspec_greedy",))

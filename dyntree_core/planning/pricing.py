@@ -57,17 +57,19 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..methods import REGISTRY
 from .acceptance import STOP_GRID, Acceptance
 from .candidates import (CHAIN_LENGTHS, CHAIN_MAX, HYBRID_BUDGETS, HYBRID_DEPTHS, SEQUOIA_BUDGETS, SEQUOIA_DEPTHS,
-                         SUFFIX_BUDGETS, SUFFIX_DEPTHS, SUFFIX_FACTORS, SUFFIX_THRESHOLDS, ChainStats,
-                         chain_expected_tokens, sequoia_shapes, simulate_chain, simulate_suffix_shapes)
+                         SUFFIX_BUDGETS, SUFFIX_DEPTHS, SUFFIX_FACTORS, SUFFIX_THRESHOLDS, ChainStats, sequoia_shapes,
+                         simulate_chain, simulate_suffix_shapes)
 
 if TYPE_CHECKING:  # (machine_profile imports this module's interpolate)
     from ..trace import StepTrace
     from .machine_profile import MachineProfile
 
-#: the methods ``auto`` prices (every other tree method is calibrated by ``tuning``)
-AUTO_METHODS: tuple[str, ...] = ("autoregressive", "chain", "sequoia", "suffix", "hybrid")
+#: the methods ``auto`` prices: those whose ``MethodSpec`` names a pricer (every other tree method is
+#: calibrated by ``tuning``)
+AUTO_METHODS: tuple[str, ...] = tuple(name for name, spec in REGISTRY.items() if spec.pricer is not None)
 
 
 def seconds_per_token(target_s: float, draft_s: float, other_s: float, tokens_per_step: float) -> float:
@@ -167,6 +169,41 @@ def autoregressive_candidate(profile: MachineProfile, tp: str) -> Candidate:
                      verify_seconds=other_seconds(1, "autoregressive", profile=profile), draft_seconds=0.0)
 
 
+@dataclass(frozen=True)
+class PricingInputs:
+    """What every pricer reads: the profile, the draft precisions, and the acceptance-derived tables of
+    the methods asked for (empty for the others).
+
+    Attributes:
+        p1: the acceptance vector's first entry (the geometric chain model's acceptance rate).
+        chains: ``{(k, stop index or None): ChainStats}`` on the calibration positions (None without them).
+        sequoia: ``{(n, d): (tree size, G, draft level widths)}`` of Sequoia's DP trees.
+        model_trees: the hybrid shapes' Sequoia model trees, same form.
+        replayed: ``{SuffixShape: SuffixStats or None}`` of every suffix and hybrid shape (one replay).
+    """
+
+    profile: MachineProfile
+    draft_precisions: tuple[str, ...]
+    chain_lengths: tuple[int, ...]
+    p1: float
+    chains: Optional[dict]
+    sequoia: dict
+    model_trees: dict
+    replayed: dict
+
+    @classmethod
+    def build(cls, profile: MachineProfile, acceptance: Sequence[float] | Acceptance, draft_precisions: Sequence[str],
+              methods: Sequence[str], chain_lengths: Sequence[int], budgets: Sequence[int],
+              depths: Sequence[int]) -> "PricingInputs":
+        acc = acceptance if isinstance(acceptance, Acceptance) else Acceptance(tuple(acceptance))
+        budgets = [b for b in budgets if b <= profile.max_tokens]
+        sequoia = sequoia_shapes(acc.vector, budgets, depths) if ("sequoia" in methods and budgets) else {}
+        chains = _chain_stats(acc.sequences, profile.max_tokens) if ("chain" in methods and acc.sequences) else None
+        model_trees, replayed = _replays(acc, methods, profile.max_tokens)
+        return cls(profile, tuple(draft_precisions), tuple(chain_lengths),
+                   float(acc.vector[0]) if len(acc.vector) else 0.0, chains, sequoia, model_trees, replayed)
+
+
 def _chain_stats(sequences, max_tokens: int) -> dict[tuple[int, Optional[int]], ChainStats]:
     """``{(k, stop index or None): ChainStats}`` of every chain up to ``CHAIN_MAX`` that fits ``max_tokens``."""
     return {(k, stop): simulate_chain(sequences, k, stop)
@@ -193,70 +230,6 @@ def _replays(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[
     return model_trees, replayed
 
 
-def _price_replayed(profile: MachineProfile, replayed: dict, model_trees: dict, tp: str,
-                    draft_precisions: Sequence[str]) -> list[Candidate]:
-    """``suffix`` and ``hybrid`` candidates at target precision ``tp`` from their replays."""
-    cands = []
-    for sh, st in replayed.items():
-        if st is None:
-            continue
-        t_s = sum(p * profile.target_time(tp, size) for size, p in st.size_probs.items())
-        method = "hybrid" if sh.hybrid else "suffix"
-        v_s = sum(p * other_seconds(size, method, profile=profile) for size, p in st.size_probs.items())
-        shape = dict(budget=sh.budget, depth=sh.depth, threshold=sh.threshold, spec_factor=sh.spec_factor)
-        if not sh.hybrid:
-            cands.append(Candidate(method="suffix", target_precision=tp, draft_precision=None,
-                                   expected_tokens=st.suffix_tokens, target_seconds=t_s, verify_seconds=v_s,
-                                   draft_seconds=st.build_seconds, **shape))
-            continue
-        size, g, levels = model_trees[(sh.budget, sh.depth)]
-        m = st.model_share
-        for dp in draft_precisions:
-            cands.append(Candidate(
-                method="hybrid", target_precision=tp, draft_precision=dp, expected_tokens=st.suffix_tokens + m * g,
-                target_seconds=t_s + m * profile.target_time(tp, size),
-                verify_seconds=v_s + m * other_seconds(size, method, profile=profile),
-                draft_seconds=st.build_seconds + m * sum(profile.draft_time(dp, w) for w in levels),
-                model_share=m, **shape))
-    return cands
-
-
-def _price_chain(profile: MachineProfile, tp: str, dp: str, stats: Optional[dict], p1: float,
-                 lengths: Sequence[int]) -> list[Candidate]:
-    """``chain`` candidates at (``tp``, ``dp``): replayed on the calibration positions (``stats``), or
-    with the geometric positional model where there are none (``stats`` None)."""
-    cands = []
-    if stats is not None:
-        td = profile.draft_time(dp, 1)
-        for (k, stop), st in stats.items():
-            sizes = range(2, k + 2)
-            cands.append(Candidate(
-                method="chain", target_precision=tp, draft_precision=dp, budget=k + 1, depth=k,
-                expected_tokens=st.tokens,
-                target_seconds=sum(p * profile.target_time(tp, n) for p, n in zip(st.size_probs, sizes)),
-                verify_seconds=sum(p * other_seconds(n, "chain", profile=profile) for p, n in zip(st.size_probs, sizes)),
-                draft_seconds=st.drafted * td, stop_confidence=None if stop is None else STOP_GRID[stop]))
-        return cands
-    for k in lengths:
-        if k + 1 > profile.max_tokens:
-            continue
-        cands.append(Candidate(method="chain", target_precision=tp, draft_precision=dp, budget=k + 1, depth=k,
-                               expected_tokens=chain_expected_tokens(p1, k),
-                               target_seconds=profile.target_time(tp, k + 1),
-                               verify_seconds=other_seconds(k + 1, "chain", profile=profile),
-                               draft_seconds=k * profile.draft_time(dp, 1)))
-    return cands
-
-
-def _price_sequoia(profile: MachineProfile, tp: str, dp: str, shapes: dict) -> list[Candidate]:
-    """``sequoia`` candidates at (``tp``, ``dp``) from ``{(n, d): (tree size, G, draft level widths)}``."""
-    return [Candidate(method="sequoia", target_precision=tp, draft_precision=dp, budget=n, depth=d, expected_tokens=g,
-                      target_seconds=profile.target_time(tp, size),
-                      verify_seconds=other_seconds(size, "sequoia", profile=profile),
-                      draft_seconds=sum(profile.draft_time(dp, w) for w in levels), tree_size=size)
-            for (n, d), (size, g, levels) in shapes.items()]
-
-
 def price_candidates(
     profile: MachineProfile,
     acceptance: Sequence[float] | Acceptance,
@@ -267,23 +240,19 @@ def price_candidates(
     budgets: Sequence[int] = SEQUOIA_BUDGETS,
     depths: Sequence[int] = SEQUOIA_DEPTHS,
 ) -> list[Candidate]:
-    """Every (method, shape, precision pair) priced from the profile (unmeasured sizes: skipped).
+    """Every (method, shape, precision pair) priced from the profile (unmeasured sizes: skipped), each
+    method by the pricer its ``MethodSpec`` names (``methods.REGISTRY``; ``planning.method_prices``).
 
     Chains are priced on the calibration positions (``simulate_chain``) when ``acceptance`` carries
     them, with and without each confidence stop; otherwise with the geometric positional model."""
-    acc = acceptance if isinstance(acceptance, Acceptance) else Acceptance(tuple(acceptance))
-    p1 = float(acc.vector[0]) if len(acc.vector) else 0.0
-    budgets = [b for b in budgets if b <= profile.max_tokens]
-    shapes = sequoia_shapes(acc.vector, budgets, depths) if ("sequoia" in methods and budgets) else {}
-    chains = _chain_stats(acc.sequences, profile.max_tokens) if ("chain" in methods and acc.sequences) else None
-    model_trees, replayed = _replays(acc, methods, profile.max_tokens)
+    from ..methods import method_spec
+
+    inputs = PricingInputs.build(profile, acceptance, draft_precisions, methods, chain_lengths, budgets, depths)
     cands: list[Candidate] = []
     for tp in target_precisions:
-        cands += _price_replayed(profile, replayed, model_trees, tp, draft_precisions)
-        if "autoregressive" in methods:
-            cands.append(autoregressive_candidate(profile, tp))
-        for dp in draft_precisions:
-            if "chain" in methods:
-                cands += _price_chain(profile, tp, dp, chains, p1, chain_lengths)
-            cands += _price_sequoia(profile, tp, dp, shapes)
+        for m in methods:
+            pricer = method_spec(m).pricer_fn()
+            if pricer is None:
+                raise ValueError(f"auto cannot price {m!r} in closed form (it prices {', '.join(AUTO_METHODS)})")
+            cands += pricer(inputs, tp)
     return [c for c in cands if math.isfinite(c.seconds_per_token)]
