@@ -47,6 +47,6 @@ def test_the_first_run_with_the_apps_defaults_on_a_fresh_cache(tmp_path, monkeyp
         assert state.worker.join(600) and rec.status == "finished"
         assert len(rec.token_ids) == d.max_new_tokens or rec.traces[-1].finish_reason == "eos"
         assert "until this machine is measured" in rec.note  # it did not wait for auto's measurements
-        assert first_token_s < 300, f"the first token took {first_token_s:.0f} s"
+        assert first_token_s < 60, f"the first token took {first_token_s:.0f} s (goal: 60 s; 26.3 s on a 2-core AVX2 EPYC)"
     finally:
         assert ctl.planner.close(300)
