@@ -26,6 +26,9 @@ def test_the_choice_follows_the_table():
     # between measured points: the nearest cell on log scales
     assert t.choose(700, 10, preorder=True) == "triton" and t.choose(90, 10, preorder=True) == "torch"
     assert t.nearest(2048, 3000).size == 1024 and t.nearest(1, 0).size == 64
+    # beyond the measured range: SDPA, not the nearest cell's kernel (no extrapolation)
+    assert t.choose(1024, 0, preorder=True) == "triton" and t.choose(2048, 0, preorder=True) == "torch"
+    assert t.choose(1024, 3000, preorder=True) == "torch" and t.choose(1, 0, preorder=True) == "torch"
     assert t.uses_kernel()
     assert AutoTable.from_dict(t.to_dict()) == t
     assert t.to_dict()["cells"][2]["choice"] == {"dfs": "triton", "bfs": "torch"}

@@ -81,7 +81,16 @@ class AutoTable:
 
         return min(self.cells, key=dist)
 
+    def covers(self, n: int, prefix: int) -> bool:
+        """Whether (``n``, ``prefix``) lies within the measured sizes and prefixes (below the smallest counts:
+        the smallest cell stands for it, as the pricing's interpolation policy does for forward times)."""
+        return bool(self.cells) and n <= max(c.size for c in self.cells) and prefix <= max(c.prefix for c in self.cells)
+
     def choose(self, n: int, prefix: int, preorder: bool) -> Choice:
+        """The nearest measured cell's choice inside the measured range; SDPA beyond it (never extrapolated:
+        a kernel faster at 1,024 nodes says nothing about 4,096)."""
+        if not self.covers(n, prefix):
+            return "torch"
         return self.nearest(n, prefix).choice(preorder)
 
     def uses_kernel(self) -> bool:
