@@ -8,7 +8,8 @@ for a CUDA table), torch and Triton's versions, the kernel's source and the devi
 while the machine was busy are not stored (``save_table`` with a busy verdict). For a
 forward of ``n`` tree tokens after a ``prefix``-token cache, ``choose`` looks up the nearest
 measured cell (log scale in both) and returns the faster backend for the node order's kernel
-path: the interval form for pre-orders (DFS/HPD), the mask tensor otherwise. With no table for
+path: the interval form for pre-orders (DFS/HPD), the mask tensor otherwise; beyond the measured
+sizes or prefixes it returns SDPA (never extrapolated). With no table for
 the device, today's rule holds: the kernel on CUDA, SDPA elsewhere.
 
 On a CPU the kernel runs in Triton's interpreter and loses everywhere; a CPU table says so
