@@ -17,9 +17,9 @@ from dyntree_core.planning.profiling import load_or_measure_profile
 NS = [1, 2, 4, 8, 16, 32]
 
 
-def _profile(target: dict, draft: dict, verify=None) -> MachineProfile:
+def _profile(target: dict, draft: dict, other=None) -> MachineProfile:
     return MachineProfile(key="k", machine={"cpu_model": "test cpu", "cpu_class": "avx2"}, prefix_len=32, ns=NS,
-                          target=target, draft=draft, verify=verify or [0.0] * len(NS))
+                          target=target, draft=draft, other=other or [0.0] * len(NS))
 
 
 def test_chain_expected_tokens_is_the_geometric_sum():
@@ -174,7 +174,7 @@ def test_dropped_sizes_are_never_measured_again(tmp_path, monkeypatch):
     prof = empty_profile("k")
     prof.target["float32"] = [None]
     prof.ns = [1]
-    prof.verify = [0.0]
+    prof.other = [0.0]
     prof.dropped["target:int8"] = 4
     assert prof.missing("target", "int8", (1, 2, 4, 8)) == [1, 2]
     assert prof.missing("target", "float32", (1, 2)) == [1, 2]

@@ -165,7 +165,7 @@ def test_the_one_other_cost_is_the_engine_steps_time_outside_the_two_forwards(mo
 
     from dyntree_core import DecodeConfig, SpeculativeDecoder
     from dyntree_core.planning import profiling
-    from dyntree_core.planning.machine_profile import MachineProfile, empty_profile
+    from dyntree_core.planning.machine_profile import PROFILE_VERSION, MachineProfile, empty_profile
     from dyntree_core.planning.pricing import autoregressive_candidate, other_seconds
     from dyntree_core.planning.tuning import calibrate_point
 
@@ -192,7 +192,7 @@ def test_the_one_other_cost_is_the_engine_steps_time_outside_the_two_forwards(mo
 
     monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
     flat = MachineProfile(key="k", machine={}, prefix_len=1, ns=[1, 64], target={"float32": [0.0, 0.0]}, draft={},
-                          verify=[0.0, 0.0])
+                          other=[0.0, 0.0])
     point = calibrate_point(draft, target, cfg, flat, [prompt], 12)
     assert seen and point.overhead_seconds == pytest.approx(
         statistics.fmean(t.timings.draft + other_seconds(t.tree_size, t.method, step=t) for t in seen), rel=1e-9)
@@ -210,7 +210,7 @@ def test_the_one_other_cost_is_the_engine_steps_time_outside_the_two_forwards(mo
     pair = tiny_pair(seed=0)
     profiling.measure_into(prof, lambda role, _p: pair[0] if role == "draft" else pair[1],
                            {("target", "float32"): (1, 2, 4), ("draft", "float32"): (1, 2, 4)})
-    assert sorted(recorded) == [1, 2, 4] and prof.meta["other"] == profiling.OTHER_MEASURE
+    assert sorted(recorded) == [1, 2, 4] and prof.version == PROFILE_VERSION
     for n, ts in recorded.items():
         assert ts and all(max(1, t.tree_size) == n for t in ts)
         assert all(t.method == ("autoregressive" if n == 1 else "dyspec_greedy") for t in ts)  # one level: one draft forward

@@ -179,7 +179,7 @@ def test_a_busy_profile_is_returned_provisional_and_not_written(cache, monkeypat
         profiling._widen(prof, [1, 2])
         prof.target["float32"] = [0.01, 0.02]
         prof.draft["float32"] = [0.001, 0.002]
-        prof.verify = [0.0001, 0.0002]
+        prof.other = [0.0001, 0.0002]
         return 2
 
     monkeypatch.setattr(profiling, "measure_into", fake_measure_into)

@@ -74,7 +74,7 @@ def test_auto_prices_exactly_the_methods_whose_spec_names_a_pricer():
     ns = (1, 2, 4, 8, 16, 32)
     prof = MachineProfile(key="k", machine={"cpu_model": "x", "cpu_class": "avx2"}, prefix_len=32, ns=ns,
                           target={"int4": [0.04 + 0.002 * n for n in ns]}, draft={"int4": [0.01] * len(ns)},
-                          verify=[0.001] * len(ns))
+                          other=[0.001] * len(ns))
     acc = Acceptance((0.8, 0.6, 0.4), (), (((1, 2, 3, 1, 2, 3, 1, 2), (3, 1, 2, 3, 1, 2)),))
     inputs = PricingInputs.build(prof, acc, ["int4"], AUTO_METHODS, (1, 2, 4), (4, 8, 16), (2, 3))
     for name in priced:

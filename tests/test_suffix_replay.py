@@ -82,9 +82,9 @@ def test_accepted_along_a_target_sample_is_point_mass_acceptance_in_expectation(
     assert mean == pytest.approx(expected_accepted(tree, rows, "point_mass"), abs=1e-12)
 
 
-def _profile(target_row, verify=None) -> MachineProfile:
+def _profile(target_row, other=None) -> MachineProfile:
     return MachineProfile(key="k", machine={"cpu_model": "test cpu", "cpu_class": "avx2"}, prefix_len=32, ns=NS,
-                          target={"int8": target_row}, draft={"int8": [0.05] * 6}, verify=verify or [0.0] * 6)
+                          target={"int8": target_row}, draft={"int8": [0.05] * 6}, other=other or [0.0] * 6)
 
 
 def test_auto_prices_suffix_from_the_replay_and_configures_it():
@@ -229,7 +229,7 @@ def test_auto_prices_hybrid_and_takes_it_where_text_repeats_in_parts_and_the_dra
     acc = Acceptance(vector, (), texts)
     prof = _profile([0.1, 0.1, 0.11, 0.12, 0.14, 0.2])  # trees are cheap, the draft costs 0.05 a forward
     prof = MachineProfile(key="k", machine=prof.machine, prefix_len=32, ns=NS, target=prof.target,
-                          draft={"int8": [0.002] * 6}, verify=[0.0] * 6)
+                          draft={"int8": [0.002] * 6}, other=[0.0] * 6)
     hybrid = [c for c in price_candidates(prof, acc, ["int8"], ["int8"], methods=("hybrid",))]
     assert {c.method for c in hybrid} == {"hybrid"}
     assert {(c.budget, c.depth) for c in hybrid} == {(n, d) for n in HYBRID_BUDGETS for d in HYBRID_DEPTHS}

@@ -25,10 +25,11 @@ from .. import measured
 from ..machine import machine_info
 from .pricing import interpolate
 
-PROFILE_VERSION = 5  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
+PROFILE_VERSION = 6  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
 # 3: timed on zero-weight shape twins of GGUF presets, prefix keys/values filled without a prefill
 # 4: one profile per machine and pair; rows per (model, precision) merged as sizes are asked for
 # 5: models on GGUF blocks run decode.lean_forward (shorter forwards than transformers' own)
+# 6: the per-size row "other" is the engine step outside its forwards (was "verify": n probability rows)
 DEFAULT_NS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PREFIX_LEN = 128
 
@@ -47,8 +48,9 @@ class MachineProfile:
         prefix_len: cached (zero) prefix the forwards ran on top of.
         ns: sizes (tokens per forward) of the columns of every row, increasing.
         target / draft: ``{precision: [seconds or None per n]}``; None = not measured or dropped.
-        verify: ``[seconds or None per n]`` forming probabilities of n vocabulary rows on the host
-            (the engine's per-step work outside the forwards that grows with the tree).
+        other: ``[seconds or None per n]`` the engine's step outside its draft forwards and target forward
+            at a tree of n nodes (``pricing.other_seconds`` of recorded steps: tree build, mask,
+            verification, KV compaction, drafter update, commit; ``profiling.engine_steps``).
         dropped: ``{"role:precision": n}``: that precision was dropped from size n on (slower than
             ``prune_factor`` x the best precision there); larger sizes are never measured for it.
         seconds: how long profiling took (all passes).
@@ -62,7 +64,7 @@ class MachineProfile:
     ns: list[int]
     target: dict[str, list[Optional[float]]]
     draft: dict[str, list[Optional[float]]]
-    verify: list[Optional[float]]
+    other: list[Optional[float]]
     dropped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     created: str = ""
@@ -85,8 +87,8 @@ class MachineProfile:
     def draft_time(self, precision: str, n: float) -> float:
         return self._time(self.draft, precision, n)
 
-    def verify_time(self, n: float) -> float:
-        return self._time({"": self.verify}, "", n)
+    def other_time(self, n: float) -> float:
+        return self._time({"": self.other}, "", n)
 
     @property
     def max_tokens(self) -> int:
@@ -138,4 +140,4 @@ def profile_path(key: str) -> Path:
 
 def empty_profile(key: str, prefix_len: int = PREFIX_LEN) -> MachineProfile:
     return MachineProfile(key=key, machine=machine_info().to_dict(), prefix_len=prefix_len, ns=[], target={},
-                          draft={}, verify=[], created=time.strftime("%Y-%m-%d %H:%M:%S"))
+                          draft={}, other=[], created=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -88,7 +88,7 @@ def other_seconds(n: float, method: str, *, step: Optional[StepTrace] = None,
     Args:
         step: a recorded ``StepTrace``: its ``step_seconds - timings.draft - timings.target_forward``
             (never below 0; ``n`` and ``method`` are then the step's own).
-        profile: without a step, the machine profile's row of the same quantity (its ``verify_time``
+        profile: without a step, the machine profile's row of the same quantity (its ``other_time``
             row, measured by ``profiling.measure_into`` as this function of the engine's own steps:
             one-level trees of n nodes, the autoregressive step at n = 1; ``autoregressive`` prices n = 1).
     """
@@ -97,7 +97,7 @@ def other_seconds(n: float, method: str, *, step: Optional[StepTrace] = None,
         return max(0.0, step.step_seconds - t.draft - t.target_forward)
     if profile is None:
         raise ValueError("other_seconds needs a recorded step or a machine profile")
-    return profile.verify_time(1 if method == "autoregressive" else n)
+    return profile.other_time(1 if method == "autoregressive" else n)
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:

@@ -31,9 +31,6 @@ from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachinePr
 ModelLoader = Callable[[str, str], object]
 
 
-#: how the profile's per-size "verify" row is measured (kept in ``meta["other"]``): a cached profile
-#: whose row was measured another way (before: forming n probability rows only) measures it again
-OTHER_MEASURE = "engine steps of one-level trees: step - draft - target (pricing.other_seconds)"
 OTHER_STEPS = 3
 
 
@@ -81,7 +78,7 @@ def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
     for table in (prof.target, prof.draft):
         for prec in table:
             table[prec] = remap(table[prec])
-    prof.verify = remap(prof.verify)
+    prof.other = remap(prof.other)
     prof.ns = new
 
 
@@ -96,8 +93,8 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     todo = [t for t in todo if t[2]]
     all_ns = {n for ns in wanted.values() for n in ns}
     _widen(prof, all_ns)
-    verify_todo = [n for n in sorted(all_ns) if prof.verify[prof.ns.index(n)] is None]
-    if not todo and not verify_todo:
+    other_todo = [n for n in sorted(all_ns) if prof.other[prof.ns.index(n)] is None]
+    if not todo and not other_todo:
         return 0
     t_start = time.perf_counter()
     kept: dict[str, object] = {}  # the last model of each role: the pair the engine's steps run on
@@ -124,16 +121,15 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                 row[i] = t
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
         del model, timer
-    if verify_todo:  # the step's other cost at each size, measured by running the engine's step
+    if other_todo:  # the step's other cost at each size, measured by running the engine's step
         with turn(), torch.inference_mode():
             for role, table in (("target", prof.target), ("draft", prof.draft)):
                 if role not in kept:
                     kept[role] = load(role, next(iter(table), next(iter(prof.target), "float32")))
-            for n in verify_todo:
+            for n in other_todo:
                 o = min(other_seconds(n, "", step=t) for t in engine_steps(kept["draft"], kept["target"], n))
-                prof.verify[prof.ns.index(n)] = o
+                prof.other[prof.ns.index(n)] = o
                 say(f"    the engine's step outside the forwards, n={n}: {o * 1e3:.1f} ms")
-        prof.meta["other"] = OTHER_MEASURE
     kept.clear()
     prof.seconds += time.perf_counter() - t_start
     prof.machine = machine_info().to_dict()
@@ -172,8 +168,6 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
             prof = MachineProfile.load(path)
             if prof.version != PROFILE_VERSION:
                 prof = None
-            elif prof.meta.get("other") != OTHER_MEASURE:  # its other-cost row predates engine_steps
-                prof.verify = [None] * len(prof.ns)
         except (OSError, ValueError, TypeError):
             prof = None
     prof = prof or empty_profile(key)
@@ -181,7 +175,7 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     wanted = {("target", p): t_ns for p in precisions}
     wanted.update({("draft", p): list(ns) for p in (draft_precisions or precisions)})
     if not measure and (refresh or any(prof.missing(role, p, ns) for (role, p), ns in wanted.items())
-                        or any(n not in prof.ns or prof.verify[prof.ns.index(n)] is None for n in t_ns)):
+                        or any(n not in prof.ns or prof.other[prof.ns.index(n)] is None for n in t_ns)):
         raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
     with measured.watch() as w:  # (written only when the machine was quiet while it was measured)
         timed = measure_into(prof, load, wanted, progress=progress, turn=turn)
