@@ -22,8 +22,7 @@ def test_attention_bench_cpu_block_counts(tmp_path, capsys):
     assert ("uniform", 64, "full", "bfs", 32, 40) in rows
     assert rows[("recorded", 6, "tree", "bfs", 16, 0)]["mean_blocks"] == 1
     assert "gpu_timings" not in data
-    text = capsys.readouterr().out
-    assert "DySpec" in text and "wrote" in text
+    assert str(out) in capsys.readouterr().out  # it names the file it wrote
 
 
 def test_dispatcher_table_and_errors(capsys):
@@ -71,4 +70,4 @@ def test_cpu_auto_table_is_measured_and_says_sdpa(tmp_path, auto_table_store, ca
         assert c["choice"] == {"dfs": "torch", "bfs": "torch"}
     cpu = torch.device("cpu")
     assert auto_table.load_table(cpu) is not None and auto_table.choose(cpu, 16, 8, True) == "torch"
-    assert "pre-order torch" in capsys.readouterr().out
+    assert str(out) in capsys.readouterr().out
