@@ -158,3 +158,34 @@ def test_stop_during_the_prefill_ends_it_after_the_current_chunk(pair, monkeypat
         list(range(2, 42)), 16, stop_event=stop)
     stop.set()
     assert list(steps) == []
+
+
+def test_prefill_chunks_are_sized_by_the_measured_time(monkeypatch):
+    """Stop acts between chunks, so each chunk after the first takes about ``PREFILL_CHUNK_SECONDS`` at
+    the rate the previous chunk measured, whatever the machine: a feed of 1 ms per token gets chunks of
+    at most 100 tokens at 0.1 s, a feed that slows to 4 ms per token gets at most 25, a fast one is capped
+    at ``PREFILL_CHUNK``; every token is fed exactly once, in order."""
+    import time
+
+    import dyntree_core.decode.engine as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK_SECONDS", 0.1)
+    monkeypatch.setattr(engine, "PREFILL_FIRST", 16)
+    fed: list[tuple[int, int]] = []
+    per_token = [0.001]
+
+    def feed(chunk, start):
+        fed.append((start, len(chunk)))
+        time.sleep(per_token[0] * len(chunk))  # sleeps never undershoot: the sizes below are upper bounds
+        if start + len(chunk) >= 300:
+            per_token[0] = 0.004
+
+    dec = SpeculativeDecoder.__new__(SpeculativeDecoder)
+    items = list(dec._prefill([feed], list(range(1001))))
+    assert [s for s, _ in fed] == [sum(n for _, n in fed[:i]) for i in range(len(fed))]
+    assert sum(n for _, n in fed) == 1000 and fed[0] == (0, 16)
+    slow_from = next(i for i, (s, n) in enumerate(fed) if s + n >= 300) + 1
+    assert all(n <= 100 for _, n in fed[1:slow_from + 1]) and all(n <= 25 for _, n in fed[slow_from + 1:])
+    assert len(items) == len(fed) + 1 and items[-1].done == items[-1].total == 1000
+    sizes = engine.prefill_chunks(10_000)
+    assert next(sizes) == 16 and sizes.send((1e-6, 16)) == engine.PREFILL_CHUNK  # fast: capped

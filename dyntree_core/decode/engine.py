@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Generator, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -62,9 +62,25 @@ class _Step:
     step: int = 0
     produced: int = 0
 
-#: prompt tokens per prefill forward: long prompts report progress and keep peak activation
-#: memory bounded; the KV cache is the same as one forward's
+#: at most this many prompt tokens per prefill forward: long prompts report progress and keep peak
+#: activation memory bounded; the KV cache is the same as one forward's
 PREFILL_CHUNK = 512
+#: the first chunk of each model (it measures the model's prefill rate on this machine) ...
+PREFILL_FIRST = 32
+#: ... and every later chunk is sized to take about this long, so a Stop (checked between chunks) acts
+#: within about this much time whatever the machine (chunks of fixed tokens took 29 s on a slow CPU)
+PREFILL_CHUNK_SECONDS = 0.5
+
+
+def prefill_chunks(tokens: int) -> Generator[int, tuple[float, int], None]:
+    """Chunk sizes for a prefill of ``tokens`` prompt tokens: ``PREFILL_FIRST`` first, then after each
+    chunk (``send`` its ``(seconds, tokens)``) the size that takes ``PREFILL_CHUNK_SECONDS`` at the rate
+    just measured, within [1, ``PREFILL_CHUNK``]."""
+    size = max(1, min(PREFILL_FIRST, PREFILL_CHUNK, tokens))
+    while True:
+        seconds, fed = yield size
+        rate = max(seconds, 1e-9) / max(fed, 1)  # seconds per token of the chunk just fed
+        size = max(1, min(PREFILL_CHUNK, int(PREFILL_CHUNK_SECONDS / rate)))
 
 
 class SpeculativeDecoder:
@@ -161,9 +177,9 @@ class SpeculativeDecoder:
                 current prefill chunk (then the iterator ends without a step).
             seed: RNG seed for this call (default ``config.seed``).
             prefill_progress: also yield a ``PrefillProgress`` before the prefill and after each
-                chunk (``PREFILL_CHUNK`` prompt tokens; target and draft chunks both count towards
-                ``total``), so a caller can report progress, stop, pause or let others use the models
-                between chunks.
+                chunk (``prefill_chunks``: about ``PREFILL_CHUNK_SECONDS`` each, at most
+                ``PREFILL_CHUNK`` tokens; target and draft chunks both count towards ``total``), so a
+                caller can report progress, stop, pause or let others use the models between chunks.
         """
         prompt = self._validate(input_ids, max_new_tokens)
         self.pair.check(self.config)
@@ -206,8 +222,8 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ the loop
     def _prefill(self, feeds: list[Callable[[list[int], int], Any]], prompt: list[int],
                  stop_event: Optional[threading.Event] = None) -> Iterator[PrefillProgress]:
-        """Feed ``prompt[:-1]`` through each ``feed(chunk, start)`` (one per model) in chunks of
-        ``PREFILL_CHUNK`` tokens, yielding the progress before the first chunk and after each; it
+        """Feed ``prompt[:-1]`` through each ``feed(chunk, start)`` (one per model) in chunks sized by
+        time (``prefill_chunks``), yielding the progress before the first chunk and after each; it
         ends early (with ``stopped=True`` progress) when ``stop_event`` is set between two chunks."""
         body = prompt[:-1]
         total = len(body) * len(feeds)
@@ -215,12 +231,17 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         yield PrefillProgress(0, total, 0.0)
         for feed in feeds:
-            for start in range(0, len(body), PREFILL_CHUNK):
+            chunks = prefill_chunks(len(body))
+            start, size = 0, next(chunks)
+            while start < len(body):
                 if stop_event is not None and stop_event.is_set():
                     yield PrefillProgress(done, total, time.perf_counter() - t0, stopped=True)
                     return
-                chunk = body[start:start + PREFILL_CHUNK]
+                chunk = body[start:start + size]
+                t = time.perf_counter()
                 feed(chunk, start)
+                size = chunks.send((time.perf_counter() - t, len(chunk)))
+                start += len(chunk)
                 done += len(chunk)
                 yield PrefillProgress(done, total, time.perf_counter() - t0)
 
