@@ -52,7 +52,6 @@ TINY_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "7B": (128, 3, 8, 2, 256),
 }
 TINY_VOCAB = 512
-ATTENTIONS: tuple[str, ...] = ("torch", "triton")
 
 
 def synthetic_qwen(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, seed: int,
@@ -210,17 +209,17 @@ def _selected(plan: ResidentPlan, name: str, dev: torch.device, kinds: Optional[
 
 
 def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
-             save: Optional[Callable[[dict[str, Any]], None]] = None, targets: Optional[list[str]] = None,
+             save: Optional[Callable[[dict[str, Any]], None]] = None, target_names: Optional[list[str]] = None,
              kinds: Optional[list[str]] = None, skip_hf: bool = False) -> dict[str, Any]:
     """The section (see the module docstring). Rows past ``seconds`` are listed under ``skipped``;
     ``save`` gets what is measured so far after each row (a run killed by its time limit keeps it).
-    ``targets`` / ``kinds``: only these targets / step kinds (plain decoding's ``graph`` row is always
+    ``target_names`` / ``kinds``: only these targets / step kinds (plain decoding's ``graph`` row is always
     kept: the other rows' reference); ``skip_hf``: transformers' rows left out (their ratios NaN)."""
     from ..decode.prepared import PreparedPair
 
     plan = ResidentPlan.for_run(dry_run)
-    if targets:
-        plan = dataclasses.replace(plan, targets=tuple(t for t in plan.targets if t in targets))
+    if target_names:
+        plan = dataclasses.replace(plan, targets=tuple(t for t in plan.targets if t in target_names))
     t_start = time.perf_counter()
     dtype = getattr(torch, plan.dtype)
     bandwidth = memory_bandwidth(dev, plan.bandwidth_bytes)

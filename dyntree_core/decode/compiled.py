@@ -146,8 +146,8 @@ class GraphFn:
         """Frees the captured graphs (and with them their share of the pool); a later call captures anew."""
         for g in self._graphs.values():
             g.release()
+        self._seen -= self._graphs.keys()  # (a compiled mode's shapes stay: dynamo keeps their code)
         self._graphs.clear()
-        self._seen.clear()
 
     def __call__(self, *args):
         key = _signature(args) if self.mode.compiles else None

@@ -200,10 +200,14 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         ``[1, q, hidden]`` hidden states after the last layer.
     """
     n = h.shape[1]
-    # rope: x * cos + rotate_half(x) * sin == x * cos + swap(x) * sin_signed, swap = cat(x2, x1) and
-    # sin_signed = cat(-sin1, sin2): 3 ops per tensor (cat, mul, addcmul) instead of 5
     half = sin.shape[-1] // 2
     sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        """x * cos + rotate_half(x) * sin, as x * cos + swap(x) * sin_signed with swap = cat(x2, x1) and
+        sin_signed = cat(-sin1, sin2): 3 ops (cat, mul, addcmul) instead of 5."""
+        return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin_signed)
+
     for i, layer in enumerate(layers):
         attn = layer.self_attn
         d = attn.head_dim
@@ -211,15 +215,12 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         qkv, gate_up = fused[i] if fused is not None else (None, None)
         if qkv is not None:  # one matmul; q and k rotated together
             y = F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, n, d]
-            qk = y[:, :qkv.heads + qkv.kv_heads]
-            qk = torch.addcmul(qk * cos, torch.cat([qk[..., d // 2:], qk[..., :d // 2]], dim=-1), sin_signed)
+            qk = rope(y[:, :qkv.heads + qkv.kv_heads])
             q, k, v = qk[:, :qkv.heads], qk[:, qkv.heads:], y[:, qkv.heads + qkv.kv_heads:]
         else:
-            q = attn.q_proj(x).view(1, n, -1, d).transpose(1, 2)
-            k = attn.k_proj(x).view(1, n, -1, d).transpose(1, 2)
+            q = rope(attn.q_proj(x).view(1, n, -1, d).transpose(1, 2))
+            k = rope(attn.k_proj(x).view(1, n, -1, d).transpose(1, 2))
             v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
-            q = torch.addcmul(q * cos, torch.cat([q[..., d // 2:], q[..., :d // 2]], dim=-1), sin_signed)
-            k = torch.addcmul(k * cos, torch.cat([k[..., d // 2:], k[..., :d // 2]], dim=-1), sin_signed)
         keys, values = write(i, k, v)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                            enable_gqa=q.shape[1] != keys.shape[1])
