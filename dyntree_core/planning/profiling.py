@@ -38,8 +38,8 @@ def engine_steps(draft, target, n: int, steps: int = OTHER_STEPS, prompt_len: in
     """``steps`` recorded steps of the engine on ``(draft, target)`` as loaded, whose trees have ``n``
     nodes: the autoregressive step at n = 1, else one-level trees of the root's n - 1 most likely
     children (DySpec greedy at depth 1: one draft forward per step, where a chain of n nodes would
-    cost n - 1 sequential ones; greedy, the engine's defaults otherwise). The profile's other cost at n is the fastest of their
-    ``pricing.other_seconds`` (like its forwards: interference only adds time)."""
+    cost n - 1 sequential ones; greedy, the engine's defaults otherwise). The profile's other cost at n
+    is the fastest of their ``pricing.other_seconds`` (like its forwards: interference only adds time)."""
     from ..config import DTYPES, DecodeConfig
     from ..decode import prepared
     from ..decode.engine import SpeculativeDecoder

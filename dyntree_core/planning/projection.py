@@ -14,7 +14,9 @@ size is used at the sizes between measured ones, the smallest measured size stan
 * ``offload_steps``: whole speculative steps with that offloaded target and a 0.5B-shaped draft on
   the GPU (DySpec greedy, budgets 64-768; ``bench_gpu_decode_step_alone.json``).
 * ``resident``: steps with both models in GPU memory (0.5B-shaped draft; 1.5B- and 7B-shaped targets;
-  plain decoding, chain and DySpec greedy at budgets 16/64/256; ``resident_step_probe.json``).
+  plain decoding, chain and DySpec greedy at budgets 16/64/256; ``bench_gpu_resident.json`` from the
+  project's own ``bench gpu`` where present — graph and eager steps, with transformers and the floor as
+  peers, and its ``decode_step`` rows for ``offload_steps`` — else the older ``resident_step_probe.json``).
   Random weights accept almost nothing, so every measured step committed ~1 token: the step times are
   the measurement, and a run's own tokens/step turn them into seconds per token.
 """
@@ -95,6 +97,10 @@ class MeasuredStep:
         return max(0.0, self.step_s - self.draft_s - self.target_s)
 
 
+#: logical parameter count of each resident target shape
+RESIDENT_PARAMS: dict[str, float] = {"1.5B": 1.54e9, "7B": 7.6e9}
+
+
 @dataclass(frozen=True)
 class GpuResults:
     """The committed measurements of one GPU machine (see the module docstring).
@@ -132,12 +138,14 @@ class GpuResults:
         machine = f"{env.get('device_name', mi.get('gpu', 'GPU'))}, {mi.get('cpu_model', '?')} x{mi.get('logical_cpus', '?')}"
         steps: tuple[MeasuredStep, ...] = ()
         try:
-            dec = json.loads((root / "bench_gpu_decode_step_alone.json").read_text())["sections"]["decode_step"]["result"]
-            steps = tuple(MeasuredStep("dyspec_greedy", int(r["budget"]), int(r["tree_size"]), "torch", "dfs",
-                                       float(r["step_seconds"]), float(r["draft_seconds"]),
-                                       float(r["target_forward_seconds"])) for r in dec["rows"])
+            steps = _decode_steps(json.loads((root / "bench_gpu_decode_step_alone.json").read_text())["sections"])
         except (OSError, ValueError, KeyError):
             pass
+        bench = _bench_resident(root / "bench_gpu_resident.json")  # the project's own bench: newer than the probes
+        if bench is not None:
+            date, offload_steps, resident_steps, peers = bench
+            return cls(machine, date, offload, offload_steps or steps, resident_steps, RESIDENT_PARAMS, peers,
+                       str(root))
         resident: dict[str, list[MeasuredStep]] = {}
         try:
             for r in json.loads((root / "resident_step_probe.json").read_text())["rows"]:
@@ -148,12 +156,6 @@ class GpuResults:
         except (OSError, ValueError, KeyError):
             pass
         peers: dict[str, float] = {}
-        bench = _bench_resident(root / "bench_gpu_resident.json")  # the project's own bench: newer than the probes
-        if bench is not None:
-            date, offload_steps, resident, peers = bench
-            if offload_steps:
-                steps = offload_steps
-            return cls(machine, date, offload, steps, resident, {"1.5B": 1.54e9, "7B": 7.6e9}, peers, str(root))
         try:
             p = json.loads((root / "resident_hf_peer_probe.json").read_text())
             peers = {"transformers generate (7B shape)": p["hf_generate_ms_per_token"],
@@ -163,7 +165,7 @@ class GpuResults:
         except (OSError, ValueError, KeyError):
             pass
         return cls(machine, env.get("date_utc", ""), offload, steps, {k: tuple(v) for k, v in resident.items()},
-                   {"1.5B": 1.54e9, "7B": 7.6e9}, peers, str(root))
+                   RESIDENT_PARAMS, peers, str(root))
 
     def resident_shape_near(self, target_params: float) -> Optional[str]:
         """The measured resident target shape closest to ``target_params`` (log scale)."""
@@ -200,13 +202,15 @@ def _bench_resident(path: Path) -> Optional[tuple[str, tuple[MeasuredStep, ...],
                            ("floor_ms_per_token", f"weight-streaming floor ({shape})")):
             if isinstance(t.get(key), (int, float)) and math.isfinite(t[key]):
                 peers[label] = float(t[key])
-    offload_steps: tuple[MeasuredStep, ...] = ()
-    dec = sections.get("decode_step", {}).get("result") or {}
-    if dec.get("rows"):
-        offload_steps = tuple(MeasuredStep("dyspec_greedy", int(r["budget"]), int(r["tree_size"]), "torch", "dfs",
-                                           float(r["step_seconds"]), float(r["draft_seconds"]),
-                                           float(r["target_forward_seconds"])) for r in dec["rows"])
+    offload_steps = _decode_steps(sections) if sections.get("decode_step", {}).get("result") else ()
     return res.get("environment", {}).get("date_utc", ""), offload_steps, resident, peers
+
+
+def _decode_steps(sections: dict) -> tuple[MeasuredStep, ...]:
+    """The offloaded DySpec-greedy steps of a ``bench gpu`` JSON's ``decode_step`` section."""
+    return tuple(MeasuredStep("dyspec_greedy", int(r["budget"]), int(r["tree_size"]), "torch", "dfs",
+                              float(r["step_seconds"]), float(r["draft_seconds"]), float(r["target_forward_seconds"]))
+                 for r in sections["decode_step"]["result"]["rows"])
 
 
 def step_time_at(steps: Sequence[MeasuredStep], method: str, n: float, attention: Optional[str] = None,
