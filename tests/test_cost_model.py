@@ -49,12 +49,12 @@ def test_step_cost_is_the_mean_step_with_each_kind_priced_apart():
     assert c.share(model) == 0.25 and c.mean.steps == 4 and c.mean.source == "all"
     assert c.mean.step_s == pytest.approx((0.52 + 3 * 0.11) / 4)  # offload_transfer is inside the forward: not added
     assert c.mean.tokens_per_step == pytest.approx(3.0) and c.mean.tree_size == pytest.approx(3.5)
-    assert c.predicted_s_per_token == pytest.approx((0.52 + 0.33) / 12)
+    assert c.step_model_s_per_token == pytest.approx((0.52 + 0.33) / 12)
     assert c.decode_s_per_token == pytest.approx((1.33 - (1.0 - 0.52)) / 12)  # prefill excluded
     assert c.with_prefill_s_per_token == pytest.approx(1.33 / 12)
     v = Verdict(c, ArReference(0.1, "test"))
     assert v.break_even_tokens_per_step == pytest.approx(c.mean.step_s / 0.1)
-    assert v.wins and v.predicted_speedup == pytest.approx(0.1 / c.predicted_s_per_token)
+    assert v.wins and v.speedup == pytest.approx(0.1 / c.step_model_s_per_token)
     assert not Verdict(c, ArReference(0.05, "test")).wins
 
 
@@ -149,10 +149,10 @@ def test_the_panels_prediction_for_a_hybrid_run_matches_what_the_run_measured():
     kinds = {k.source: k for k in cost.kinds}
     assert set(kinds) == {"model", "suffix"} and min(k.steps for k in cost.kinds) >= 3  # both kinds happened
     assert kinds["model"].draft_s > 0 and kinds["suffix"].draft_s < kinds["model"].draft_s
-    assert cost.predicted_s_per_token == pytest.approx(cost.decode_s_per_token, rel=0.25)
+    assert cost.step_model_s_per_token == pytest.approx(cost.decode_s_per_token, rel=0.25)
     page = cost_model_html(rec, None)
     assert "model-drafted steps" in page and "suffix-tree steps" in page and "all steps, weighted" in page
-    assert f"<td>{cost.predicted_s_per_token * 1e3:.1f} ms</td><td>{cost.decode_s_per_token * 1e3:.1f} ms</td>" in page
+    assert f"<td>{cost.step_model_s_per_token * 1e3:.1f} ms</td><td>{cost.decode_s_per_token * 1e3:.1f} ms</td>" in page
 
 
 def test_the_one_other_cost_is_the_engine_steps_time_outside_the_two_forwards(monkeypatch):

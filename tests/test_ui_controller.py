@@ -73,6 +73,40 @@ def test_compare_with_the_defaults_runs_every_column(controller):
     assert [r.config.method for r in state.compare] == ["autoregressive", "chain", "dyspec_greedy"]
 
 
+def test_run_and_compare_show_one_prediction_once_the_machine_is_measured(controller, monkeypatch):
+    """Run with the defaults twice (before and after auto's background measurement), then Compare with
+    its default tree column (auto's choice): the second Run and Compare's auto column carry the same
+    prediction, and the status line and the column print it and the check of the same numbers. (The tiny
+    pair's millisecond steps are noisy: a run off by more than ``OFF_BY`` would start re-measuring and
+    Compare would run the provisional plan meanwhile, which ``test_prediction`` checks; here every run is
+    taken as within.)"""
+    import html
+
+    from dyntree_core.planning import prediction
+    from ui.views import compare_views, status_line
+
+    monkeypatch.setattr(prediction, "OFF_BY", 100.0)
+    state = SessionState()
+    controller.on_run(state, False, *_form())
+    assert state.worker.join(120) and state.record.prediction is None  # provisional: nothing measured to predict
+    assert "until this machine is measured" in state.record.note
+    controller.planner._thread.join(300)
+    assert not controller.planner.busy and not controller.planner.failed
+    controller.on_run(state, False, *_form())
+    assert state.worker.join(120) and state.error == "", state.error
+    run = state.record
+    assert run.prediction is not None and run.prediction.text() in run.note, run.note
+    updates = list(controller.on_compare(state, "auto", False, *_form()))
+    assert updates[-1]["cmp_status"].startswith("done"), updates[-1]["cmp_status"]
+    auto_col = state.compare[2]
+    assert auto_col.config.method == run.config.method and auto_col.prediction == run.prediction
+    _, stats, _, _ = compare_views(state.compare)
+    check = run.prediction_check()
+    assert html.escape(check.text(run.remeasuring)) in status_line(run)
+    assert html.escape(run.prediction.text()) in stats[2]
+    assert html.escape(auto_col.prediction_check().text(auto_col.remeasuring)) in stats[2]
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("seed", -1, "seed"),
     ("max_new_tokens", 0, "max new tokens"),
@@ -370,8 +404,12 @@ def test_the_status_names_the_tree_auto_chose_and_why_the_budget_field_is_not_it
     plan = AutoPlan(cand("sequoia", 4, 2, 3), cand("autoregressive", 1, 0), (0.6, 0.0, 0.0), 0.0, "key", {}, reason)
     provider = types.SimpleNamespace(auto_plan=lambda settings, planner=None: plan)
     form = settings_from_form(*_form(budget=32, depth=6))
-    resolved, note = resolve_auto(provider, form)
+    got = resolve_auto(provider, form)
+    resolved, note = got.settings, got.note
     assert (resolved.method, resolved.budget, resolved.depth) == ("sequoia", 4, 2) and note == reason
+    # the run auto priced carries its prediction, against the plan's plain decoding (no profile reference here)
+    assert got.prediction is not None and got.prediction.method == "sequoia"
+    assert got.prediction.reference_label == "autoregressive @ int4"
     line = tree_note(form, resolved.decode_config())
     assert line.startswith("the run's tree: 3 nodes, 2 levels below the root: Sequoia's DP picks the best tree of "
                            "at most 4 nodes and 2 levels for the measured acceptance vector (0.60, 0.00, 0.00)"), line

@@ -1,5 +1,5 @@
 """The run form's raw values by name, for the tests that drive ``ui.controller.Controller`` directly
-(shared by test_ui_controller.py and test_realpair_first_run.py)."""
+(test_ui_controller.py)."""
 
 from __future__ import annotations
 

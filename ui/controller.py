@@ -46,6 +46,7 @@ class Controller:
         self.model_lock = ModelLock()  # one prefill chunk or decoding step at a time on the shared models
         self.sessions = SessionRegistry()  # each tab's SessionState
         self.planner = BackgroundPlanner(self.model_lock)  # auto's measurements, in idle turns
+        self._remeasured: set = set()  # profile rows measured again after a run off its prediction
 
     def close(self) -> None:
         """Stop every session's run and the background measurement (the app is shutting down)."""
@@ -201,6 +202,7 @@ class Controller:
 
         def after() -> None:
             rec = gen.record
+            self.check_prediction(rec)
             if rec.config.method == "autoregressive" and rec.status == "finished":
                 state.baselines[rec.settings.baseline_key()] = rec
             if baseline_of is not None and rec.status == "finished" and state.baseline_for(baseline_of) is None:
@@ -221,6 +223,22 @@ class Controller:
                     state.baseline_running = False
 
         state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after, who=state.name).start()
+
+    def check_prediction(self, rec: RunRecord) -> None:
+        """A finished run off its prediction by more than ``prediction.OFF_BY``: the profile rows that
+        priced its wrong parts are measured again in the background (each at most once per app)."""
+        check = rec.prediction_check()
+        if check is None or rec.status != "finished" or rec.form is None:
+            return
+        pair = rec.form.pair_spec()
+        rows = [r for r in check.rows_to_remeasure() if (pair, r) not in self._remeasured]
+        if not rows:
+            return
+        self._remeasured.update((pair, r) for r in rows)
+        try:
+            rec.remeasuring = self.provider.remeasure(rec.form, rows, self.planner)
+        except Exception as e:  # noqa: BLE001 - the run stands; the page says the rows were not re-measured
+            rec.note = f"{rec.note}; re-measuring the profile failed: {describe_error(e)}"
 
     def begin(self, state: SessionState, settings: RunSettings) -> None:
         """Replace the session's generation with a new one (the page shows a loading notice meanwhile)."""

@@ -13,6 +13,7 @@ from typing import Optional
 from dyntree_core.planning.cost_model import StepCost, Verdict, ar_reference, step_cost
 from dyntree_core.planning.projection import GpuResults, gpu_rows
 
+from .prediction_view import prediction_html
 from .session import RunRecord
 
 STYLE = ("<style>#cost-model table{border-collapse:collapse;font-size:0.85em;margin:4px 0}"
@@ -81,11 +82,12 @@ def _gpu_section(cost: StepCost, target_params: float) -> str:
 def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> str:
     if record is None or not record.traces:
         return STYLE + "<p><i>After a Run this panel says why the tree beats plain decoding here, or not.</i></p>"
+    predicted = prediction_html(record)
     cost = step_cost(record.traces)
     if cost is None:
-        return STYLE + ("<p>This is the autoregressive baseline itself: "
-                        f"{_ms(record.traces[-1].elapsed / max(record.traces[-1].total_new_tokens, 1))} per token "
-                        "(prefill included). Run a tree method to compare against it.</p>")
+        return STYLE + predicted + ("<p>This is the autoregressive baseline itself: "
+                                    f"{_ms(record.traces[-1].elapsed / max(record.traces[-1].total_new_tokens, 1))} "
+                                    "per token (prefill included). Run a tree method to compare against it.</p>")
     ar = ar_reference(baseline.traces if baseline is not None else None, record.ar_timing,
                       record.one_token_forward_s)
     if ar is None:
@@ -99,20 +101,21 @@ def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) 
             t = ar.timing
             when = (f" Reference timed at <b>{html.escape(t.measured_at)}</b> ({html.escape(t.load_text())}), "
                     f"next to this run, on its mean context ({t.prefix_len} tokens).")
-        head = (f"<p>On this machine a mean step of this run costs <b>{_ms(cost.mean.step_s)}</b>; plain decoding costs "
+        head = (f"<p>Measured: a mean step of this run costs <b>{_ms(cost.mean.step_s)}</b>; plain decoding at "
+                f"{html.escape(record.config.precision or 'the same precision')} costs "
                 f"<b>{_ms(ar.seconds_per_token)}</b> per token ({html.escape(ar.source)}).{when} "
                 f"So the tree must deliver <b>≥ {v.break_even_tokens_per_step:.2f} tokens/step</b> to beat plain "
-                f"decoding here; it delivers <span class='{cls}'>{cost.mean.tokens_per_step:.2f}</span> → predicted "
-                f"<span class='{cls}'>{v.predicted_speedup:.2f}×</span> "
-                f"{'faster' if v.wins else '(slower than plain decoding)'}.</p>")
+                f"decoding here; it delivers <span class='{cls}'>{cost.mean.tokens_per_step:.2f}</span> → "
+                f"<span class='{cls}'>{v.speedup:.2f}×</span> its speed on this run's steps "
+                f"{'(faster)' if v.wins else '(slower)'}.</p>")
     base_measured = "–"
     if baseline is not None and baseline.traces:
         b = baseline.traces[-1]
         base_measured = _ms(b.elapsed / max(b.total_new_tokens, 1))
-    per_token = ("<table><tr><th>ms per token</th><th>predicted (mean step ÷ mean tokens/step)</th>"
+    per_token = ("<table><tr><th>ms per token</th><th>step model (mean step ÷ mean tokens/step)</th>"
                  "<th>measured, decoding (wall clock)</th><th>measured, prefill included</th></tr>"
                  f"<tr><td>plain decoding</td><td>{_ms(ar.seconds_per_token) if ar else '–'}</td><td>–</td>"
                  f"<td>{base_measured}</td></tr>"
-                 f"<tr><td>{html.escape(record.label)}</td><td>{_ms(cost.predicted_s_per_token)}</td>"
+                 f"<tr><td>{html.escape(record.label)}</td><td>{_ms(cost.step_model_s_per_token)}</td>"
                  f"<td>{_ms(cost.decode_s_per_token)}</td><td>{_ms(cost.with_prefill_s_per_token)}</td></tr></table>")
-    return STYLE + head + per_token + _step_table(cost) + _gpu_section(cost, float(record.model_params[1]))
+    return STYLE + predicted + head + per_token + _step_table(cost) + _gpu_section(cost, float(record.model_params[1]))

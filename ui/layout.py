@@ -271,13 +271,14 @@ def build_layout(default_draft: str, default_target: str, defaults: AppDefaults,
                         open_run = gr.File(label="Open an exported run (JSON): replays its steps, no models needed",
                                            file_types=[".json"], file_count="single", elem_id="open-run")
                 with gr.Tab("Compare", id="compare", elem_id="compare-tab"):
-                    gr.Markdown("Autoregressive vs chain vs a tree method on the **same** prompt, seed, "
+                    gr.Markdown("Autoregressive vs chain vs a tree method (default: what `auto` chooses for this "
+                                "machine, with its prediction) on the **same** prompt, seed, "
                                 "sampling settings and token budget, run one after the other; optionally "
                                 "transformers' own assisted generation (`generate(assistant_model=draft)`) "
                                 "on the same models as a fourth column.")
                     with gr.Row():
-                        cmp_method = gr.Dropdown(list(TREE_METHODS), value=defaults.method if defaults.method in TREE_METHODS
-                                                 else TREE_METHODS[0], label="Tree method", elem_id="compare-method")
+                        cmp_method = gr.Dropdown([AUTO, *TREE_METHODS], value=AUTO, label="Tree method",
+                                                 elem_id="compare-method")
                         cmp_hf = gr.Checkbox(value=True, label="+ transformers assisted", elem_id="compare-hf")
                         cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn")
                         cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")

@@ -72,6 +72,12 @@ class ModelProvider(Protocol):
         """The pair's tokenizer and context without loading weights (None when that needs a download)."""
         ...
 
+    def remeasure(self, settings: Any, rows: Any, planner: Any) -> tuple:
+        """Start measuring ``rows`` (``ProfileRow``) of the profile ``auto`` priced the form's ``settings``
+        with anew on ``planner`` (the stored rows serve until the new ones are written); the rows it
+        started on (none when another measurement is running)."""
+        ...
+
 
 class HubModelProvider:
     """Loads pairs through ``dyntree_core.planning.pair_cache.PairCache`` (one cache per draft/target/device: the
@@ -118,12 +124,22 @@ class HubModelProvider:
             self._cache, self._cache_key = PairCache(draft, target, device=device), key
         return self._cache
 
+    def _plan_request(self, settings: Any) -> tuple:
+        """``(draft, target, device, temperature, plan_auto keywords, the planner's key)`` of a request."""
+        from dyntree_core.planning.search_space import search_space
+
+        device = "cpu" if settings.offload else settings.device
+        draft, target = settings.draft.strip(), settings.target.strip()
+        tps, dps, methods = search_space(settings.method, settings.precision, settings.draft_precision, device)
+        temperature = float(settings.temperature)
+        kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
+        return draft, target, device, temperature, kw, (draft, target, device, temperature, tps, dps, methods)
+
     def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
         """Resolve ``auto`` (method and/or precisions) with the measured cost model: from the caches,
         or with a ``ui.planner.BackgroundPlanner`` the provisional plan while it measures."""
         from dyntree_core.planning.auto import plan_auto
         from dyntree_core.planning.pair_cache import PairCache
-        from dyntree_core.planning.search_space import search_space
 
         from .planner import plan_auto_for_app
 
@@ -132,16 +148,12 @@ class HubModelProvider:
             if progress is not None:
                 progress(msg)
 
-        device = "cpu" if settings.offload else settings.device
-        draft, target = settings.draft.strip(), settings.target.strip()
-        tps, dps, methods = search_space(settings.method, settings.precision, settings.draft_precision, device)
-        temperature = float(settings.temperature)
-        kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
+        draft, target, device, temperature, kw, key = self._plan_request(settings)
         with self._lock:
             try:
                 cache = self._pair_cache(draft, target, device)
                 return plan_auto_for_app(
-                    planner, (draft, target, device, temperature, tps, dps, methods), tps, dps,
+                    planner, key, kw["target_precisions"], kw["draft_precisions"],
                     cached=lambda: plan_auto(cache, temperature, measure=False, **kw),
                     # the background measurement loads its own models: the run's cache stays this thread's
                     measure=lambda turn, note: plan_auto(PairCache(draft, target, device=device), temperature,
@@ -150,6 +162,17 @@ class HubModelProvider:
             except (OSError, ValueError, KeyError) as e:
                 raise ModelLoadError(f"could not plan 'auto' for draft {settings.draft!r} / target "
                                      f"{settings.target!r}: {e}") from e
+
+    def remeasure(self, settings: Any, rows: Any, planner: Any) -> tuple:
+        from dyntree_core.planning.auto import plan_auto
+        from dyntree_core.planning.pair_cache import PairCache
+
+        if planner is None or not rows:
+            return ()
+        draft, target, device, temperature, kw, key = self._plan_request(settings)
+        started = planner.start(key + ("remeasure",), lambda turn, note: plan_auto(
+            PairCache(draft, target, device=device), temperature, turn=turn, progress=note, remeasure=tuple(rows), **kw))
+        return tuple(rows) if started else ()
 
     def load(self, spec: PairSpec) -> LoadedPair:
         if not spec.draft.strip() or not spec.target.strip():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from collections.abc import Mapping
 
 from dyntree_core.config import ConfigError, DecodeConfig
 from dyntree_core.decode.engine import SpeculativeDecoder
+from dyntree_core.planning.prediction import Prediction
 
 from .models import ModelProvider
 from .prompt_check import TextInfo, check_prompt, fit_prompt
@@ -44,18 +46,28 @@ def prompt_ids(info: TextInfo, settings: RunSettings, budget: int) -> tuple[list
     return fit_prompt(ids, check_prompt(ids, info.context, settings.max_new_tokens, budget), settings.long_prompt)
 
 
-def resolve_auto(provider: ModelProvider, settings: RunSettings, planner: Any = None) -> tuple[RunSettings, str]:
-    """``settings`` with every ``auto`` replaced by the provider's plan, and the plan's reason
+@dataclass(frozen=True)
+class Resolved:
+    """The settings a run uses, why (``auto``'s reason, '' when nothing was ``auto``) and, where ``auto``
+    priced exactly this run, its ``Prediction``."""
+
+    settings: RunSettings
+    note: str = ""
+    prediction: Optional[Prediction] = None
+
+
+def resolve_auto(provider: ModelProvider, settings: RunSettings, planner: Any = None) -> Resolved:
+    """``settings`` with every ``auto`` replaced by the provider's plan
     (``planner``: a ``ui.planner.BackgroundPlanner``: measure in the background, plan provisionally)."""
     if not settings.needs_auto:
-        return settings, ""
+        return Resolved(settings)
     if not settings.prompt or not settings.prompt.strip():
         raise ConfigError("the prompt is empty: type some text first")
-    from dataclasses import replace
-
     plan = provider.auto_plan(settings, planner=planner)
-    kw = plan.resolve(settings.method, settings.precision, settings.draft_precision)
-    return replace(settings, **kw), plan.reason
+    resolved = replace(settings, **plan.resolve(settings.method, settings.precision, settings.draft_precision))
+    predict = getattr(plan, "prediction", None)  # (a provisional plan has measured nothing to predict from)
+    prediction = predict(settings.method, resolved.precision, resolved.draft_precision) if predict else None
+    return Resolved(resolved, plan.reason, prediction)
 
 
 def _levels(n: int) -> str:
@@ -100,7 +112,8 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     if info is not None:  # a prompt over the limit is refused before any planning or loading
         prompt_ids(info, settings, settings.budget)
     form = settings
-    settings, note = resolve_auto(provider, settings, planner)
+    resolved = resolve_auto(provider, settings, planner)
+    settings, note = resolved.settings, resolved.note
     cfg = settings.decode_config()
     pair = provider.load(settings.pair_spec())
     context = int(getattr(pair.target.config, "max_position_embeddings", 0) or 1 << 30)
@@ -108,7 +121,8 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     decoder = SpeculativeDecoder.on_pair(pair.prepared(cfg), cfg, eos_token_id=list(pair.eos_token_ids) or None)
     stop = stop_event or threading.Event()
     record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer),
-                       note="; ".join(n for n in (note, tree_note(form, cfg), cut) if n))
+                       note="; ".join(n for n in (note, tree_note(form, cfg), cut) if n),
+                       prediction=resolved.prediction, form=form)
     steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, prefill_progress=True)
     return Generation(record, steps, stop)
 
@@ -135,7 +149,7 @@ def run_hf_assisted(provider: ModelProvider, settings: RunSettings, stop_event: 
     ``progress(tokens)`` is called after each round; ``stop_event`` ends it after the current round."""
     from dyntree_core.bench.hf_baselines import hf_assisted_defaults, hf_generate
 
-    settings, _ = resolve_auto(provider, settings.with_method("chain"), planner)
+    settings = resolve_auto(provider, settings.with_method("chain"), planner).settings
     settings.decode_config()
     pair = provider.load(settings.pair_spec())
     ids = encode_prompt(pair.tokenizer, settings.prompt, chat=settings.chat and pair.supports_chat)

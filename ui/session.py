@@ -19,6 +19,7 @@ from typing import Iterator, Literal, Optional
 
 from dyntree_core.config import DecodeConfig
 from dyntree_core.planning.forward_timer import ForwardTiming
+from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_prediction
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
 from .settings import RunSettings
@@ -47,6 +48,9 @@ class RunRecord:
     compiling: str = ""  # what the first step compiles (graph steps on a GPU), shown while it runs
     waiting: str = ""  # while this run waits for the shared models: what holds them
     wait_seconds: float = 0.0  # time spent waiting for other sessions' chunks and steps
+    prediction: Optional[Prediction] = None  # what auto priced this run at (None: not a run auto priced)
+    form: Optional[RunSettings] = None  # the settings as the form gave them (``auto`` unresolved)
+    remeasuring: tuple = ()  # profile rows (``ProfileRow``) being measured again because this run was off
 
     def snapshot(self) -> "RunRecord":
         """A copy to draw from while a worker thread extends this record. The status is read before
@@ -55,6 +59,10 @@ class RunRecord:
         could show 'finished' above a text one step short)."""
         status = self.status
         return dataclasses.replace(self, status=status, traces=list(self.traces))
+
+    def prediction_check(self) -> Optional[PredictionCheck]:
+        """The run's steps so far against its prediction (None without one, or before a step)."""
+        return None if self.prediction is None else check_prediction(self.prediction, self.traces)
 
     @property
     def label(self) -> str:

@@ -111,7 +111,8 @@ class RunSettings:
 
     def with_method(self, method: str) -> "RunSettings":
         """The same run with another method; the verifier falls back to ``auto`` if incompatible."""
-        verifier = self.verifier if self.verifier in compatible_verifiers(method, self.temperature) else "auto"
+        verifier = ("auto" if method == AUTO or self.verifier not in compatible_verifiers(method, self.temperature)
+                    else self.verifier)
         return replace(self, method=method, verifier=verifier, stop_confidence=None, sequoia_acceptance=None,
                        spec_factor=DEFAULT_SPEC_FACTOR)
 

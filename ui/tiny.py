@@ -66,20 +66,38 @@ class TinyModelProvider:
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
         from dyntree_core.planning.auto import plan_auto
-        from dyntree_core.planning.search_space import search_space
 
         from .planner import plan_auto_for_app
 
-        _, _, methods = search_space(settings.method, settings.precision, settings.draft_precision, "cpu")
-        tps = ("float32",) if settings.precision == "auto" else (settings.precision,)
-        dps = ("float32", "int8") if settings.draft_precision == "auto" else (settings.draft_precision,)
-        temperature = float(settings.temperature)
+        temperature, tps, dps, methods = self._request(settings)
         kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
         return plan_auto_for_app(
             planner, (temperature, tps, dps, methods), tps, dps,
             cached=lambda: plan_auto(self._cache(), temperature, measure=False, **kw),
             measure=lambda turn, note: plan_auto(self._cache(), temperature, turn=turn, progress=note, **kw),
             foreground=lambda: plan_auto(self._cache(), temperature, progress=progress, **kw))
+
+    def remeasure(self, settings, rows, planner) -> tuple:
+        """As ``HubModelProvider.remeasure``, on the tiny pair's profile."""
+        from dyntree_core.planning.auto import plan_auto
+
+        if planner is None or not rows:
+            return ()
+        temperature, tps, dps, methods = self._request(settings)
+        started = planner.start((temperature, tps, dps, methods, "remeasure"), lambda turn, note: plan_auto(
+            self._cache(), temperature, target_precisions=tps, draft_precisions=dps, methods=methods, turn=turn,
+            progress=note, remeasure=tuple(rows)))
+        return tuple(rows) if started else ()
+
+    @staticmethod
+    def _request(settings) -> tuple:
+        """``(temperature, target precisions, draft precisions, methods)`` auto prices on the tiny pair."""
+        from dyntree_core.planning.search_space import search_space
+
+        _, _, methods = search_space(settings.method, settings.precision, settings.draft_precision, "cpu")
+        tps = ("float32",) if settings.precision == "auto" else (settings.precision,)
+        dps = ("float32", "int8") if settings.draft_precision == "auto" else (settings.draft_precision,)
+        return float(settings.temperature), tps, dps, methods
 
     def _cache(self):
         from dyntree_core.testing import TinyPairCache

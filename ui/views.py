@@ -15,6 +15,7 @@ from .charts import phase_figure, speed_figure, tokens_per_step_figure
 from .cost_view import cost_model_html
 from .colored_text import TEXT_STYLE, TextSpan, build_spans, legend_html, render_html
 from .mask_figure import mask_figure, masks_figure
+from .prediction_view import prediction_lines
 from .session import ExternalRun, RunRecord
 from .text_figure import text_figure
 from .tokens import group_pieces
@@ -112,8 +113,10 @@ def status_line(record: Optional[RunRecord]) -> str:
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
     mixed = (f" · {s['suffix_steps']} of {s['steps']} steps drafted from the text (no draft forward)"
              if record.config.method == "hybrid" else "")
+    checked = prediction_lines(record)[1:]
+    check = f"  \n{html.escape(checked[0])}" if checked else ""
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
-            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{mixed}{shared}{note}")
+            f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{mixed}{shared}{check}{note}")
 
 
 def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:
@@ -153,6 +156,16 @@ def external_text_html(run: ExternalRun) -> str:
     return body + f'<div style="color:#666;font-size:0.85em;margin-top:4px">{html.escape(run.note)}</div>'
 
 
+def column_label(rec: RunRecord | ExternalRun) -> str:
+    """A Compare column's heading: the method and the precisions it ran at."""
+    if isinstance(rec, ExternalRun):
+        return rec.label
+    c = rec.config
+    if c.method == "autoregressive" or not c.precision:
+        return f"{rec.label} @ {c.precision}" if c.precision else rec.label
+    return f"{rec.label} @ target {c.precision}, draft {c.draft_precision or c.precision}"
+
+
 def compare_views(records: Sequence[RunRecord | ExternalRun]) -> tuple[list[str], list[str], go.Figure, go.Figure]:
     """Per-run text + stats, and the shared speed / tokens-per-step charts (an ``ExternalRun``'s
     rounds are plotted like steps)."""
@@ -160,11 +173,13 @@ def compare_views(records: Sequence[RunRecord | ExternalRun]) -> tuple[list[str]
     for rec in records:
         texts.append(external_text_html(rec) if isinstance(rec, ExternalRun) else text_html(rec, show_legend=False))
         s = rec.summary()
+        lines = "" if isinstance(rec, ExternalRun) else "".join(
+            f"  \n{html.escape(line)}" for line in prediction_lines(rec))
         stats.append(
-            f"**{html.escape(rec.label)}** · {rec.status}  \n"
+            f"**{html.escape(column_label(rec))}** · {rec.status}  \n"
             f"{s['tokens']} tokens · {s['steps']} target steps · {s['seconds']:.2f} s  \n"
-            f"**{s['tokens_per_s']:.2f} tok/s** · **{s['mean_tokens_per_step']:.2f} tokens/step**"
-            if s["steps"] else f"**{html.escape(rec.label)}** · waiting"
+            f"**{s['tokens_per_s']:.2f} tok/s** · **{s['mean_tokens_per_step']:.2f} tokens/step**{lines}"
+            if s["steps"] else f"**{html.escape(column_label(rec))}** · waiting"
         )
     runs = [(r.label, r.traces) for r in records if r.traces]
     if runs:

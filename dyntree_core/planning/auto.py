@@ -17,7 +17,7 @@ precision bench for measured acceptance per precision).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
 from ..config import DecodeConfig
@@ -25,6 +25,7 @@ from .acceptance import Acceptance, cached_acceptance, calibration_prompts, load
 from .forward_timer import Progress, Turn
 from .machine_profile import MachineProfile, NotMeasuredYet
 from .pair_cache import PairCache
+from .prediction import Prediction, fastest_plain, prediction_for
 from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, price_candidates
 from .profiling import load_or_measure_profile
 from .search_space import AUTO, MODEL_TREE_METHODS, default_precisions
@@ -46,6 +47,8 @@ class AutoPlan:
     top: tuple[Candidate, ...] = ()
     fastest_draft_precision: str = ""
     per_method: tuple[Candidate, ...] = ()  # the cheapest candidate of each priced method
+    reference: Optional[Candidate] = None  # the fastest plain decoding in the profile, any precision
+    profile: Optional[MachineProfile] = field(default=None, repr=False, compare=False)  # what priced it
 
     @property
     def method(self) -> str:
@@ -102,8 +105,24 @@ class AutoPlan:
             kw["draft_precision"] = choice.draft_precision or self.fastest_draft_precision
         return kw
 
+    def prediction(self, method: str, precision: str, draft_precision: Optional[str]) -> Optional[Prediction]:
+        """The ``Prediction`` of a run of ``method`` as the form asked for it (``auto`` or a fixed one) at the
+        resolved precisions: the chosen candidate for ``auto``, the best plain decoding for
+        ``autoregressive``; None where the run is not what was priced (a fixed tree method's shape is the
+        form's own, or a fixed precision the plan did not choose)."""
+        if method == AUTO:
+            c = self.best
+        elif method == "autoregressive":
+            c = self.best_autoregressive
+        else:
+            return None
+        if c.target_precision != precision or (c.draft_precision is not None and c.draft_precision != draft_precision):
+            return None
+        return prediction_for(c, self.reference or self.best_autoregressive, self.profile)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, profile=None))
+        d.pop("profile")
         d["best"]["seconds_per_token"] = self.best.seconds_per_token
         d["best_autoregressive"]["seconds_per_token"] = self.best_autoregressive.seconds_per_token
         return d
@@ -130,6 +149,7 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
     machine = profile.machine
     cpu = f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')})"
     t1 = profile.target_time(best.target_precision, 1)
+    reference = min((fastest_plain(profile), best_ar), key=lambda c: c.seconds_per_token)
     if best.method == "autoregressive":
         tree = min((c for c in ranked if c.method != "autoregressive"), key=lambda c: c.seconds_per_token, default=None)
         why = ""
@@ -141,21 +161,21 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
                    f"({tree.draft_seconds * 1e3:.0f} ms/step) and a {tree.budget}-token target forward "
                    f"({tn:.1f}x a 1-token one here) outweigh {tree.expected_tokens:.2f} tokens/step "
                    + _where_tokens_come_from(tree, acceptance))
-        reason = (f"auto: plain autoregressive decoding at {best.target_precision} ({ms(best):.0f} ms/token predicted) "
-                  f"on {cpu}; {why}")
+        reason = (f"auto: plain autoregressive decoding at {best.target_precision}: "
+                  f"{prediction_for(best, reference).text()} on {cpu}; {why}")
     else:
         n = best.budget
         tn = profile.target_time(best.target_precision, n)
         up_to = best.method in ("suffix", "hybrid") or (best.method == "chain" and best.stop_confidence)
         size = f"an up-to-{n}-token" if up_to else f"a {n}-token"
-        reason = (f"auto: {best.label()}: predicted {ms(best):.0f} ms/token vs {ms(best_ar):.0f} for autoregressive "
-                  f"@ {best_ar.target_precision} ({ms(best_ar) / ms(best):.2f}x) on {cpu}: {size} target forward "
+        reason = (f"auto: {best.label()}: {prediction_for(best, reference).text()} on {cpu}: {size} target forward "
                   f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
     fast_d = min(draft_precisions, key=lambda p: profile.draft_time(p, 1))
     per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
-                    profile.machine, reason, tuple(ranked[:8]), fast_d, per_method)
+                    profile.machine, reason, tuple(ranked[:8]), fast_d, per_method, reference=reference,
+                    profile=profile)
 
 
 def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
@@ -174,30 +194,34 @@ def pair_name(cache: PairCache) -> str:
 
 def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precisions: Sequence[str],
                 target_ns: Sequence[int] = (), refresh: bool = False,
-                progress: Optional[Progress] = None, measure: bool = True, turn: Turn = nullcontext) -> MachineProfile:
+                progress: Optional[Progress] = None, measure: bool = True, turn: Turn = nullcontext,
+                remeasure: Sequence = ()) -> MachineProfile:
     """The one machine profile of ``cache``'s pair (``profiling.load_or_measure_profile``): the
     default sizes for both models, ``target_ns`` too for the target; only what the cache lacks is
     measured."""
     return load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
                                    refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
-                                   target_ns=tuple(target_ns), measure=measure, turn=turn)
+                                   target_ns=tuple(target_ns), measure=measure, turn=turn, remeasure=remeasure)
 
 
 def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
               draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
               refresh: bool = False, progress: Optional[Progress] = None,
-              target_ns: Sequence[int] = (), measure: bool = True, turn: Turn = nullcontext) -> AutoPlan:
+              target_ns: Sequence[int] = (), measure: bool = True, turn: Turn = nullcontext,
+              remeasure: Sequence = ()) -> AutoPlan:
     """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``.
     ``target_ns``: target sizes the profile must also cover (a calibration that follows prices
     bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``). ``measure=False``: only from the
     caches, raising ``NotMeasuredYet`` when something is missing (nothing is loaded then); ``turn``:
-    the context each timed measurement runs in (``profiling.measure_into``)."""
+    the context each timed measurement runs in (``profiling.measure_into``); ``remeasure``: profile rows
+    (``prediction.ProfileRow``) to measure anew, the cached ones serving until then."""
     say = progress or (lambda _m: None)
     tps = tuple(target_precisions or default_precisions(cache.device))
     dps = tuple(draft_precisions or tps)
     name = pair_name(cache)
     say("machine profile (measured once per machine, pair and torch version, then cached):")
-    prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say, measure=measure, turn=turn)
+    prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say, measure=measure, turn=turn,
+                       remeasure=remeasure)
     fast_t = min(tps, key=lambda p: prof.target_time(p, 1))
     fast_d = min(dps, key=lambda p: prof.draft_time(p, 1))
     if methods == ("autoregressive",):

@@ -108,7 +108,7 @@ class StepCost:
         return kind.steps / self.mean.steps
 
     @property
-    def predicted_s_per_token(self) -> float:
+    def step_model_s_per_token(self) -> float:
         """The step model's seconds per token (``pricing.seconds_per_token`` of the mean step)."""
         m = self.mean
         return seconds_per_token(m.target_s, m.draft_s, m.other_s, m.tokens_per_step)
@@ -179,8 +179,8 @@ class Verdict:
         return self.cost.mean.step_s / self.ar.seconds_per_token
 
     @property
-    def predicted_speedup(self) -> float:
-        return self.ar.seconds_per_token / self.cost.predicted_s_per_token
+    def speedup(self) -> float:
+        return self.ar.seconds_per_token / self.cost.step_model_s_per_token
 
     @property
     def wins(self) -> bool:

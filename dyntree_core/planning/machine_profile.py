@@ -104,6 +104,20 @@ class MachineProfile:
         have = {n for n, t in zip(self.ns, row or []) if t is not None}
         return sorted(n for n in set(ns) if n not in have and n < stop)
 
+    def forget(self, role: str, precision: str = "") -> bool:
+        """Clear the row of ``role`` (``target`` / ``draft`` at ``precision``, or ``other``) so that
+        ``load_or_measure_profile`` measures it again (its ``remeasure``); True if it held a time."""
+        if role == "other":
+            had, self.other = any(t is not None for t in self.other), [None] * len(self.other)
+            return had
+        row = getattr(self, role).get(precision)
+        self.dropped.pop(f"{role}:{precision}", None)
+        if row is None:
+            return False
+        had = any(t is not None for t in row)
+        getattr(self, role)[precision] = [None] * len(row)
+        return had
+
     def save(self, path: Path) -> None:
         """Write the profile atomically (``measured.write_json``); ``provisional`` is not written."""
         d = asdict(self)

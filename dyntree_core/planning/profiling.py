@@ -153,13 +153,14 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                             progress: Optional[Progress] = None,
                             draft_precisions: Optional[Sequence[str]] = None,
                             target_ns: Optional[Sequence[int]] = None, measure: bool = True,
-                            turn: Turn = nullcontext) -> MachineProfile:
+                            turn: Turn = nullcontext, remeasure: Sequence = ()) -> MachineProfile:
     """This machine's profile of the pair with at least ``ns`` for both models at their precisions
     (and ``target_ns`` too for the target): read from the cache, and what it lacks measured once and
     written back when the machine was quiet while it ran (``measured.watch``; else the profile is
     returned with ``provisional`` saying why, and the next call measures again). ``refresh`` measures
     everything asked for anew; ``measure=False`` raises ``NotMeasuredYet`` instead of measuring;
-    ``turn`` as in ``measure_into``."""
+    ``turn`` as in ``measure_into``; ``remeasure``: rows (``prediction.ProfileRow``) to measure anew (a run
+    was off its prediction): the stored file keeps their old times until the new ones are written."""
     key = profile_key(pair_name, device)
     path = profile_path(key)
     prof: Optional[MachineProfile] = None
@@ -171,6 +172,8 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
         except (OSError, ValueError, TypeError):
             prof = None
     prof = prof or empty_profile(key)
+    for row in remeasure if measure else ():
+        prof.forget(row.role, row.precision)
     t_ns = sorted(set(ns) | set(target_ns or ()))
     wanted = {("target", p): t_ns for p in precisions}
     wanted.update({("draft", p): list(ns) for p in (draft_precisions or precisions)})

@@ -1,0 +1,285 @@
+"""One prediction per run, and its check against the run.
+
+``Prediction``: what ``auto`` priced the configuration it chose at (seconds per token, and the step's
+parts: draft, target forward, the rest, tokens per step), against **the fastest plain decoding this
+machine's profile measured, at any precision** (``fastest_plain``), never a reference of the panel's
+own. ``PredictionCheck``: the same parts measured on the run's steps (the mean step over the mean tokens
+per step, as ``pricing`` prices; waits for other sessions are not in a step), how far the run fell from
+the prediction, and which profile rows priced the parts that were off (``rows_to_remeasure``). The
+status line, the cost panel and Compare all show these two objects' ``text()``; none computes a
+prediction of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from .pricing import Candidate, autoregressive_candidate, interpolate, other_seconds, seconds_per_token
+
+if TYPE_CHECKING:
+    from ..trace import StepTrace
+    from .machine_profile import MachineProfile
+
+#: a run whose measured seconds per token are off the prediction by more than this fraction (either way)
+#: has the profile rows behind its wrong parts measured again
+OFF_BY = 0.25
+#: a part of the step counts as wrong when it moved the step by more than this share of its predicted time
+PART_SHARE = 0.1
+#: fewer measured steps than this say how far the run was, but re-measure nothing
+MIN_STEPS = 8
+#: the part that is the prompt's, not a profile row's
+TOKENS = "tokens per step"
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """A row of the machine profile: ``role`` target / draft (at ``precision``) or ``other`` (precision "")."""
+
+    role: str
+    precision: str = ""
+
+    def text(self) -> str:
+        return "the step's other-cost row" if self.role == "other" else f"the {self.role}'s {self.precision} row"
+
+
+@dataclass(frozen=True)
+class PricedRows:
+    """The profile rows a prediction was priced from (its precisions only), to price the run's actual
+    sizes after it (``check_prediction``).
+
+    Attributes:
+        ns: the profile's sizes (tokens per forward).
+        target, draft: seconds per size of the target / draft at the prediction's precisions (None: not
+            measured); draft empty for a run without a draft model.
+        other: seconds per size of the engine's step outside the forwards.
+    """
+
+    ns: tuple[int, ...]
+    target: tuple[Optional[float], ...]
+    draft: tuple[Optional[float], ...]
+    other: tuple[Optional[float], ...]
+
+    @classmethod
+    def of(cls, profile: MachineProfile, target_precision: str, draft_precision: Optional[str]) -> "PricedRows":
+        row = lambda table, p: tuple(table.get(p) or [None] * len(profile.ns)) if p else ()  # noqa: E731
+        return cls(tuple(profile.ns), row(profile.target, target_precision), row(profile.draft, draft_precision),
+                   tuple(profile.other))
+
+    def time(self, row: tuple[Optional[float], ...], n: float) -> float:
+        """``pricing.interpolate`` over the measured sizes of ``row`` (inf where none)."""
+        pts = [(x, y) for x, y in zip(self.ns, row) if y is not None]
+        return interpolate([x for x, _ in pts], [y for _, y in pts], n) if pts else math.inf
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a run is predicted to cost, against the fastest plain decoding measured here.
+
+    Attributes:
+        label: the configuration priced (``Candidate.label``).
+        method: its method.
+        s_per_token: predicted seconds per token (``pricing.seconds_per_token`` of the parts below).
+        draft_s, target_s, other_s: predicted seconds per step of the draft, the target forward, the rest.
+        tokens_per_step: expected tokens committed per step.
+        target_precision, draft_precision: the precisions priced (draft None for plain decoding).
+        reference_label, reference_s_per_token: the fastest plain decoding in the profile, any precision.
+        profile_created: when the profile was first measured (the numbers' age).
+        rows: the profile rows it was priced from (None: the parts are checked at the predicted sizes).
+    """
+
+    label: str
+    method: str
+    s_per_token: float
+    draft_s: float
+    target_s: float
+    other_s: float
+    tokens_per_step: float
+    target_precision: str
+    draft_precision: Optional[str]
+    reference_label: str
+    reference_s_per_token: float
+    profile_created: str = ""
+    rows: Optional[PricedRows] = None
+
+    @property
+    def speedup(self) -> float:
+        return self.reference_s_per_token / self.s_per_token
+
+    @property
+    def is_reference(self) -> bool:
+        return self.method == "autoregressive" and self.label == self.reference_label
+
+    def part_rows(self) -> dict[str, Optional[ProfileRow]]:
+        """The profile row that priced each part."""
+        return {"draft": ProfileRow("draft", self.draft_precision) if self.draft_precision and self.draft_s > 0 else None,
+                "target forward": ProfileRow("target", self.target_precision),
+                "rest of the step": ProfileRow("other"),
+                TOKENS: None}
+
+    def text(self) -> str:
+        ms = self.s_per_token * 1e3
+        if self.is_reference:
+            return (f"predicted {ms:.0f} ms/token: {self.label}, the fastest plain decoding measured on this machine")
+        return (f"predicted {ms:.0f} ms/token vs {self.reference_s_per_token * 1e3:.0f} for {self.reference_label}, "
+                f"the fastest plain decoding measured on this machine ({self.speedup:.2f}x)")
+
+
+def fastest_plain(profile: MachineProfile) -> Candidate:
+    """Plain decoding at the target precision the profile measured fastest (every precision it has)."""
+    cands = [autoregressive_candidate(profile, p) for p in profile.target]
+    cands = [c for c in cands if math.isfinite(c.seconds_per_token)]
+    if not cands:
+        raise ValueError("the profile has no measured one-token target forward")
+    return min(cands, key=lambda c: c.seconds_per_token)
+
+
+def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional[MachineProfile] = None) -> Prediction:
+    """``candidate``'s prediction against ``reference`` (``fastest_plain`` of ``profile``, which priced it)."""
+    ref = reference
+    dp = candidate.draft_precision if candidate.method != "autoregressive" else None
+    return Prediction(
+        label=candidate.label(), method=candidate.method, s_per_token=candidate.seconds_per_token,
+        draft_s=candidate.draft_seconds, target_s=candidate.target_seconds, other_s=candidate.verify_seconds,
+        tokens_per_step=candidate.expected_tokens, target_precision=candidate.target_precision,
+        draft_precision=candidate.draft_precision if candidate.method != "autoregressive" else None,
+        reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
+        profile_created=profile.created if profile is not None else "",
+        rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None)
+
+
+@dataclass(frozen=True)
+class PartCheck:
+    """One part of the step, predicted and measured (seconds per step, or tokens per step)."""
+
+    name: str
+    predicted: float
+    measured: float
+    row: Optional[ProfileRow]
+
+    @property
+    def ratio(self) -> float:
+        if self.predicted <= 0:
+            return 1.0 if self.measured <= 0 else math.inf
+        return self.measured / self.predicted
+
+    @property
+    def off(self) -> bool:
+        return abs(self.ratio - 1.0) > OFF_BY
+
+
+@dataclass(frozen=True)
+class PredictionCheck:
+    """A finished (or stopped) run's steps against its ``Prediction``.
+
+    Attributes:
+        prediction: what was predicted.
+        measured_s_per_token: the run's mean step over its mean tokens per step.
+        steps: how many steps were measured.
+        parts: draft, target forward, rest of the step (seconds per step), tokens per step.
+    """
+
+    prediction: Prediction
+    measured_s_per_token: float
+    steps: int
+    parts: tuple[PartCheck, ...]
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_s_per_token / self.prediction.s_per_token
+
+    @property
+    def off(self) -> bool:
+        return abs(self.ratio - 1.0) > OFF_BY
+
+    @property
+    def measured_speedup(self) -> float:
+        """The fastest plain decoding's predicted time over this run's measured time."""
+        return self.prediction.reference_s_per_token / self.measured_s_per_token
+
+    def wrong_parts(self) -> tuple[PartCheck, ...]:
+        """When the whole run is off: the parts off by more than ``OFF_BY`` that moved the step by more
+        than ``PART_SHARE`` of its predicted time (a part of a few milliseconds may be off by half and
+        explain nothing), tokens per step whenever it is off; where no part is off alone, the part
+        that moved the step most. None when the run is within."""
+        if not self.off:
+            return ()
+        p = self.prediction
+        step = p.draft_s + p.target_s + p.other_s
+        moved = lambda c: abs(c.measured - c.predicted)  # noqa: E731
+        wrong = tuple(c for c in self.parts if c.off and (c.name == TOKENS or moved(c) > PART_SHARE * step))
+        if wrong:
+            return wrong
+        timed = [c for c in self.parts if c.name != TOKENS and moved(c) > PART_SHARE * step]
+        if timed:
+            return (max(timed, key=moved),)
+        return tuple(c for c in self.parts if c.name == TOKENS)
+
+    def rows_to_remeasure(self) -> tuple[ProfileRow, ...]:
+        """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's);
+        none from fewer than ``MIN_STEPS`` steps."""
+        if self.steps < MIN_STEPS:
+            return ()
+        return tuple(dict.fromkeys(p.row for p in self.wrong_parts() if p.row is not None))
+
+    def text(self, remeasuring: Sequence[ProfileRow] = ()) -> str:
+        """One line; ``remeasuring``: the profile rows being measured again because of this run."""
+        ms = self.measured_s_per_token * 1e3
+        head = f"measured {ms:.0f} ms/token over {self.steps} steps, {self.ratio:.2f}x the prediction"
+        if not self.off:
+            return f"{head} (within {OFF_BY:.0%})"
+        wrong = self.wrong_parts()
+        parts = "; ".join(f"{p.name} {p.ratio:.2f}x its price" for p in wrong) or "no single part"
+        if any(p.name == TOKENS for p in wrong):
+            parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
+        rows = self.rows_to_remeasure()
+        if self.steps < MIN_STEPS:
+            tail = f"; too few steps to re-measure anything (fewer than {MIN_STEPS})"
+        elif remeasuring:
+            tail = ("; re-measuring " + ", ".join(r.text() for r in remeasuring)
+                    + " of the profile in idle moments (the next Run uses it)")
+        elif rows:
+            tail = "; " + ", ".join(r.text() for r in rows) + " of the profile priced it (re-measured once per app session)"
+        else:
+            tail = ""
+        return f"{head}: off by more than {OFF_BY:.0%} ({parts}){tail}"
+
+
+def check_prediction(prediction: Prediction, traces: Sequence[StepTrace]) -> Optional[PredictionCheck]:
+    """``prediction`` against the measured steps of ``traces`` (None before the first step).
+
+    With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
+    compared with those rows' price **at the sizes the run had** (its mean tree size for the target
+    forward and the rest of the step; its mean draft levels and their width for the draft): a prompt
+    that is easier than the calibration text grows longer chains and bigger trees, which is its tokens
+    per step, not a wrong row. Without rows the parts are compared with the predicted ones."""
+    steps = [t for t in traces if t.step_seconds > 0]
+    if not steps:
+        return None
+    mean = statistics.fmean
+    draft = mean(t.timings.draft for t in steps)
+    target = mean(t.timings.target_forward for t in steps)
+    other = mean(other_seconds(t.tree_size, t.method, step=t) for t in steps)
+    tokens = mean(t.num_committed for t in steps)
+    p, rows = prediction, prediction.part_rows()
+    priced = (p.draft_s, p.target_s, p.other_s)
+    names = ("draft", "target forward", "rest of the step")
+    if p.rows is not None:
+        size = max(1.0, mean(t.tree_size for t in steps))
+        modeled = [t for t in steps if t.tree is not None and t.draft_source != "suffix"]
+        levels = mean(int(t.tree.depth.max()) for t in modeled) if modeled else 0.0
+        width = mean(max(1, t.tree_size - 1) for t in modeled) / max(levels, 1.0) if modeled else 1.0
+        at = (levels * p.rows.time(p.rows.draft, width) if p.rows.draft and levels else p.draft_s,
+              p.rows.time(p.rows.target, size), p.rows.time(p.rows.other, size))
+        if all(math.isfinite(x) for x in at):
+            priced = at
+            names = (f"draft ({levels:.1f} levels of {width:.1f})" if levels else "draft",
+                     f"target forward ({size:.1f} tokens)", f"rest of the step ({size:.1f}-node trees)")
+    parts = (PartCheck(names[0], priced[0], draft, rows["draft"]),
+             PartCheck(names[1], priced[1], target, rows["target forward"]),
+             PartCheck(names[2], priced[2], other, rows["rest of the step"]),
+             PartCheck(TOKENS, p.tokens_per_step, tokens, None))
+    measured = seconds_per_token(target, draft, other, tokens)
+    return PredictionCheck(p, measured, len(steps), parts)

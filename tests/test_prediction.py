@@ -1,0 +1,257 @@
+"""One prediction per run (issue 41): ``auto``'s reason, the status line, the cost panel and Compare show
+the same ``Prediction`` against the fastest plain decoding measured at any precision; a run's steps
+check it part by part, and the profile rows behind a part that was off are cleared for re-measuring."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dyntree_core.config import DecodeConfig
+from dyntree_core.planning.auto import choose
+from dyntree_core.planning.machine_profile import MachineProfile, profile_key, profile_path
+from dyntree_core.planning.prediction import (MIN_STEPS, OFF_BY, Prediction, PricedRows, ProfileRow,
+                                               check_prediction, fastest_plain)
+from dyntree_core.trace import PhaseTimings, StepTrace, TokenProvenance
+from dyntree_core.tree import TokenTree
+
+NS = [1, 2, 4, 8, 16, 32]
+
+
+def _profile(target: dict, draft: dict, other=None) -> MachineProfile:
+    return MachineProfile(key="k", machine={"cpu_model": "test cpu", "cpu_class": "avx2"}, prefix_len=32, ns=list(NS),
+                          target=target, draft=draft, other=other or [0.001] * len(NS), created="2026-11-27 03:00:00")
+
+
+def _flat_profile() -> MachineProfile:
+    """Flat target forwards (a tree pays), int4 the fastest plain decoding, int8 slower."""
+    return _profile({"int4": [0.10] * 6, "int8": [0.16] * 6}, {"int4": [0.01] * 6})
+
+
+def _prediction(**kw) -> Prediction:
+    base = dict(label="chain (k=3) @ target int4, draft int4", method="chain", s_per_token=0.05, draft_s=0.03,
+                target_s=0.10, other_s=0.002, tokens_per_step=2.64, target_precision="int4", draft_precision="int4",
+                reference_label="autoregressive @ int4", reference_s_per_token=0.101)
+    base.update(kw)
+    return Prediction(**base)
+
+
+def _steps(n: int, draft: float, target: float, other: float, committed: int, method: str = "chain") -> list[StepTrace]:
+    tree = TokenTree(tokens=torch.arange(4), parents=torch.arange(-1, 3), child_rank=torch.zeros(4, dtype=torch.long),
+                     draft_logprob=torch.zeros(4, dtype=torch.float64), sampled="swor")
+    return [StepTrace(step=i, method=method, verifier="greedy", tree=tree, accepted_nodes=[0], bonus_token=0,
+                      committed=[TokenProvenance(0, i, 1, -1, "bonus")] * committed,
+                      timings=PhaseTimings(draft=draft, target_forward=target),
+                      step_seconds=draft + target + other, elapsed=(i + 1) * (draft + target + other),
+                      total_new_tokens=(i + 1) * committed) for i in range(n)]
+
+
+def test_the_reference_is_the_fastest_plain_decoding_at_any_precision():
+    """The form fixed the target at int8; the reason, and the prediction, still compare with plain int4
+    decoding, the fastest the machine measured (the issue's 'vs 268 for autoregressive @ int8')."""
+    prof = _flat_profile()
+    assert fastest_plain(prof).target_precision == "int4"
+    plan = choose(prof, (0.8, 0.6, 0.4), 0.0, ["int8"], ["int4"])
+    assert plan.method != "autoregressive" and plan.best_autoregressive.target_precision == "int8"
+    p = plan.prediction("auto", "int8", "int4")
+    assert p is not None and p.reference_label == "autoregressive @ int4"
+    assert p.reference_s_per_token == pytest.approx(0.101)
+    assert p.text() in plan.reason  # the reason says exactly what the prediction says
+    assert f"({p.speedup:.2f}x)" in p.text()
+
+
+def test_plain_decoding_chosen_is_its_own_reference_and_says_so():
+    prof = _profile({"int4": [0.1 * n for n in NS], "int8": [0.16 * n for n in NS]}, {"int4": [0.05 * n for n in NS]})
+    plan = choose(prof, (0.6, 0.1), 0.0, ["int4", "int8"], ["int4"])
+    p = plan.prediction("auto", "int4", "int4")
+    assert plan.method == "autoregressive" and p.is_reference
+    assert p.text() == "predicted 101 ms/token: autoregressive @ int4, the fastest plain decoding measured on this machine"
+    assert p.text() in plan.reason
+
+
+def test_a_suffix_run_has_its_prediction_whatever_the_unused_draft_precision():
+    """suffix runs no draft model (its candidate has no draft precision): the resolved draft precision,
+    which the run does not use, does not take its prediction away."""
+    from dyntree_core.planning.auto import AutoPlan
+    from dyntree_core.planning.pricing import Candidate
+
+    suffix = Candidate(method="suffix", target_precision="int4", draft_precision=None, budget=4, depth=8,
+                       expected_tokens=1.28, target_seconds=0.09, verify_seconds=0.002, draft_seconds=0.0,
+                       threshold=0.2, spec_factor=0.5)
+    ar = Candidate(method="autoregressive", target_precision="int4", draft_precision=None, budget=1, depth=0,
+                   expected_tokens=1.0, target_seconds=0.08, verify_seconds=0.002, draft_seconds=0.0)
+    plan = AutoPlan(suffix, ar, (0.6,), 0.0, "key", {}, "auto: suffix", reference=ar)
+    assert plan.prediction("auto", "int4", "int4").method == "suffix"
+
+
+def test_a_run_auto_did_not_price_has_no_prediction():
+    """A fixed tree method runs the form's shape; a fixed precision the plan did not choose is not priced."""
+    plan = choose(_flat_profile(), (0.8, 0.6, 0.4), 0.0, ["int4", "int8"], ["int4"])
+    assert plan.prediction("sequoia", "int4", "int4") is None
+    assert plan.prediction("auto", "int8", "int4") is None  # the plan chose int4
+    assert plan.prediction("autoregressive", "int4", "int4").method == "autoregressive"
+
+
+def test_a_run_within_the_margin_is_within():
+    p = _prediction()
+    c = check_prediction(p, _steps(10, 0.032, 0.105, 0.002, 3))
+    assert c is not None and not c.off and c.steps == 10
+    assert c.measured_s_per_token == pytest.approx((0.032 + 0.105 + 0.002) / 3)
+    assert c.text() == f"measured 46 ms/token over 10 steps, {c.ratio:.2f}x the prediction (within {OFF_BY:.0%})"
+    assert c.rows_to_remeasure() == ()
+
+
+def test_a_slow_target_forward_names_the_target_row():
+    p = _prediction()
+    c = check_prediction(p, _steps(12, 0.03, 0.18, 0.002, 3))  # 1.8x the target forward priced
+    assert c.off and [x.name for x in c.wrong_parts()] == ["target forward"]
+    assert c.rows_to_remeasure() == (ProfileRow("target", "int4"),)
+    assert "target forward 1.80x its price" in c.text()
+    assert "re-measuring the target's int4 row of the profile" in c.text([ProfileRow("target", "int4")])
+
+
+def test_parts_are_priced_at_the_sizes_the_run_had():
+    """The prompt was easier than the calibration text: 3-level chains (4-node trees) where 2 levels were
+    priced. At the predicted sizes the draft looks 1.5x and the target forward 1.4x off; priced from the
+    same rows at the run's sizes, both are within: no row is blamed."""
+    rows = PricedRows(ns=(1, 2, 4, 8), target=(0.04, 0.05, 0.07, 0.11), draft=(0.02, 0.025, 0.03, 0.05),
+                      other=(0.001, 0.001, 0.001, 0.002))
+    p = _prediction(draft_s=0.04, target_s=0.05, other_s=0.001, tokens_per_step=2.5, s_per_token=0.091 / 2.5)
+    steps = _steps(12, 0.061, 0.071, 0.001, 4)
+    blind = check_prediction(p, steps)
+    assert blind.parts[0].off and blind.parts[1].off
+    sized = check_prediction(dataclasses.replace(p, rows=rows), steps)
+    assert [c.predicted for c in sized.parts[:3]] == [pytest.approx(0.06), pytest.approx(0.07), pytest.approx(0.001)]
+    assert sized.parts[0].name == "draft (3.0 levels of 1.0)" and sized.parts[1].name == "target forward (4.0 tokens)"
+    assert not any(c.off for c in sized.parts[:3]) and sized.rows_to_remeasure() == ()
+
+
+def test_a_plan_predicts_with_the_rows_that_priced_it():
+    plan = choose(_flat_profile(), (0.8, 0.6, 0.4), 0.0, ["int4"], ["int4"])
+    p = plan.prediction("auto", "int4", "int4")
+    assert p.rows is not None and p.rows.target == (0.10,) * 6 and p.rows.draft == (0.01,) * 6
+    assert p.profile_created == "2026-11-27 03:00:00"
+    assert "profile" not in plan.to_dict()
+
+
+def test_tokens_per_step_off_is_the_prompt_not_a_profile_row():
+    c = check_prediction(_prediction(), _steps(12, 0.03, 0.10, 0.002, 1))
+    assert c.off and [x.name for x in c.wrong_parts()] == ["tokens per step"] and c.rows_to_remeasure() == ()
+    assert "depend on the prompt" in c.text()
+
+
+def test_a_small_part_off_by_half_is_not_blamed():
+    """The rest of the step doubled (2 ms -> 4 ms: 1.5% of the step) while the target forward was 2x: only
+    the target row is re-measured."""
+    c = check_prediction(_prediction(), _steps(12, 0.03, 0.20, 0.004, 3))
+    assert c.off and [x.name for x in c.wrong_parts()] == ["target forward"]
+
+
+def test_off_with_no_part_off_alone_blames_the_part_that_moved_the_step_most():
+    """Draft 1.2x, target forward 1.2x, tokens per step 0.84x: 1.43x the prediction, no part off by 25%
+    alone; the target forward moved the step most (+20 ms)."""
+    c = check_prediction(_prediction(), _steps(12, 0.036, 0.12, 0.002, 1))
+    assert c.off and all(not x.off for x in c.parts[:3])
+    c = check_prediction(_prediction(tokens_per_step=2.2), _steps(12, 0.036, 0.12, 0.002, 2))
+    assert c.off and not any(x.off for x in c.parts), [x.ratio for x in c.parts]
+    assert [x.name for x in c.wrong_parts()] == ["target forward"]
+    assert c.rows_to_remeasure() == (ProfileRow("target", "int4"),)
+
+
+def test_too_few_steps_re_measure_nothing():
+    c = check_prediction(_prediction(), _steps(MIN_STEPS - 1, 0.03, 0.2, 0.002, 3))
+    assert c.off and c.rows_to_remeasure() == () and "too few steps" in c.text()
+    assert check_prediction(_prediction(), []) is None
+
+
+def test_a_row_re_measured_serves_until_its_new_times_are_written(tmp_path, monkeypatch):
+    """``remeasure`` measures the row anew; a reader of the stored profile meanwhile still prices with
+    the old times (so a Run during the re-measurement keeps the measured plan), and the other rows stay."""
+    from dyntree_core.planning import profiling
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    key = profile_key("a,b", "cpu")
+    dataclasses.replace(_flat_profile(), key=key).save(profile_path(key))
+    seen = []
+
+    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None):
+        seen.append(MachineProfile.load(profile_path(key)).target_time("int4", 1))  # what a Run reads meanwhile
+        prof.ns = list(NS)
+        filled = [(role, p) for (role, p) in wanted if any(t is None for t in getattr(prof, role).get(p, [None]))]
+        for role, p in filled:
+            getattr(prof, role)[p] = [0.2] * len(NS)
+        return bool(filled)
+
+    monkeypatch.setattr(profiling, "measure_into", fake_measure_into)
+    got = profiling.load_or_measure_profile(None, "a,b", "cpu", ["int4", "int8"], draft_precisions=["int4"],
+                                            remeasure=[ProfileRow("target", "int4")])
+    assert seen == [pytest.approx(0.10)]
+    assert got.target["int4"] == [0.2] * 6
+    after = MachineProfile.load(profile_path(key))
+    assert after.target["int4"] == [0.2] * 6 and after.target["int8"] == [0.16] * 6 and after.draft["int4"] == [0.01] * 6
+    assert after.forget("other") and after.other == [None] * 6 and not after.forget("target", "bfloat16")
+
+
+def _record(prediction, traces):
+    from ui.session import RunRecord
+    from ui.settings import RunSettings
+    from ui.tokens import TokenTexts
+
+    class Tok:
+        def decode(self, ids, **_):
+            return "".join(f"t{i} " for i in ids)
+
+    settings = RunSettings(draft="embedded", target="embedded", device="cpu", dtype="float32", prompt="x", chat=False,
+                           method="chain", verifier="auto", temperature=0.0, top_p=1.0, budget=4, depth=3, width=2,
+                           threshold=0.1, max_new_tokens=36, seed=0, precision="int4", draft_precision="int4")
+    return RunRecord(settings=settings, config=DecodeConfig(method="chain", precision="int4", draft_precision="int4"),
+                     prompt_ids=[1, 2], texts=TokenTexts(Tok()), traces=traces, status="finished",
+                     note="auto: " + prediction.text(), prediction=prediction)
+
+
+def test_status_line_cost_panel_and_compare_show_the_same_two_lines():
+    from ui.cost_view import cost_model_html
+    from ui.views import compare_views, status_line
+
+    import html
+
+    rec = _record(_prediction(), _steps(12, 0.03, 0.18, 0.002, 3))
+    predicted, measured = rec.prediction.text(), rec.prediction_check().text()
+    status = status_line(rec)
+    panel = cost_model_html(rec, None)
+    _, stats, _, _ = compare_views([rec])
+    for page in (status, panel, stats[0]):
+        assert html.escape(measured) in page
+    assert predicted in status  # (through auto's reason, the run's note)
+    assert html.escape(predicted) in panel and html.escape(predicted) in stats[0]
+    assert "chain / greedy @ target int4, draft int4" in stats[0]  # Compare's column names its precisions
+    assert "priced by auto" in panel and "1.80×" in panel  # the part-by-part table
+    assert "predicted 0." not in panel  # the panel's old after-the-fact 'predicted' speed-up is gone
+
+
+def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():
+    from ui.controller import Controller
+
+    calls = []
+
+    class Provider:
+        def remeasure(self, settings, rows, planner):
+            calls.append(tuple(rows))
+            return tuple(rows)
+
+    ctl = Controller.__new__(Controller)
+    ctl.provider, ctl.planner, ctl._remeasured = Provider(), None, set()
+    rec = _record(_prediction(), _steps(12, 0.03, 0.18, 0.002, 3))
+    rec.form = rec.settings
+    ctl.check_prediction(rec)
+    assert calls == [(ProfileRow("target", "int4"),)] and rec.remeasuring == (ProfileRow("target", "int4"),)
+    again = _record(_prediction(), _steps(12, 0.03, 0.18, 0.002, 3))
+    again.form = again.settings
+    ctl.check_prediction(again)
+    assert len(calls) == 1 and again.remeasuring == ()
+    within = _record(_prediction(), _steps(12, 0.03, 0.10, 0.002, 3))
+    within.form = within.settings
+    ctl.check_prediction(within)
+    assert len(calls) == 1
