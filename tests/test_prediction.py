@@ -255,3 +255,32 @@ def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():
     within.form = within.settings
     ctl.check_prediction(within)
     assert len(calls) == 1
+
+
+def test_the_app_plans_a_request_once_while_the_measurements_stay(tmp_path, monkeypatch):
+    """Pricing replays the suffix drafter with a wall clock, so two pricings can pick neighbouring shapes:
+    the app keeps one plan per request until a stored measurement changes."""
+    from ui.model_lock import ModelLock
+    from ui.planner import BackgroundPlanner, plan_auto_for_app
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    (tmp_path / "profiles").mkdir()
+    stored = tmp_path / "profiles" / "machine-x.json"
+    stored.write_text("{}")
+    planner = BackgroundPlanner(ModelLock())
+    made = []
+
+    def cached():
+        made.append(object())
+        return made[-1]
+
+    def plan():
+        return plan_auto_for_app(planner, "key", ("int4",), ("int4",), cached=cached, measure=None, foreground=None)
+
+    first = plan()
+    assert plan() is first and len(made) == 1
+    stored.write_text('{"changed": 1}')
+    import os
+
+    os.utime(stored, ns=(1, 1))
+    assert plan() is not first and len(made) == 2

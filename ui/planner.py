@@ -31,6 +31,7 @@ class BackgroundPlanner:
         self._key: Optional[Hashable] = None
         self.progress = ""  # the latest line of the running measurement
         self.failed: dict[Hashable, str] = {}  # key -> why its last measurement failed
+        self.plans: dict[Hashable, tuple] = {}  # key -> (the cached measurements' version, the plan made from them)
 
     @property
     def busy(self) -> bool:
@@ -78,18 +79,38 @@ class BackgroundPlanner:
         return True
 
 
+def measurements_version() -> tuple:
+    """Names and modification times of the cached profiles and acceptances: a plan made from them stands
+    until one changes (pricing replays the suffix drafter with a wall clock, so pricing twice can pick a
+    neighbouring shape; the app must not show two predictions for one request on one profile)."""
+    from dyntree_core.paths import cache_root
+
+    folder = cache_root() / "profiles"
+    try:
+        return tuple(sorted((f.name, f.stat().st_mtime_ns) for f in folder.iterdir() if f.suffix == ".json"))
+    except OSError:
+        return ()
+
+
 def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, target_precisions, draft_precisions,
                       cached: Callable[[], Any], measure: Measure, foreground: Callable[[], Any]) -> Any:
-    """``auto``'s plan for a Run: ``cached()`` when everything it needs is measured; else, with a
-    ``planner``, the provisional plan while ``measure`` runs in the background (without one,
-    ``foreground()`` measures first, as the CLI does)."""
+    """``auto``'s plan for a Run: ``cached()`` when everything it needs is measured (made once per ``key``
+    while the measurements stay as they are: ``measurements_version``); else, with a ``planner``, the
+    provisional plan while ``measure`` runs in the background (without one, ``foreground()`` measures
+    first, as the CLI does)."""
     from dyntree_core.planning.provisional import provisional_plan
     from dyntree_core.planning.machine_profile import NotMeasuredYet
 
     if planner is None:
         return foreground()
+    version = measurements_version()
+    made = planner.plans.get(key)
+    if made is not None and made[0] == version:
+        return made[1]  # the same request on the same measurements gets the same plan (and prediction)
     try:
-        return cached()
+        plan = cached()
+        planner.plans[key] = (version, plan)
+        return plan
     except NotMeasuredYet:
         pass
     failed = planner.failed.get(key)
