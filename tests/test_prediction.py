@@ -284,3 +284,28 @@ def test_the_app_plans_a_request_once_while_the_measurements_stay(tmp_path, monk
 
     os.utime(stored, ns=(1, 1))
     assert plan() is not first and len(made) == 2
+
+
+def test_a_measurement_not_stored_says_why_after_it_ended(tmp_path, monkeypatch):
+    """A profile refused as measured while busy: the footer keeps the reason after the measurement ends,
+    and the next Run's provisional plan names it."""
+    from dyntree_core.planning.machine_profile import NotMeasuredYet
+    from ui.model_lock import ModelLock
+    from ui.planner import BackgroundPlanner, plan_auto_for_app
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    planner = BackgroundPlanner(ModelLock(), idle_s=0.0)
+    why = "busy: other processes used 40% of 2 CPUs while it ran (limit 25%)"
+
+    def measure(turn, note):
+        note(f"the profile is provisional, not stored: {why}")
+
+    def cached():
+        raise NotMeasuredYet("not yet")
+
+    assert planner.start("key", measure)
+    planner._thread.join(10)
+    assert why in planner.status() and "the next Run measures again" in planner.status()
+    plan = plan_auto_for_app(planner, "key", ("int4",), ("int4",), cached=cached, measure=measure, foreground=None)
+    assert f"the last measurement was not stored ({why})" in plan.reason
+    assert planner.close(10)

@@ -31,6 +31,7 @@ class BackgroundPlanner:
         self._key: Optional[Hashable] = None
         self.progress = ""  # the latest line of the running measurement
         self.failed: dict[Hashable, str] = {}  # key -> why its last measurement failed
+        self.not_stored: dict[Hashable, str] = {}  # key -> why its last measurement was not stored (busy)
         self.plans: dict[Hashable, tuple] = {}  # key -> (the cached measurements' version, the plan made from them)
 
     @property
@@ -38,9 +39,12 @@ class BackgroundPlanner:
         return self._thread is not None and self._thread.is_alive()
 
     def status(self) -> str:
-        """One line for the page: what is being measured, or why it failed."""
+        """One line for the page: what is being measured, or why the last measurement was not stored."""
         if self.busy:
             return f"measuring this machine for auto in idle moments: {self.progress or 'starting'}"
+        if self._key in self.not_stored:
+            return (f"auto's last measurement was not stored ({self.not_stored[self._key]}); the next Run "
+                    "measures again")
         return ""
 
     def start(self, key: Hashable, measure: Measure) -> bool:
@@ -50,6 +54,7 @@ class BackgroundPlanner:
                 return False
             self._key, self.progress = key, ""
             self.failed.pop(key, None)
+            self.not_stored.pop(key, None)
             self._thread = threading.Thread(target=self._run, args=(key, measure), name="dyntree-auto-measure",
                                             daemon=True)
             self._thread.start()
@@ -61,6 +66,9 @@ class BackgroundPlanner:
 
         def say(line: str) -> None:
             self.progress = line.strip()
+            if "not stored" in line:  # (``profiling``: "the profile is provisional, not stored: <why>")
+                why = self.progress.rpartition("not stored")[2].strip().lstrip(":").strip()
+                self.not_stored[key] = why[1:-1] if why.startswith("(") and why.endswith(")") else why
 
         try:
             measure(turn, say)
@@ -114,6 +122,7 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
     except NotMeasuredYet:
         pass
     failed = planner.failed.get(key)
+    refused = planner.not_stored.get(key)
     started = planner.start(key, measure)
     if started or planner.busy:
         why = "it is being measured in idle moments (progress in the footer); a Run after that uses the measured plan"
@@ -121,4 +130,6 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
         why = "another measurement is running; press Run again once it is done"
     if failed:
         why = f"the last measurement failed ({failed}); {why}"
+    elif refused:
+        why = f"the last measurement was not stored ({refused}); {why}"
     return provisional_plan(target_precisions, draft_precisions, why)
