@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from .. import measured
 from ..machine import machine_info
-from .pricing import interpolate
+from .pricing import row_time
 
 PROFILE_VERSION = 6  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
 # 3: timed on zero-weight shape twins of GGUF presets, prefix keys/values filled without a prefill
@@ -72,23 +72,14 @@ class MachineProfile:
     meta: dict = field(default_factory=dict)
     provisional: str = ""
 
-    def _time(self, table: dict[str, list[Optional[float]]], precision: str, n: float) -> float:
-        row = table.get(precision)
-        if row is None:
-            return math.inf
-        pts = [(x, y) for x, y in zip(self.ns, row) if y is not None]
-        if not pts:
-            return math.inf
-        return interpolate([p[0] for p in pts], [p[1] for p in pts], n)
-
     def target_time(self, precision: str, n: float) -> float:
-        return self._time(self.target, precision, n)
+        return row_time(self.ns, self.target.get(precision), n)
 
     def draft_time(self, precision: str, n: float) -> float:
-        return self._time(self.draft, precision, n)
+        return row_time(self.ns, self.draft.get(precision), n)
 
     def other_time(self, n: float) -> float:
-        return self._time({"": self.other}, "", n)
+        return row_time(self.ns, self.other, n)
 
     @property
     def max_tokens(self) -> int:

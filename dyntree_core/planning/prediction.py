@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from .pricing import Candidate, autoregressive_candidate, interpolate, other_seconds, seconds_per_token
+from .pricing import Candidate, autoregressive_candidate, other_seconds, row_time, seconds_per_token
 
 if TYPE_CHECKING:
     from ..trace import StepTrace
@@ -69,9 +69,8 @@ class PricedRows:
                    tuple(profile.other))
 
     def time(self, row: tuple[Optional[float], ...], n: float) -> float:
-        """``pricing.interpolate`` over the measured sizes of ``row`` (inf where none)."""
-        pts = [(x, y) for x, y in zip(self.ns, row) if y is not None]
-        return interpolate([x for x, _ in pts], [y for _, y in pts], n) if pts else math.inf
+        """``pricing.row_time`` of one of these rows (inf where none is measured)."""
+        return row_time(self.ns, row, n)
 
 
 @dataclass(frozen=True)
@@ -144,8 +143,7 @@ def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional
         label=candidate.label(), method=candidate.method, s_per_token=candidate.seconds_per_token,
         draft_s=candidate.draft_seconds, target_s=candidate.target_seconds, other_s=candidate.verify_seconds,
         tokens_per_step=candidate.expected_tokens, target_precision=candidate.target_precision,
-        draft_precision=candidate.draft_precision if candidate.method != "autoregressive" else None,
-        reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
+        draft_precision=dp, reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
         profile_created=profile.created if profile is not None else "",
         rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None)
 
@@ -193,11 +191,6 @@ class PredictionCheck:
     @property
     def off(self) -> bool:
         return abs(self.ratio - 1.0) > OFF_BY
-
-    @property
-    def measured_speedup(self) -> float:
-        """The fastest plain decoding's predicted time over this run's measured time."""
-        return self.prediction.reference_s_per_token / self.measured_s_per_token
 
     def wrong_parts(self) -> tuple[PartCheck, ...]:
         """When the whole run is off: the parts off by more than ``OFF_BY`` that moved the step by more

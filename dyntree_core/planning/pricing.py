@@ -122,6 +122,13 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return float(ys[-1])  # unreachable: x <= xs[-1]
 
 
+def row_time(ns: Sequence[float], row: Optional[Sequence[Optional[float]]], n: float) -> float:
+    """The time at ``n`` from a profile row: ``interpolate`` over the sizes ``ns`` whose entry in ``row`` is
+    measured (``None`` entries skipped); ``math.inf`` for no row or no measured entry."""
+    pts = [(x, y) for x, y in zip(ns, row or ()) if y is not None]
+    return interpolate([x for x, _ in pts], [y for _, y in pts], n) if pts else math.inf
+
+
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
     """One priced configuration (built by keyword: nine of its fields are numbers)."""
