@@ -160,6 +160,18 @@ def sample() -> Sample:
     return Sample(time.perf_counter(), own, busy, counted, load, cpus)
 
 
+def others_share(before: Optional[Sample], after: Optional[Sample]) -> Optional[float]:
+    """The share of all CPUs that other processes used between two samples (this process's own CPU time left
+    out); None where ``/proc/stat`` does not count them or the window is under ``MIN_COUNTER_WINDOW_S``."""
+    if before is None or after is None or before.busy_s is None or after.busy_s is None or not after.cpus_counted:
+        return None
+    wall = after.wall - before.wall
+    if wall < MIN_COUNTER_WINDOW_S:
+        return None
+    others = (after.busy_s - before.busy_s) - (after.own_cpu_s - before.own_cpu_s)
+    return max(0.0, others / (wall * after.cpus_counted))
+
+
 def default_busy_reason(w: "Watch") -> Optional[str]:
     """Why the machine was busy during ``w`` (None: quiet); see the module docstring. Where the CPU-time
     counters cover the window they alone decide: they see other processes directly, while repeats spread
@@ -168,10 +180,8 @@ def default_busy_reason(w: "Watch") -> Optional[str]:
     decides only where the counters cannot."""
     b, a = w.before, w.after
     if b is not None and a is not None:
-        wall = a.wall - b.wall
-        if wall >= MIN_COUNTER_WINDOW_S and b.busy_s is not None and a.busy_s is not None and a.cpus_counted:
-            others = (a.busy_s - b.busy_s) - (a.own_cpu_s - b.own_cpu_s)
-            share = others / (wall * a.cpus_counted)
+        share = others_share(b, a)
+        if share is not None:
             if share > OTHERS_LIMIT:
                 return (f"busy: other processes used {share:.0%} of {a.cpus_counted} CPUs while it ran "
                         f"(limit {OTHERS_LIMIT:.0%})")

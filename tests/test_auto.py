@@ -80,6 +80,21 @@ def test_plan_applies_to_a_config():
     json.dumps(plan.to_dict())
 
 
+def test_auto_never_drafts_at_a_precision_slower_than_another_for_its_shape():
+    """Issue 41: a chain drafted at float32 where int4 drafts 4x faster. Every draft-model candidate auto ranks
+    drafts at the precision whose measured time is the least for its draft rows (acceptance is measured once, at
+    the fastest precisions, and priced for all)."""
+    prof = _profile({"int4": [0.05, 0.06, 0.08, 0.12, 0.2, 0.4]},
+                    {"int4": [0.01, 0.012, 0.016, 0.03, 0.06, 0.12], "float32": [0.04, 0.04, 0.041, 0.042, 0.045, 0.05],
+                     "int8": [0.02] * 6})
+    plan = choose(prof, (0.8, 0.5, 0.3), 0.0, ["int4"], ["int4", "float32", "int8"],
+                  methods=("autoregressive", "chain", "sequoia"))
+    assert plan.best.method in ("chain", "sequoia") and plan.best.draft_precision == "int4"
+    drafted = [c for c in (*plan.top, *plan.per_method) if c.method in ("chain", "sequoia")]
+    assert drafted and all(c.draft_precision == "int4" for c in drafted), [c.label() for c in drafted]
+    assert plan.fastest_draft_precision == "int4"
+
+
 def test_one_resolution_rule_for_the_cli_and_the_app():
     """``search_space`` + ``AutoPlan.resolve``: method auto takes the plan's method, shape and stop
     rule; a fixed method keeps itself and gets only precisions (AR: the fastest target precision);
@@ -153,8 +168,13 @@ def test_one_profile_per_machine_and_pair_grows_by_what_is_asked(tmp_path, monke
     first = load_or_measure_profile(load, "tiny", "cpu", ["float32"], ns=(1, 2, 4))
     both = load_or_measure_profile(load, "tiny", "cpu", ["float32", "bfloat16"], ns=(1, 2, 4),
                                    draft_precisions=["float32"], target_ns=(8, 16))
-    # float32 target: only 8 and 16; the draft again for the engine's steps at the new sizes (their other cost)
-    assert loads[2:] == [("target", "float32"), ("target", "bfloat16"), ("draft", "float32")]
+    # fewest weight bytes first: bfloat16 at every size, the float32 target only at 8 and 16; then the engine's
+    # steps at the new sizes (their other cost) on the fastest target and the draft, one model per role in memory
+    from dyntree_core.planning.profiling import fastest
+
+    assert loads[2:4] == [("target", "bfloat16"), ("target", "float32")]
+    fast_t = fastest(both.target)
+    assert loads[4:] == ([("target", fast_t)] if fast_t != "float32" else []) + [("draft", "float32")]
     assert both.key == first.key == profile_key("tiny", "cpu") and both.ns == [1, 2, 4, 8, 16]
     assert both.target["float32"][:3] == first.target["float32"]  # kept, not re-measured
     assert math.isfinite(both.target_time("float32", 16)) and both.draft_time("float32", 8) == math.inf
@@ -181,6 +201,40 @@ def test_dropped_sizes_are_never_measured_again(tmp_path, monkeypatch):
     loads = []
     assert measure_into(prof, _tiny_loader(loads), {("target", "float32"): (1,)}) == 1
     assert measure_into(prof, _tiny_loader(loads), {("target", "float32"): (1,)}) == 0 and len(loads) == 1
+
+
+def test_a_precision_too_big_to_read_in_time_is_never_loaded(tmp_path, monkeypatch):
+    """A row whose weights alone take longer to read (at 1.25x the measured bandwidth) than twice the best one-token
+    forward of its role is dropped without loading it (the 6 GB float32 twin of the 1.5B target); one that could be
+    fast enough is measured; a model dropped before the next load of its role is already freed."""
+    import weakref
+
+    from dyntree_core.planning.machine_profile import empty_profile
+    from dyntree_core.planning.profiling import READ_MARGIN, measure_into
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    loads, alive = [], []
+    tiny = _tiny_loader(loads)
+
+    def load(role, precision):
+        alive.append(sum(r() is not None for r_role, r in refs if r_role == role))  # same-role models in memory
+        m = tiny(role, precision)
+        refs.append((role, weakref.ref(m)))
+        return m
+
+    refs: list = []
+    prof = empty_profile("k")
+    prof.meta["read_gb_per_s"] = 10.0  # (measured once per profile otherwise: ``read_gb_per_s``)
+    gb = {"float32": 1e12, "bfloat16": 1e3}
+    msgs = []
+    measure_into(prof, load, {("target", p): (1, 2) for p in ("float32", "bfloat16", "float16")},
+                 progress=msgs.append, forward_bytes=lambda role, p: gb.get(p))
+    assert [p for _, p in loads if _ == "target"][:2] == ["float16", "bfloat16"]  # fewest bytes first
+    assert ("target", "float32") not in loads and prof.dropped["target:float32"] == 1
+    assert prof.target["float32"] == [None, None] and prof.target["bfloat16"][0] is not None
+    floor_ms = 1e12 / (READ_MARGIN * 10e9) * 1e3
+    assert any(f"float32 is not loaded: its 1000.0 GB of weights take >= {floor_ms:.0f} ms" in m for m in msgs)
+    assert alive[:2] == [0, 0]  # the float16 target was freed before the bfloat16 one loaded
 
 
 def test_cli_method_auto_budget_auto_profiles_the_machine_once(tmp_path, monkeypatch, capsys):

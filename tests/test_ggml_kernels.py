@@ -247,16 +247,16 @@ def test_measure_shape_times_every_candidate(nk):
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels
 
-def _write_tiny_qwen2(tmp_path):
-    """A 2-layer qwen2 GGUF (hidden 256, Q4_K projections, Q6_K down/head, F32 norms and biases) and its
-    config directory."""
+def _write_tiny_qwen2(tmp_path, embed_type: str = "F32", tied: bool = False):
+    """A 2-layer qwen2 GGUF (hidden 256, Q4_K projections, Q6_K down/head, F32 norms and biases; the embedding
+    ``embed_type``, the head the embedding itself when ``tied``) and its config directory."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from transformers import Qwen2Config
 
     h, inter, vocab, heads, kv = 256, 512, 320, 4, 2
     cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=2, num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=256,
-                      tie_word_embeddings=False)
+                      tie_word_embeddings=tied)
     cfg.save_pretrained(tmp_path / "cfg")
     path = tmp_path / "tiny.gguf"
     w = GGUFWriter(str(path), "qwen2")
@@ -270,9 +270,13 @@ def _write_tiny_qwen2(tmp_path):
     def dense(name, *shape, scale=0.1):
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
-    dense("token_embd.weight", vocab, h, scale=0.5)
+    if embed_type == "F32":
+        dense("token_embd.weight", vocab, h, scale=0.5)
+    else:
+        quant("token_embd.weight", embed_type, vocab, h)
     dense("output_norm.weight", h, scale=1.0)
-    quant("output.weight", "Q6_K", vocab, h)
+    if not tied:
+        quant("output.weight", "Q6_K", vocab, h)
     hd = h // heads
     for i in range(2):
         p = f"blk.{i}."
@@ -336,6 +340,45 @@ def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(
     with torch.inference_mode():
         loose = aten(ids).logits[0]
     assert (loose - expect).abs().max() > (got - expect).abs().max()  # bf16 scales and activations
+
+
+@pytest.mark.parametrize("embed_type,tied", [("Q6_K", True), ("Q8_0", False)])
+def test_a_quantized_models_embedding_stays_in_blocks_with_the_dense_tables_rows(tmp_path, monkeypatch, nk,
+                                                                               embed_type, tied):
+    """int8/int4 models keep the GGUF's embedding as blocks (a 152k-token table is 0.93 GB dense for the 1.5B
+    target, 0.19 GB as Q6_K blocks); a tied head shares them; every row is the dense table's row exactly, so
+    the logits are those of the same model on a dense table; the shape twin and the packed cache match."""
+    import copy
+
+    from dyntree_core.models.gguf_model import load_gguf_model, shape_twin
+    from dyntree_core.quant.ggml_embedding import GGMLEmbedding
+
+    path, cfg = _write_tiny_qwen2(tmp_path, embed_type, tied)
+    monkeypatch.setenv("DYNTREE_KERNELS", "native")
+    ids = torch.tensor([[3, 17, 99, 5, 250, 31, 8, 319, 0]])
+    for precision in ("int4", "int8"):
+        model = load_gguf_model(path, cfg, precision, cache_dir=tmp_path / "packed")
+        emb = model.model.embed_tokens
+        assert isinstance(emb, GGMLEmbedding) and emb.type_name == embed_type
+        shared = isinstance(model.lm_head, GGMLLinear) and emb.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
+        assert shared == (tied and isinstance(model.lm_head, GGMLLinear))
+        table = _reference(embed_type, emb.blocks, 320, 256)
+        assert torch.equal(emb(ids), table[ids])
+        assert emb.weight.shape == (320, 256) and emb.weight.dtype == torch.float32
+        dense = copy.deepcopy(model)
+        dense.model.embed_tokens = torch.nn.Embedding.from_pretrained(table)
+        with torch.inference_mode():
+            got = model(ids).logits
+            assert torch.equal(got, dense(ids).logits)
+            again = load_gguf_model(path, cfg, precision, cache_dir=tmp_path / "packed")  # from the packed cache
+            assert isinstance(again.model.embed_tokens, GGMLEmbedding) and torch.equal(again(ids).logits, got)
+        twin = shape_twin(path, cfg, precision)
+        assert isinstance(twin.model.embed_tokens, GGMLEmbedding)
+        assert ({k: (tuple(v.shape), v.dtype) for k, v in twin.state_dict().items()}
+                == {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()})
+    with pytest.raises(IndexError, match=r"\[0, 320\)"):
+        emb(torch.tensor([[320]]))
+    assert not isinstance(load_gguf_model(path, cfg, "float32").model.embed_tokens, GGMLEmbedding)
 
 
 def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):

@@ -126,3 +126,14 @@ def test_available_memory_reads_meminfo(monkeypatch, tmp_path):
     assert machine.available_memory() == 1024 * 1024
     monkeypatch.setattr(machine, "MEMINFO_PATH", tmp_path / "missing")
     assert machine.available_memory() is None
+
+
+def test_process_memory_reads_rss_and_peak_from_status_text():
+    from dyntree_core.process_memory import ProcessMemory, parse_status, process_memory
+
+    text = "Name:\tpython\nVmPeak:\t 9000000 kB\nVmHWM:\t 7340032 kB\nVmRSS:\t 2097152 kB\nThreads:\t4\n"
+    assert parse_status(text) == ProcessMemory(rss=2097152 * 1024, peak=7340032 * 1024)
+    assert parse_status(text).text() == "memory 2.1 GB (peak 7.5 GB)"
+    assert parse_status("VmRSS:\t12 kB\n") is None and parse_status("VmRSS: x kB\nVmHWM: 1 kB") is None
+    now = process_memory()
+    assert now is not None and 0 < now.rss <= now.peak  # this machine has /proc

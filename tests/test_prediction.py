@@ -112,6 +112,25 @@ def test_a_slow_target_forward_names_the_target_row():
     assert "re-measuring the target's int4 row of the profile" in c.text([ProfileRow("target", "int4")])
 
 
+def test_a_run_slowed_by_other_processes_says_so_and_re_measures_nothing():
+    """A browser redrawing the page took ~0.7 of a core of a 2-core machine and plain decoding ran at half the
+    profile's speed: the check names the other processes' share and re-measures no row (the quiet profile would
+    measure the same again); under ``measured.OTHERS_LIMIT`` it blames the row as before."""
+    from dyntree_core.measured import OTHERS_LIMIT, Sample, others_share
+
+    steps = _steps(12, 0.03, 0.18, 0.002, 3)
+    busy = check_prediction(_prediction(), steps, others_share=0.6)
+    assert busy.off and busy.busy and busy.rows_to_remeasure() == ()
+    assert "other processes used 60% of the CPUs while it ran" in busy.text() and "re-measuring" not in busy.text()
+    quiet = check_prediction(_prediction(), steps, others_share=OTHERS_LIMIT - 0.01)
+    assert not quiet.busy and quiet.rows_to_remeasure() == (ProfileRow("target", "int4"),)
+    # the share from two samples: all CPU time of the window minus this process's own
+    before = Sample(wall=10.0, own_cpu_s=5.0, busy_s=100.0, cpus_counted=2, load_1min=None, cpus=2)
+    after = Sample(wall=20.0, own_cpu_s=15.0, busy_s=122.0, cpus_counted=2, load_1min=None, cpus=2)
+    assert others_share(before, after) == pytest.approx(0.6)  # (22 - 10) s of 2 x 10 s
+    assert others_share(before, None) is None and others_share(before, before) is None
+
+
 def test_parts_are_priced_at_the_sizes_the_run_had():
     """The prompt was easier than the calibration text: 3-level chains (4-node trees) where 2 levels were
     priced. At the predicted sizes the draft looks 1.5x and the target forward 1.4x off; priced from the
@@ -176,7 +195,7 @@ def test_a_row_re_measured_serves_until_its_new_times_are_written(tmp_path, monk
     dataclasses.replace(_flat_profile(), key=key).save(profile_path(key))
     seen = []
 
-    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None):
+    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None, forward_bytes=None):
         seen.append(MachineProfile.load(profile_path(key)).target_time("int4", 1))  # what a Run reads meanwhile
         prof.ns = list(NS)
         filled = [(role, p) for (role, p) in wanted if any(t is None for t in getattr(prof, role).get(p, [None]))]

@@ -151,6 +151,32 @@ def test_the_prompt_line_counts_tokens_before_run(controller):
     assert "9,000 tokens" in line and "over the limit of 4,096" in line
 
 
+def test_the_long_prompt_estimate_comes_from_the_profile_or_a_long_prefill(controller, monkeypatch):
+    """Before any long prefill the estimate is the stored profile's fastest target forward of its largest size
+    (a short prompt's prefill is a few fixed-cost chunks: its rate said an hour for 4,096 tokens); a session's
+    own prefill of >= 256 tokens takes over; with neither there is no estimate."""
+    from types import SimpleNamespace
+
+    from dyntree_core.planning.machine_profile import empty_profile, pair_name_of, profile_key, profile_path
+    from ui.prompt_check import SESSION_RATE_MIN_TOKENS, prefill_rate
+
+    state = SessionState()
+    assert prefill_rate(None, "tiny", "tiny") == (None, "")
+    prof = empty_profile(profile_key(pair_name_of("tiny", "tiny"), "cpu"))
+    prof.ns, prof.other = [1, 32], [0.0, 0.0]
+    prof.target = {"int4": [0.05, 0.8], "int8": [0.15, None]}  # int8 was dropped after its first size
+    prof.save(profile_path(prof.key))
+    rate, source = prefill_rate(None, "tiny", "tiny")
+    assert rate == pytest.approx(40.0) and "32-token target forwards at int4" in source
+    line = controller.prompt_info(state, "tiny", "tiny", LONG, False, 8, 16)
+    assert "prefill ≈ 3.8 min (40 tokens/s: this machine's profile" in line  # 9,000 tokens at 40 tokens/s
+    short = SimpleNamespace(prefill_seconds=0.5, prompt_ids=[1] * 19, settings=SimpleNamespace(draft="tiny", target="tiny"))
+    assert prefill_rate(short, "tiny", "tiny")[0] == pytest.approx(40.0)  # 38 tokens/s from 19 tokens: not used
+    long = SimpleNamespace(prefill_seconds=10.0, prompt_ids=[1] * 4000, settings=short.settings)
+    assert SESSION_RATE_MIN_TOKENS <= 4000 and prefill_rate(long, "tiny", "tiny") == (
+        400.0, "this session's last prefill: 400 tokens/s")
+
+
 def test_stop_during_a_long_prefill_ends_it_within_one_chunk(controller):
     """9,000 tokens kept to their last 4,096: prefilled in 512-token chunks; a Stop between two
     chunks runs no further chunk and decodes no step."""
@@ -280,6 +306,15 @@ def test_the_first_auto_run_starts_at_once_and_measures_in_idle_turns(controller
     controller.begin(second, settings_from_form(*_form()))
     assert "until this machine is measured" not in second.record.note and second.record.note.startswith("auto:")
     assert not controller.planner.busy  # nothing left to measure
+    # another temperature: the profile stands, the acceptance at T=0.6 is what is measured now
+    warm = SessionState()
+    controller.begin(warm, settings_from_form(*_form(temperature=0.6)))
+    note = warm.record.note
+    assert "until the pair's acceptance at T=0.6 is measured" in note and "until this machine" not in note, note
+    fastest = controller.provider.auto_plan(settings_from_form(*_form())).best.target_precision
+    assert warm.record.config.method == "autoregressive" and warm.record.config.precision == fastest
+    assert f"plain decoding at {fastest} (the fastest this machine's profile measured)" in note
+    _wait_for(lambda: not controller.planner.busy, 300)
 
 
 def test_the_background_measurement_stops_when_the_app_closes(controller):
@@ -419,3 +454,24 @@ def test_the_status_names_the_tree_auto_chose_and_why_the_budget_field_is_not_it
     by_hand = settings_from_form(*_form(method="sequoia", precision="float32", draft_precision="float32",
                                         budget=16, depth=4))
     assert tree_note(by_hand, by_hand.decode_config()) == ""
+
+
+def test_a_streaming_run_redraws_its_figures_at_most_every_interval(monkeypatch):
+    """While a run streams, each refresh sends its text and status but its eight figures only every
+    ``FIGURE_INTERVAL_S`` (with the cost panel; the browser redrawing them every tick halved decoding speed on 2 cores), or at
+    once when the user picks another step, decision or block size; a run that is not streaming is drawn in full."""
+    from ui import controller as ctl_mod
+
+    state = SessionState()
+    rec = types.SimpleNamespace(status="running")
+    state.worker = types.SimpleNamespace(alive=True)
+    assert ctl_mod.figures_due(state, rec, (None, None, 64))
+    assert not ctl_mod.figures_due(state, rec, (None, None, 64))  # the next tick: text and status only
+    assert ctl_mod.figures_due(state, rec, (3, None, 64))  # the user picked step 3
+    assert not ctl_mod.figures_due(state, rec, (3, None, 64))
+    state.figures_at -= ctl_mod.FIGURE_INTERVAL_S
+    assert ctl_mod.figures_due(state, rec, (3, None, 64))  # the interval passed
+    rec.status = "finished"
+    assert ctl_mod.figures_due(state, rec, (3, None, 64)) and ctl_mod.figures_due(state, rec, (3, None, 64))
+    rec.status, state.worker = "running", None  # paused between steps (no worker): drawn in full
+    assert ctl_mod.figures_due(state, rec, (3, None, 64))

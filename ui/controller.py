@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import gradio as gr
 
+from dyntree_core.process_memory import process_memory
 from dyntree_core.trace import PrefillProgress
 
 from .errors import describe_error, error_markdown
@@ -27,11 +28,29 @@ from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
 from .session import ExternalRun, Generation, RunRecord, SessionRegistry, SessionState
 from .settings import METHOD_PARAMS, RunSettings, settings_from_form
 from .views import compare_views, export_figures, run_view, step_view
-from .memory import memory_line, process_rss
+from .memory import memory_line
 from .planner import BackgroundPlanner
 from .worker import DecodeWorker, advance_in_turn
 
 Updates = dict[Any, Any]
+
+
+#: while a run streams, its figures, walkthrough and cost panel are redrawn at most this often (its text and status
+#: every tick):
+#: on a 2-core machine Chromium redrawing all of them every 0.5 s took ~0.7 of a core, and plain decoding in the
+#: same app fell from 11.4 to 7.1-7.6 tokens/s
+FIGURE_INTERVAL_S = 3.0
+
+
+def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple) -> bool:
+    """Whether this refresh redraws the figures (and the walkthrough and cost panel): always once a run is not streaming (finished, paused, stopped) or
+    the user picked another step, decision or block size; else every ``FIGURE_INTERVAL_S``."""
+    now = time.monotonic()
+    streaming = rec is not None and rec.status == "running" and state.running
+    if streaming and looking_at == state.figures_key and now - state.figures_at < FIGURE_INTERVAL_S:
+        return False
+    state.figures_at, state.figures_key = now, looking_at
+    return True
 
 
 class Controller:
@@ -85,7 +104,7 @@ class Controller:
     def prompt_info(self, state: SessionState, draft: str, target: str, prompt: str, chat: bool,
                     max_new_tokens: Any, budget: Any) -> str:
         """The line under the prompt box: its token count, the limit, and the predicted prefill time
-        at this session's last measured prefill rate (nothing is loaded for it)."""
+        (``prompt_check.prefill_rate``; nothing is loaded or measured for it)."""
         if not prompt or not prompt.strip():
             return ""
         try:
@@ -94,15 +113,11 @@ class Controller:
             info = None
         if info is None:
             return "token count: known once the models are loaded (first Run)"
-        from .prompt_check import check_prompt
+        from .prompt_check import check_prompt, prefill_rate
         from .runner import encode_prompt
 
         ids = encode_prompt(info.tokenizer, prompt, chat=bool(chat) and info.supports_chat)
-        rate, source = None, ""
-        rec = state.record
-        if rec is not None and rec.prefill_seconds and (rec.settings.draft, rec.settings.target) == (draft, target):
-            rate = len(rec.prompt_ids) / rec.prefill_seconds
-            source = f"this session's last prefill: {rate:,.0f} tokens/s"
+        rate, source = prefill_rate(state.record, str(draft).strip(), str(target).strip())
         try:
             new, size = int(float(max_new_tokens)), int(float(budget))
         except (TypeError, ValueError):
@@ -139,17 +154,23 @@ class Controller:
         live_rec = state.record
         rec = live_rec.snapshot() if live_rec is not None else None  # (a worker may be extending it)
         baseline = state.baseline_for(rec.settings) if rec is not None else None
-        rv = run_view(rec, rec if baseline is not None and baseline is live_rec else baseline)
         n = len(rec.traces) if rec is not None else 0
         idx = n - 1 if state.view_step is None else min(state.view_step, n - 1)
         paused = rec is not None and rec.status == "paused" and state.active and not state.running
         decision = state.walk[1] if state.walk is not None and state.walk[0] == idx else None
-        sv = step_view(rec, None if state.view_step is None else idx, block, decision)
+        figures = figures_due(state, rec, (state.view_step, decision, block))
+        rv = run_view(rec, rec if baseline is not None and baseline is live_rec else baseline, figures)
         c = self.c
+        drawn: Updates = dict.fromkeys((c.tree_plot, c.mask_bfs, c.mask_dfs, c.mask_hpd, c.phase_plot, c.walkthrough,
+                                        c.speed_plot, c.steps_plot, c.cost_model), gr.skip())
+        if figures:
+            sv = step_view(rec, None if state.view_step is None else idx, block, decision)
+            drawn = {c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
+                     c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough, c.speed_plot: rv.speed,
+                     c.steps_plot: rv.per_step, c.cost_model: rv.cost}
         return {
-            c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
-            c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough,
-            c.text_html: rv.text_html, c.cost_model: rv.cost, c.speed_plot: rv.speed, c.steps_plot: rv.per_step,
+            **drawn,
+            c.text_html: rv.text_html,
             c.status: self.status_line(state, rv.status),
             c.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=max(idx, 0), step=1, interactive=n > 1),
             c.error_box: error_markdown(state.error),
@@ -161,12 +182,13 @@ class Controller:
         """The footer: the app's memory and auto's background measurement, re-sent only when the
         measurement's line changed or the memory moved by 0.1 GB or more since the page last
         showed it (no repaint for the noise between two ticks)."""
-        rss = process_rss()
+        now = process_memory()
+        rss = None if now is None else now.rss
         status = self.planner.status()
         if (rss is None or abs(rss - state.rendered_memory) < 1e8) and status == state.rendered_background:
             return gr.skip()
         state.rendered_memory, state.rendered_background = rss or 0, status
-        return " · ".join(x for x in (memory_line(rss), status) if x)
+        return " · ".join(x for x in (memory_line(now), status) if x)
 
     def fail(self, state: SessionState, exc: BaseException) -> None:
         """Show ``exc`` as a pop-up now and in the inline error line from the next refresh on."""

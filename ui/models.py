@@ -7,12 +7,12 @@ recently used pair in memory; a lock serialises loads so two sessions never load
 
 from __future__ import annotations
 
-import gc
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 from dyntree_core.models.load import ModelLoadError  # the one "this pair cannot be loaded" error
+from dyntree_core.process_memory import release_freed_memory
 
 from .pair_spec import PairSpec
 from .prompt_check import TextInfo
@@ -220,7 +220,7 @@ class HubModelProvider:
             PreparedPair.close_attached(self._pair.draft, self._pair.target)
         self._pair = None
         self._cache, self._cache_key = None, None
-        gc.collect()
+        release_freed_memory()
         try:
             import torch
 

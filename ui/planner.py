@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Hashable, Optional
 
+from dyntree_core.process_memory import release_freed_memory
+
 from .model_lock import ModelLock, TurnCancelled
 
 #: ``measure(turn, progress)``: runs ``plan_auto`` with measuring allowed
@@ -76,6 +78,8 @@ class BackgroundPlanner:
             pass
         except Exception as e:  # noqa: BLE001 - shown on the page; auto keeps its provisional plan
             self.failed[key] = f"{type(e).__name__}: {e}"
+        finally:
+            release_freed_memory()  # the models it loaded are gone: their pages go back to the OS
 
     def close(self, timeout_s: float = 60.0) -> bool:
         """Stop the measurement at its next turn and wait for the thread; True once it is gone."""
@@ -119,8 +123,8 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
         plan = cached()
         planner.plans[key] = (version, plan)
         return plan
-    except NotMeasuredYet:
-        pass
+    except NotMeasuredYet as e:
+        missing = e
     failed = planner.failed.get(key)
     refused = planner.not_stored.get(key)
     started = planner.start(key, measure)
@@ -132,4 +136,4 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
         why = f"the last measurement failed ({failed}); {why}"
     elif refused:
         why = f"the last measurement was not stored ({refused}); {why}"
-    return provisional_plan(target_precisions, draft_precisions, why)
+    return provisional_plan(target_precisions, draft_precisions, why, missing)

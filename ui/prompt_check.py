@@ -61,6 +61,32 @@ def check_prompt(ids: list[int], context: int, max_new_tokens: int, budget: int,
     return PromptCheck(len(ids), limit, seconds, rate_source)
 
 
+#: a session's last prefill predicts the next one's rate from this many prompt tokens on (a short prompt's prefill
+#: is a few chunks of fixed cost: a 19-token prompt said 4,096 tokens would take an hour)
+SESSION_RATE_MIN_TOKENS = 256
+
+
+def prefill_rate(record: Any, draft: str, target: str) -> tuple[Optional[float], str]:
+    """``(tokens/s, where it came from)`` for the long-prompt estimate: this session's last prefill of at least
+    ``SESSION_RATE_MIN_TOKENS`` tokens on the same pair, else the stored machine profile's fastest target forward
+    of its largest size (the chunks a prefill runs; CPU only: nothing is measured here), else ``(None, "")``."""
+    if (record is not None and record.prefill_seconds and len(record.prompt_ids) >= SESSION_RATE_MIN_TOKENS
+            and (record.settings.draft, record.settings.target) == (draft, target)):
+        rate = len(record.prompt_ids) / record.prefill_seconds
+        return rate, f"this session's last prefill: {rate:,.0f} tokens/s"
+    import torch
+
+    from dyntree_core.planning.machine_profile import pair_name_of, stored_profile
+
+    prof = None if torch.cuda.is_available() else stored_profile(pair_name_of(draft, target), "cpu")
+    got = prof.prefill_rate() if prof is not None else None
+    if got is None:
+        return None, ""
+    rate, n, precision = got
+    return rate, (f"{rate:,.0f} tokens/s: this machine's profile, {n}-token target forwards at {precision}; a long "
+                  "prompt's attention adds to it")
+
+
 def fit_prompt(ids: list[int], check: PromptCheck, long_prompt: str) -> tuple[list[int], str]:
     """``ids`` as the run takes them, and a note when they were cut; raises ``ConfigError`` for a
     prompt over the limit unless ``long_prompt`` is 'keep the end'."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Optional
 
 from dyntree_core.config import DecodeConfig
+from dyntree_core.measured import others_share, sample
 from dyntree_core.planning.forward_timer import ForwardTiming
 from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_prediction
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
@@ -51,6 +52,7 @@ class RunRecord:
     prediction: Optional[Prediction] = None  # what auto priced this run at (None: not a run auto priced)
     form: Optional[RunSettings] = None  # the settings as the form gave them (``auto`` unresolved)
     remeasuring: tuple = ()  # profile rows (``ProfileRow``) being measured again because this run was off
+    cpu_window: tuple = (None, None)  # ``measured.Sample``s at its first decoding step and at its end
 
     def snapshot(self) -> "RunRecord":
         """A copy to draw from while a worker thread extends this record. The status is read before
@@ -61,8 +63,13 @@ class RunRecord:
         return dataclasses.replace(self, status=status, traces=list(self.traces))
 
     def prediction_check(self) -> Optional[PredictionCheck]:
-        """The run's steps so far against its prediction (None without one, or before a step)."""
-        return None if self.prediction is None else check_prediction(self.prediction, self.traces)
+        """The run's steps so far against its prediction (None without one, or before a step), with how much of
+        the CPUs other processes used from its first step to its end (or now)."""
+        if self.prediction is None:
+            return None
+        start, end = self.cpu_window
+        share = others_share(start, end or (sample() if start is not None else None))
+        return check_prediction(self.prediction, self.traces, share)
 
     @property
     def label(self) -> str:
@@ -196,6 +203,8 @@ class Generation:
                 elif item.done == item.total:
                     self.record.prefill_seconds = item.seconds
                 return item
+            if not self.record.traces:
+                self.record.cpu_window = (sample(), None)
             self.record.traces.append(item)
             if item.finished:
                 self._finish("stopped" if item.finish_reason == "stopped" else "finished")
@@ -224,6 +233,9 @@ class Generation:
 
     def _finish(self, status: RunStatus) -> None:
         self.done = True
+        start = self.record.cpu_window[0]
+        if start is not None:
+            self.record.cpu_window = (start, sample())
         self.record.status = status
 
 
@@ -252,6 +264,8 @@ class SessionState:
         self.rendered_prefill: Optional[tuple[int, int]] = None  # prefill progress the page shows
         self.rendered_memory = 0  # the app's memory (bytes) the page's footer shows
         self.rendered_background = ""  # the footer's line about auto's background measurement
+        self.figures_at = -math.inf  # when the page last got the run's figures (time.monotonic)
+        self.figures_key: tuple = ()  # what the user was looking at then (step, walkthrough decision, block)
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None

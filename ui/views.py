@@ -38,8 +38,8 @@ class RunView:
     """The whole-run panels (text, speed charts) plus a status line."""
 
     text_html: str
-    speed: go.Figure
-    per_step: go.Figure
+    speed: Optional[go.Figure]
+    per_step: Optional[go.Figure]
     status: str
     cost: str
 
@@ -128,16 +128,18 @@ def text_html(record: Optional[RunRecord], show_legend: bool = True) -> str:
     return (legend_html() if show_legend else "") + body
 
 
-def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord]) -> RunView:
+def run_view(record: Optional[RunRecord], baseline: Optional[RunRecord], figures: bool = True) -> RunView:
+    """The whole-run panels; ``figures=False`` leaves the two charts out (``None``: not drawn this time)."""
     if record is None or not record.traces:
-        return RunView(text_html(record), empty_figure("tokens/s"), empty_figure("tokens per step"), status_line(record),
+        return RunView(text_html(record), empty_figure("tokens/s") if figures else None,
+                       empty_figure("tokens per step") if figures else None, status_line(record),
                        cost_model_html(record, None))
     runs = [(record.label, record.traces)]
     base = baseline.traces if baseline is not None and baseline is not record else None
     return RunView(
         text_html=text_html(record),
-        speed=speed_figure(runs, base),
-        per_step=tokens_per_step_figure(runs, base),
+        speed=speed_figure(runs, base) if figures else None,
+        per_step=tokens_per_step_figure(runs, base) if figures else None,
         status=status_line(record),
         cost=cost_model_html(record, baseline if baseline is not record else None),
     )

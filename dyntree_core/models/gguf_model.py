@@ -20,6 +20,7 @@ its rotary layout; they are permuted back here, as transformers' own GGUF loader
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -124,7 +125,8 @@ def load_gguf_model(
     """A CPU causal LM in eval mode from ``gguf_path`` (config from ``config_dir``) at ``precision``.
 
     With ``cache_dir``, int8/int4 weights are packed once and kept there (``quant_cache_path``;
-    the embedding is not: it is rebuilt from the GGUF). The returned model carries
+    the embedding is not: it is read from the GGUF, as blocks (``quant.ggml_embedding``) where the
+    kernels read its type, else dequantized). The returned model carries
     ``_dyntree_precision`` and ``_dyntree_load_seconds``.
     """
     from transformers import AutoModelForCausalLM
@@ -158,6 +160,35 @@ def load_gguf_model(
 _EMBED = "model.embed_tokens.weight"
 
 
+def block_embedding_types(type_name: str) -> bool:
+    """Whether a quantized model keeps an embedding of this GGML type as blocks (``_block_embedding``)."""
+    from ..quant.native import BLOCKS, native_kernels
+
+    return type_name in BLOCKS and native_kernels() is not None
+
+
+def _block_embedding(model, gf, zeros: bool = False) -> bool:
+    """Give a quantized model the GGUF's embedding as blocks (``quant.ggml_embedding``; shared with a head tied
+    to it); ``zeros``: blocks of zeros (a shape twin). False where the type needs the dense table."""
+    from ..quant.ggml_embedding import block_embedding
+    from ..quant.ggml_linear import row_bytes
+
+    emb = gf.tensors["token_embd.weight"]
+    if not block_embedding_types(emb.type_name):
+        return False
+    vocab, dim = (int(x) for x in emb.shape)
+
+    def read() -> torch.Tensor:
+        if zeros:
+            return torch.zeros(vocab, row_bytes(emb.type_name, dim), dtype=torch.uint8)
+        return cpu_aligned(torch.from_numpy(emb.data.copy()))
+
+    tied = "output.weight" not in gf.tensors
+    module = block_embedding(emb.type_name, vocab, dim, read, tied_head=model.lm_head if tied else None)
+    set_submodule(model, "model.embed_tokens", module)
+    return True
+
+
 def _save_packed(model, path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -166,7 +197,7 @@ def _save_packed(model, path: Path) -> None:
 
     from ..quant.ggml_linear import GGMLLinear
 
-    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != _EMBED}
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("model.embed_tokens.")}
     ggml = {name: [m.type_name, m.in_features] for name, m in model.named_modules() if isinstance(m, GGMLLinear)}
     tmp = path.with_name(path.name + ".partial")
     save_file(sd, str(tmp), metadata={"precision": getattr(model, PRECISION_ATTR), "torch": torch.__version__,
@@ -208,8 +239,9 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
         mod = key.removesuffix(".qweight")
         set_submodule(model, mod, Int8Linear.from_buffers(
             sd.pop(key), sd.pop(f"{mod}.scales"), sd.pop(f"{mod}.bias", None)))
-    emb = gf.tensors["token_embd.weight"]
-    sd[_EMBED] = dequantize(emb.data, emb.type_name, emb.shape)
+    if not _block_embedding(model, gf):
+        emb = gf.tensors["token_embd.weight"]
+        sd[_EMBED] = dequantize(emb.data, emb.type_name, emb.shape)
     _, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     if unexpected:
         raise GGUFModelError(f"packed cache has unknown tensors {unexpected[:5]}")
@@ -308,10 +340,13 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
             else:
                 new = Int8Linear.from_buffers(torch.zeros(n, k, dtype=torch.int8), torch.ones(n), bias)
             set_submodule(model, module, new)
-        else:
+        elif not (module == "model.embed_tokens" and precision in QUANT_PRECISIONS
+                  and block_embedding_types(t.type_name)):
             state[f"{module}.{kind}"] = torch.zeros(shape, dtype=dense_dtype)
             if has_bias:
                 state[f"{module}.bias"] = torch.zeros(shape[0], dtype=dense_dtype)
+    if precision in QUANT_PRECISIONS and not _block_embedding(model, gf, zeros=True):
+        state[_EMBED] = torch.zeros(gf.tensors["token_embd.weight"].shape, dtype=dense_dtype)
     model.load_state_dict(state, strict=False, assign=True)
     _finish(model, precision)
     fuse_native(model)
@@ -349,6 +384,8 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
         module, kind = hf_name(gname)
         if kind == "bias":
             continue  # taken together with its weight
+        if module == "model.embed_tokens" and precision in QUANT_PRECISIONS and block_embedding_types(t.type_name):
+            continue  # its blocks, after the head (``_block_embedding``)
         if module in linears and precision not in ("float32", "bfloat16"):
             bias_t = tensors.get(gname.rsplit(".", 1)[0] + ".bias")
             bias = dense(bias_t, module) if bias_t is not None else None
@@ -376,6 +413,8 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
         done += 1
         if done % 50 == 0:
             say(f"  {done}/{len(tensors)} tensors ({time.perf_counter() - t0:.1f}s)")
+    if precision in QUANT_PRECISIONS and not _block_embedding(model, gf) and _EMBED not in state:
+        state[_EMBED] = dense(gf.tensors["token_embd.weight"], "model.embed_tokens")
     _, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if unexpected:
         raise GGUFModelError(f"GGUF tensors without a place in the model: {unexpected[:5]}")
@@ -416,6 +455,20 @@ def write_metadata_dir(gguf_path: Path | str, out_dir: Path | str) -> dict:
     gen.save_pretrained(str(out_dir))
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     return {"vocab_size": vocab, "tokenizer_len": len(tok), "eos_token_id": tok.eos_token_id}
+
+
+def dense_forward_bytes(gguf_path: Path | str, precision: str) -> Optional[int]:
+    """Weight bytes one token's forward reads at a dense ``precision`` (``float32`` / ``bfloat16``): every matrix
+    but an embedding the head does not share (a forward reads only its rows); ``None`` at other precisions.
+    From the GGUF header alone."""
+    size = {"float32": 4, "bfloat16": 2}.get(precision)
+    if size is None:
+        return None
+    tensors = read_gguf(gguf_path).tensors
+    untied = "output.weight" in tensors
+    elems = sum(math.prod(t.shape) for name, t in tensors.items()
+                if len(t.shape) == 2 and not (untied and name == "token_embd.weight"))
+    return int(elems) * size
 
 
 def gguf_vocab_size(gguf_path: Path | str) -> int:

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from ..config import DecodeConfig
 from .acceptance import Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance
 from .forward_timer import Progress, Turn
-from .machine_profile import MachineProfile, NotMeasuredYet
+from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
 from .pair_cache import PairCache
 from .prediction import Prediction, fastest_plain, prediction_for
 from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, price_candidates
@@ -189,7 +189,7 @@ def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
 
 def pair_name(cache: PairCache) -> str:
     """The name a pair's profile and acceptance are cached under."""
-    return f"{cache.draft_spec},{cache.target_spec}"
+    return pair_name_of(cache.draft_spec, cache.target_spec)
 
 
 def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precisions: Sequence[str],
@@ -201,7 +201,8 @@ def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precis
     measured."""
     return load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
                                    refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
-                                   target_ns=tuple(target_ns), measure=measure, turn=turn, remeasure=remeasure)
+                                   target_ns=tuple(target_ns), measure=measure, turn=turn, remeasure=remeasure,
+                                   forward_bytes=getattr(cache, "forward_bytes", None))
 
 
 def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
@@ -231,7 +232,8 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
         if not measure:
             acc = cached_acceptance(name, fast_d, fast_t, temperature, calibration_prompts(cache.text_tokenizer()))
             if acc is None:
-                raise NotMeasuredYet(f"the acceptance of {name} at T={temperature:g} is not measured yet")
+                raise AcceptanceNotMeasured(f"the acceptance of {name} at T={temperature:g} is not measured yet",
+                                            fast_t, fast_d, temperature)
         else:
             with turn():
                 pair = cache.pair(fast_t, fast_d)

@@ -38,6 +38,15 @@ class NotMeasuredYet(LookupError):
     """A profile or acceptance was asked for from the cache only, and the cache lacks it."""
 
 
+class AcceptanceNotMeasured(NotMeasuredYet):
+    """The machine profile is measured; the pair's acceptance at ``temperature`` is not. ``target_precision`` /
+    ``draft_precision``: the fastest one-token forwards the profile measured (plain decoding's best meanwhile)."""
+
+    def __init__(self, message: str, target_precision: str, draft_precision: str, temperature: float):
+        super().__init__(message)
+        self.target_precision, self.draft_precision, self.temperature = target_precision, draft_precision, temperature
+
+
 @dataclass
 class MachineProfile:
     """Minimum-of-samples forward times (seconds) per model, precision and size on one machine.
@@ -109,6 +118,19 @@ class MachineProfile:
         getattr(self, role)[precision] = [None] * len(row)
         return had
 
+    def prefill_rate(self) -> Optional[tuple[float, int, str]]:
+        """``(tokens/s, n, precision)`` of the fastest target forward of the largest size measured: what a
+        prefill's chunks of ``n`` tokens run at on a short context (a long prompt's attention adds to it);
+        None before a target row is measured."""
+        best: Optional[tuple[float, int, str]] = None
+        for prec, row in self.target.items():
+            sized = [(n, t) for n, t in zip(self.ns, row) if t]
+            if sized:
+                n, t = sized[-1]
+                if best is None or (n, n / t) > (best[1], best[0]):
+                    best = (n / t, n, prec)
+        return best
+
     def save(self, path: Path) -> None:
         """Write the profile atomically (``measured.write_json``); ``provisional`` is not written."""
         d = asdict(self)
@@ -141,6 +163,21 @@ def profile_path(key: str) -> Path:
     from ..paths import cache_root
 
     return cache_root() / "profiles" / f"machine-{key}.json"  # = profile_measure_key(...).path
+
+
+def pair_name_of(draft_spec: str, target_spec: str) -> str:
+    """The name a pair's profile and acceptance are cached under."""
+    return f"{draft_spec},{target_spec}"
+
+
+def stored_profile(pair_name: str, device: str) -> Optional[MachineProfile]:
+    """The stored profile of ``pair_name`` on ``device`` on this machine (None when none is, or it is of another
+    ``PROFILE_VERSION``); nothing is measured."""
+    try:
+        prof = MachineProfile.load(profile_path(profile_key(pair_name, device)))
+    except (OSError, ValueError, TypeError):
+        return None
+    return prof if prof.version == PROFILE_VERSION else None
 
 
 def empty_profile(key: str, prefix_len: int = PREFIX_LEN) -> MachineProfile:

@@ -5,7 +5,9 @@ first). ``auto`` loads everything it measures through one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
+from ..process_memory import release_freed_memory
 from .machine_profile import NotMeasuredYet
 
 
@@ -32,9 +34,11 @@ class PairCache:
         from ..models.load import load_model, resolve_spec
 
         src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
+        if len(self._models) >= self.keep:
+            while len(self._models) >= self.keep:
+                self._models.pop(next(iter(self._models)))
+            release_freed_memory()  # (before the next model's bytes arrive)
         m = load_model(src, "float32", self.device, precision)
-        while len(self._models) >= self.keep:
-            self._models.pop(next(iter(self._models)))
         self._models[key] = m
         return m
 
@@ -59,6 +63,18 @@ class PairCache:
         src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
         twin = load_shape_twin(src, self.device, precision)
         return twin if twin is not None else self.model(role, precision)
+
+    def forward_bytes(self, role: str, precision: str) -> Optional[int]:
+        """Weight bytes a one-token forward of ``model(role, precision)`` reads, known without loading it (a GGUF
+        preset at a dense precision: ``gguf_model.dense_forward_bytes``); None where it is not."""
+        from ..models.load import resolve_spec
+
+        src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
+        if not (src.kind == "preset" and src.gguf) or self.device != "cpu":
+            return None
+        from ..models.gguf_model import dense_forward_bytes
+
+        return dense_forward_bytes(src.gguf, precision)
 
     def pair(self, target_precision: str, draft_precision: str):
         """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..measured import OTHERS_LIMIT
 from .pricing import Candidate, autoregressive_candidate, other_seconds, row_time, seconds_per_token
 
 if TYPE_CHECKING:
@@ -183,6 +184,14 @@ class PredictionCheck:
     measured_s_per_token: float
     steps: int
     parts: tuple[PartCheck, ...]
+    others_share: Optional[float] = None  # share of the CPUs other processes used while the run decoded
+
+    @property
+    def busy(self) -> bool:
+        """Other processes (a browser redrawing the page on a small machine) used more than
+        ``measured.OTHERS_LIMIT`` of the CPUs while the run decoded: the profile's quiet rows are not what it
+        could get, and measuring them again would not change them."""
+        return self.others_share is not None and self.others_share > OTHERS_LIMIT
 
     @property
     def ratio(self) -> float:
@@ -213,7 +222,7 @@ class PredictionCheck:
     def rows_to_remeasure(self) -> tuple[ProfileRow, ...]:
         """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's);
         none from fewer than ``MIN_STEPS`` steps."""
-        if self.steps < MIN_STEPS:
+        if self.steps < MIN_STEPS or self.busy:
             return ()
         return tuple(dict.fromkeys(p.row for p in self.wrong_parts() if p.row is not None))
 
@@ -228,7 +237,10 @@ class PredictionCheck:
         if any(p.name == TOKENS for p in wrong):
             parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
         rows = self.rows_to_remeasure()
-        if self.steps < MIN_STEPS:
+        if self.busy:
+            tail = (f"; other processes used {self.others_share:.0%} of the CPUs while it ran (the profile was "
+                    "measured on a quiet machine: nothing is re-measured)")
+        elif self.steps < MIN_STEPS:
             tail = f"; too few steps to re-measure anything (fewer than {MIN_STEPS})"
         elif remeasuring:
             tail = ("; re-measuring " + ", ".join(r.text() for r in remeasuring)
@@ -240,8 +252,10 @@ class PredictionCheck:
         return f"{head}: off by more than {OFF_BY:.0%} ({parts}){tail}"
 
 
-def check_prediction(prediction: Prediction, traces: Sequence[StepTrace]) -> Optional[PredictionCheck]:
-    """``prediction`` against the measured steps of ``traces`` (None before the first step).
+def check_prediction(prediction: Prediction, traces: Sequence[StepTrace],
+                     others_share: Optional[float] = None) -> Optional[PredictionCheck]:
+    """``prediction`` against the measured steps of ``traces`` (None before the first step); ``others_share``:
+    the share of the CPUs other processes used meanwhile (``measured.others_share``).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
     compared with those rows' price **at the sizes the run had** (its mean tree size for the target
@@ -275,4 +289,4 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace]) -> Opt
              PartCheck(names[2], priced[2], other, rows["rest of the step"]),
              PartCheck(TOKENS, p.tokens_per_step, tokens, None))
     measured = seconds_per_token(target, draft, other, tokens)
-    return PredictionCheck(p, measured, len(steps), parts)
+    return PredictionCheck(p, measured, len(steps), parts, others_share)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from contextlib import nullcontext
 from typing import Callable, Optional, Sequence
@@ -22,6 +23,7 @@ import torch
 
 from .. import measured
 from ..machine import machine_info
+from ..process_memory import release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
 from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachineProfile, NotMeasuredYet, empty_profile,
@@ -29,6 +31,10 @@ from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachinePr
 
 #: loads one model ("draft" | "target") at a precision
 ModelLoader = Callable[[str, str], object]
+#: weight bytes a one-token forward of (role, precision) reads, known without loading it (None: unknown)
+ForwardBytes = Callable[[str, str], Optional[int]]
+#: how much faster than the measured read of one big buffer a forward is assumed to read its weights
+READ_MARGIN = 1.25
 
 
 OTHER_STEPS = 3
@@ -65,6 +71,16 @@ def engine_steps(draft, target, n: int, steps: int = OTHER_STEPS, prompt_len: in
     return sized or out
 
 
+#: precisions by weight bytes, fewest first (the order rows are measured in)
+WEIGHT_ORDER = {"int4": 0, "int8": 1, "float16": 2, "bfloat16": 3, "float32": 4}
+
+
+def fastest(table: dict[str, list[Optional[float]]]) -> Optional[str]:
+    """The precision of a profile table with the fastest first measured size (None: nothing measured)."""
+    firsts = {p: r[0] for p, r in table.items() if r and r[0] is not None}
+    return min(firsts, key=firsts.get) if firsts else None
+
+
 def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
     """Add the columns ``ns`` to every row (None where not measured)."""
     new = sorted(set(prof.ns) | set(int(n) for n in ns))
@@ -82,12 +98,52 @@ def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
     prof.ns = new
 
 
+def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5) -> float:
+    """This process's read bandwidth from memory (GB/s): the fastest of ``samples`` sums of an ``nbytes`` float32
+    buffer (bigger than any cache), on torch's threads."""
+    x = torch.ones(nbytes // 4)
+    x.sum()
+    best = math.inf
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def _ruled_out(prof: MachineProfile, role: str, prec: str, sizes: Sequence[int], prune_factor: float,
+               forward_bytes: Optional[ForwardBytes]) -> Optional[str]:
+    """Why (role, prec) need not be loaded at all: reading its weights once takes longer than ``prune_factor`` x the
+    best one-token forward of its role measured so far, even at ``READ_MARGIN`` x the measured read bandwidth (its
+    first size would be dropped anyway; a float32 1.5B target is a 6 GB load). None: measure it."""
+    if forward_bytes is None or 1 not in sizes or 1 not in prof.ns:
+        return None
+    i = prof.ns.index(1)
+    best = min((r[i] for p, r in getattr(prof, role).items() if p != prec and r[i] is not None), default=None)
+    nbytes = forward_bytes(role, prec) if best is not None else None
+    if not nbytes:
+        return None
+    if "read_gb_per_s" not in prof.meta:
+        prof.meta["read_gb_per_s"] = round(read_gb_per_s(), 2)
+    floor = nbytes / (READ_MARGIN * prof.meta["read_gb_per_s"] * 1e9)
+    if floor <= prune_factor * best:
+        return None
+    return (f"its {nbytes / 1e9:.1f} GB of weights take >= {floor * 1e3:.0f} ms to read at {READ_MARGIN:g}x the "
+            f"measured {prof.meta['read_gb_per_s']:.1f} GB/s, > {prune_factor:g}x the best ({best * 1e3:.0f} ms)")
+
+
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
-                 prune_factor: float = 2.0, progress: Optional[Progress] = None, turn: Turn = nullcontext) -> int:
+                 prune_factor: float = 2.0, progress: Optional[Progress] = None, turn: Turn = nullcontext,
+                 forward_bytes: Optional[ForwardBytes] = None) -> int:
     """Measure what ``prof`` lacks of ``wanted`` (``{(role, precision): sizes}``), loading each model
     once, and write it into ``prof``. Returns the number of (role, precision) rows timed (0 when
     everything asked for was there). Each size is timed inside ``turn()`` (the app passes a turn on
-    its shared models, so nothing is timed while a session decodes)."""
+    its shared models, so nothing is timed while a session decodes). ``forward_bytes``: a precision
+    whose weights alone are too slow to read (``_ruled_out``) is dropped without being loaded.
+
+    Rows are measured fewest weight bytes first, so the best time of a role is known before the big
+    precisions are considered. The engine's step (``other``) runs on the fastest precision of each
+    role; at most one model per role is in memory."""
     say = progress or (lambda _m: None)
     todo = [(role, prec, prof.missing(role, prec, ns)) for (role, prec), ns in wanted.items()]
     todo = [t for t in todo if t[2]]
@@ -97,12 +153,20 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     if not todo and not other_todo:
         return 0
     t_start = time.perf_counter()
-    kept: dict[str, object] = {}  # the last model of each role: the pair the engine's steps run on
+    todo.sort(key=lambda t: (t[0] != "target", WEIGHT_ORDER.get(t[1], len(WEIGHT_ORDER))))
+    kept: dict[str, tuple[str, object]] = {}  # role -> (precision, model): the fastest one loaded so far
     for done, (role, prec, sizes) in enumerate(todo, 1):
+        why = _ruled_out(prof, role, prec, sizes, prune_factor, forward_bytes)
+        if why is not None:
+            say(f"[{done}/{len(todo)}] the {role} at {prec} is not loaded: {why}")
+            prof.dropped[f"{role}:{prec}"] = 1
+            getattr(prof, role).setdefault(prec, [None] * len(prof.ns))
+            continue
         say(f"[{done}/{len(todo)}] loading the {role} at {prec} ...")
         kept.pop(role, None)  # (at most one model per role in memory, as when decoding)
         with turn(), torch.inference_mode():  # (loading is model work too: not beside a session's step)
-            model = kept[role] = load(role, prec)
+            release_freed_memory()
+            model = load(role, prec)
             timer = ForwardTimer(model, prof.prefix_len, max(sizes))
             timer.once(1)  # warm-up (allocations, first-call paths)
         with torch.inference_mode():
@@ -120,17 +184,22 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                     break
                 row[i] = t
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
+        if fastest(table) == prec:  # (a slower one is not kept: the engine's steps below reload the fastest)
+            kept[role] = (prec, model)
         del model, timer
     if other_todo:  # the step's other cost at each size, measured by running the engine's step
         with turn(), torch.inference_mode():
             for role, table in (("target", prof.target), ("draft", prof.draft)):
                 if role not in kept:
-                    kept[role] = load(role, next(iter(table), next(iter(prof.target), "float32")))
+                    release_freed_memory()
+                    prec = fastest(table) or next(iter(prof.target), "float32")
+                    kept[role] = (prec, load(role, prec))
             for n in other_todo:
-                o = min(other_seconds(n, "", step=t) for t in engine_steps(kept["draft"], kept["target"], n))
+                o = min(other_seconds(n, "", step=t) for t in engine_steps(kept["draft"][1], kept["target"][1], n))
                 prof.other[prof.ns.index(n)] = o
                 say(f"    the engine's step outside the forwards, n={n}: {o * 1e3:.1f} ms")
     kept.clear()
+    release_freed_memory()
     prof.seconds += time.perf_counter() - t_start
     prof.machine = machine_info().to_dict()
     return len(todo)
@@ -153,13 +222,14 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                             progress: Optional[Progress] = None,
                             draft_precisions: Optional[Sequence[str]] = None,
                             target_ns: Optional[Sequence[int]] = None, measure: bool = True,
-                            turn: Turn = nullcontext, remeasure: Sequence = ()) -> MachineProfile:
+                            turn: Turn = nullcontext, remeasure: Sequence = (),
+                            forward_bytes: Optional[ForwardBytes] = None) -> MachineProfile:
     """This machine's profile of the pair with at least ``ns`` for both models at their precisions
     (and ``target_ns`` too for the target): read from the cache, and what it lacks measured once and
     written back when the machine was quiet while it ran (``measured.watch``; else the profile is
     returned with ``provisional`` saying why, and the next call measures again). ``refresh`` measures
     everything asked for anew; ``measure=False`` raises ``NotMeasuredYet`` instead of measuring;
-    ``turn`` as in ``measure_into``; ``remeasure``: rows (``prediction.ProfileRow``) to measure anew (a run
+    ``turn`` and ``forward_bytes`` as in ``measure_into``; ``remeasure``: rows (``prediction.ProfileRow``) to measure anew (a run
     was off its prediction): the stored file keeps their old times until the new ones are written."""
     key = profile_key(pair_name, device)
     path = profile_path(key)
@@ -181,7 +251,7 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                         or any(n not in prof.ns or prof.other[prof.ns.index(n)] is None for n in t_ns)):
         raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
     with measured.watch() as w:  # (written only when the machine was quiet while it was measured)
-        timed = measure_into(prof, load, wanted, progress=progress, turn=turn)
+        timed = measure_into(prof, load, wanted, progress=progress, turn=turn, forward_bytes=forward_bytes)
     verdict = w.verdict()
     if not verdict.quiet:
         prof.provisional = verdict.reason
