@@ -54,7 +54,9 @@ def test_graph_steps_at_t_above_0_sample_the_target(pair, exact, cfg):
 def test_draws_without_gumbel_noise_are_detected(pair, exact, monkeypatch):
     """Negative control: the same test at level 1e-4 rejects a graph step whose T > 0 siblings are the
     draft's top-k (``_children`` ignoring its uniforms) while the verifier assumes draws without
-    replacement."""
+    replacement. Detectable bias: ``samples_for(alpha=1e-4)`` draws the fewest samples at which a level-1e-4
+    test catches w2 >= 0.04 with power 0.99; this bug's w2 is ~0.77 (0.85 over 3,000 samples less ~0.08 of
+    sampling noise), so it is caught with power ~1."""
     from dyntree_core.drafting import device
 
     real = device._children
