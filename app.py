@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from dyntree_core.decode.engine import resolve_device
+    from dyntree_core.decode.prepared import resolve_device
     from dyntree_core.config import ConfigError
 
     try:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dyntree_core import ConfigError, DecodeConfig, SpeculativeDecoder
-from dyntree_core.decode.engine import VocabMismatchError
+from dyntree_core.decode.prepared import VocabMismatchError
 from dyntree_core.testing import tiny_pair
 
 

@@ -25,8 +25,7 @@ from .kv import cache_length, compact, new_cache
 from . import host
 from .device_step import FetchedRows, read_greedy_step
 from .timer import StepTimer
-from .prepared import (PreparedPair, VocabMismatchError, check_same_vocab, model_vocab_size, place_model,
-                       prepare_model, resolve_device)
+from .prepared import PreparedPair, model_vocab_size
 from ..sampling import probs_from_logits
 from ..trace import NodeStatus, PhaseTimings, PrefillProgress, StepTrace, TokenProvenance
 from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
@@ -35,9 +34,7 @@ from ..verify.rows import DenseRows, LogitRows
 
 
 
-# re-exported: they lived here before ``prepared`` owned model preparation
-__all__ = ["SpeculativeDecoder", "VocabMismatchError", "check_same_vocab", "model_vocab_size", "place_model",
-           "prepare_model", "resolve_device", "PreparedPair"]
+__all__ = ["SpeculativeDecoder"]
 
 
 log = logging.getLogger(__name__)
