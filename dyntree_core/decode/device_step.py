@@ -20,9 +20,7 @@ import torch
 from . import host
 from ..drafting.device import DeviceTree
 from ..tree import TokenTree
-from ..verify.rows import LogitRows
-
-_LSE_CHUNK = 64  # rows per log-sum-exp batch, as LogitRows
+from ..verify.rows import LogitRows, row_logsumexp
 
 
 @dataclass
@@ -94,9 +92,7 @@ def read_greedy_step(dtree: DeviceTree, logits: torch.Tensor, slot: torch.Tensor
         slot, perm: ``[N]`` node -> slot and slot -> node of the forward (device).
     """
     n = dtree.size
-    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-    for s in range(0, n, _LSE_CHUNK):
-        lse[s:s + _LSE_CHUNK] = torch.logsumexp(logits[s:s + _LSE_CHUNK].float(), dim=-1)
+    lse = row_logsumexp(logits)
     am = logits.argmax(dim=-1)[slot]  # [N] node order
     par_slot = slot[dtree.parents.clamp(min=0)]
     p_node = torch.exp(logits[par_slot, dtree.tokens].float() - lse[par_slot])

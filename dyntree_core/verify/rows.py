@@ -72,6 +72,22 @@ class DenseRows:
 _LSE_CHUNK = 64  # rows per log-sum-exp batch (bounds the float32 copy: 64 x 151936 x 4 B = 39 MB)
 
 
+def row_logsumexp(logits: torch.Tensor, rows: Optional[torch.Tensor] = None, scale: float = 1.0) -> torch.Tensor:
+    """``[R]`` float32 log-sum-exp of ``scale * logits[r]`` for each ``r`` of ``rows`` (``[R]`` int64 on the logits'
+    device; None: every row of ``[N, V]`` ``logits``), ``_LSE_CHUNK`` rows at a time."""
+    n = int(logits.shape[0] if rows is None else rows.numel())
+    out = torch.empty(n, dtype=torch.float32, device=logits.device)
+    for s in range(0, n, _LSE_CHUNK):
+        if rows is None:  # a slice may be the logits themselves: scaled out of place
+            x = logits[s:s + _LSE_CHUNK].float()
+            x = x * scale if scale != 1.0 else x
+        else:  # an index copy: scaled in place
+            x = logits[rows[s:s + _LSE_CHUNK]].float()
+            x = x.mul_(scale) if scale != 1.0 else x
+        out[s:s + _LSE_CHUNK] = torch.logsumexp(x, dim=-1)
+    return out
+
+
 class LogitRows:
     """Distributions formed from the target's logits on demand, on the logits' device.
 
@@ -129,10 +145,7 @@ class LogitRows:
             vals = probs_from_logits(self.logits[uniq], self.temperature, self.top_p)[inv, tok]
             return vals.to(torch.float64).cpu().numpy()
         scale = 1.0 / self.temperature if self.temperature > 0 else 1.0
-        lse = torch.empty(uniq.numel(), dtype=torch.float32, device=dev)
-        for s in range(0, uniq.numel(), _LSE_CHUNK):  # only rows that are some node's parent, a chunk at a time
-            x = self.logits[uniq[s:s + _LSE_CHUNK]].float()
-            lse[s:s + _LSE_CHUNK] = torch.logsumexp(x.mul_(scale) if scale != 1.0 else x, dim=-1)
+        lse = row_logsumexp(self.logits, uniq, scale)  # only rows that are some node's parent
         num = self.logits[par, tok].float() * scale
         return torch.exp(num - lse[inv]).to(torch.float64).cpu().numpy()
 
