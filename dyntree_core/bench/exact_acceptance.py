@@ -241,27 +241,14 @@ def budget_gains(cells: list[Cell]) -> list[dict]:
 CELL_FIELDS = ("temperature", "method", "budget", "dataset", "decode_verifier")
 
 
-def _argv_values(argv: Optional[list], flag: str) -> Optional[list[str]]:
-    """The values that followed ``flag`` in a recorded argv (None when it was not given)."""
-    if not argv or flag not in argv:
-        return None
-    i = argv.index(flag) + 1
-    j = i
-    while j < len(argv) and not str(argv[j]).startswith("--"):
-        j += 1
-    return [str(a) for a in argv[i:j]]
-
-
 def prompt_range(argv: Optional[list]) -> Optional[dict]:
-    """The prompt slice a run was asked for: its datasets, ``--prompt-start`` and ``--prompts``
-    (the parser's defaults where its argv left them out). None for a run that recorded no argv."""
+    """The prompt slice a run was asked for: its datasets, ``--prompt-start`` and ``--prompts``, as this parser
+    reads its recorded argv (defaults where it left them out; flags this version does not know are ignored).
+    None for a run that recorded no argv."""
     if argv is None:
         return None
-    p = build_parser()
-    start, count, datasets = (_argv_values(argv, f) for f in ("--prompt-start", "--prompts", "--datasets"))
-    return {"datasets": datasets or list(p.get_default("datasets")),
-            "prompt_start": int(start[0]) if start else p.get_default("prompt_start"),
-            "prompts": int(count[0]) if count else p.get_default("prompts")}
+    ns, _ = build_parser().parse_known_args([str(a) for a in argv])
+    return {"datasets": list(ns.datasets), "prompt_start": ns.prompt_start, "prompts": ns.prompts}
 
 
 def measured_prompts(records: list[dict]) -> list[dict]:
