@@ -475,3 +475,22 @@ def test_a_streaming_run_redraws_its_figures_at_most_every_interval(monkeypatch)
     assert ctl_mod.figures_due(state, rec, (3, None, 64)) and ctl_mod.figures_due(state, rec, (3, None, 64))
     rec.status, state.worker = "running", None  # paused between steps (no worker): drawn in full
     assert ctl_mod.figures_due(state, rec, (3, None, 64))
+
+
+def test_loading_another_precision_names_it_while_it_loads(controller, monkeypatch):
+    """Issue 41: switching precision reloaded the models for 21 s with no message: the notice shown while a pair
+    that is not loaded yet loads names both precisions."""
+    from ui import controller as ctl_mod
+
+    seen = []
+    real = ctl_mod.start_generation
+
+    def spy(provider, settings, **kw):
+        seen.append(state.notice)
+        return real(provider, settings, **kw)
+
+    monkeypatch.setattr(ctl_mod, "start_generation", spy)
+    state = SessionState()
+    controller.begin(state, settings_from_form(*_form(method="chain", precision="float32", draft_precision="bfloat16")))
+    assert seen[0].startswith("Loading models tiny / tiny at target float32, draft bfloat16 …"), seen
+    assert state.notice == ""  # gone once loaded

@@ -274,8 +274,9 @@ class Controller:
                             f"{settings.target}) … the first time it measures the machine profile and "
                             "the pair's acceptance (a few minutes on a 2-core CPU), then it is cached")
         elif not self.provider.is_loaded(settings.pair_spec()):
-            state.notice = (f"Loading models {settings.draft} / {settings.target} … "
-                            "(the first load can take a while)")
+            state.notice = (f"Loading models {settings.draft} / {settings.target} at target {settings.precision}, "
+                            f"draft {settings.draft_precision} … (a precision not loaded before is read from "
+                            "the model files: the first load can take a while)")
         state.bump()
         try:
             with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
