@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -50,6 +51,15 @@ def process_memory() -> Optional[ProcessMemory]:
         return parse_status(STATUS_PATH.read_text(errors="replace"))
     except OSError:
         return None
+
+
+def memory_budget() -> int:
+    """Bytes this process may hold at its peak (``DYNTREE_MEMORY_BUDGET_GB``, default 8): a measurement that would
+    load more than what is left of it is not made."""
+    try:
+        return int(float(os.environ.get("DYNTREE_MEMORY_BUDGET_GB", "8")) * 1e9)
+    except ValueError:
+        return int(8e9)
 
 
 _TRIM: list = []

@@ -206,7 +206,8 @@ def test_dropped_sizes_are_never_measured_again(tmp_path, monkeypatch):
 def test_a_precision_too_big_to_read_in_time_is_never_loaded(tmp_path, monkeypatch):
     """A row whose weights alone take longer to read (at 1.25x the measured bandwidth) than twice the best one-token
     forward of its role is dropped without loading it (the 6 GB float32 twin of the 1.5B target); one that could be
-    fast enough is measured; a model dropped before the next load of its role is already freed."""
+    fast enough is measured; a model dropped before the next load of its role is already freed; a row whose weights
+    would take the process over its memory budget is never loaded either."""
     import weakref
 
     from dyntree_core.planning.machine_profile import empty_profile
@@ -223,6 +224,7 @@ def test_a_precision_too_big_to_read_in_time_is_never_loaded(tmp_path, monkeypat
         return m
 
     refs: list = []
+    monkeypatch.setenv("DYNTREE_MEMORY_BUDGET_GB", "1e9")  # (the budget rule: below)
     prof = empty_profile("k")
     prof.meta["read_gb_per_s"] = 10.0  # (measured once per profile otherwise: ``read_gb_per_s``)
     gb = {"float32": 1e12, "bfloat16": 1e3}
@@ -235,6 +237,17 @@ def test_a_precision_too_big_to_read_in_time_is_never_loaded(tmp_path, monkeypat
     floor_ms = 1e12 / (READ_MARGIN * 10e9) * 1e3
     assert any(f"float32 is not loaded: its 1000.0 GB of weights take >= {floor_ms:.0f} ms" in m for m in msgs)
     assert alive[:2] == [0, 0]  # the float16 target was freed before the bfloat16 one loaded
+    # a precision fast enough to read but too big for what is left of the process's memory budget
+    from dyntree_core.process_memory import process_memory
+
+    monkeypatch.setenv("DYNTREE_MEMORY_BUDGET_GB", str((process_memory().rss + 5e8) / 1e9))
+    loads.clear()
+    measure_into(prof, load, {("draft", "bfloat16"): (1,), ("draft", "float16"): (1,)}, progress=msgs.append,
+                 forward_bytes=lambda role, p: {"bfloat16": 2e9, "float16": 1e3}[p])
+    assert loads[0] == ("draft", "float16") and ("draft", "bfloat16") not in loads
+    assert prof.dropped["draft:bfloat16"] == 1
+    assert any("bfloat16 is not loaded: its 2.0 GB of weights would take this process" in m and "memory budget" in m
+               for m in msgs)
 
 
 def test_cli_method_auto_budget_auto_profiles_the_machine_once(tmp_path, monkeypatch, capsys):

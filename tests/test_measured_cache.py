@@ -200,6 +200,12 @@ def test_a_busy_profile_is_returned_provisional_and_not_written(cache, monkeypat
     again = profiling.load_or_measure_profile(None, "tiny", "cpu", ["float32"], ns=(1, 2))
     assert again.target == quiet.target and again.key == quiet.key and len(runs) == 2  # read back
     assert path.name == f"machine-{profile_key('tiny', 'cpu')}.json"
+    # nothing left to time: a busy machine now does not make the stored profile provisional (a T=0.6 request
+    # after a long run was told "not stored (busy: load 2.4 on 2 CPUs)" for a profile it did not measure)
+    monkeypatch.setattr(measured, "busy_detector", _busy())
+    msgs.clear()
+    stored = profiling.load_or_measure_profile(None, "tiny", "cpu", ["float32"], ns=(1, 2), progress=msgs.append)
+    assert stored.provisional == "" and not any("provisional" in m for m in msgs) and len(runs) == 2
 
 
 def test_the_attention_table_is_keyed_by_the_machine_and_not_stored_when_busy(auto_table_store, monkeypatch):

@@ -23,7 +23,7 @@ import torch
 
 from .. import measured
 from ..machine import machine_info
-from ..process_memory import release_freed_memory
+from ..process_memory import memory_budget, process_memory, release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
 from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachineProfile, NotMeasuredYet, empty_profile,
@@ -113,15 +113,20 @@ def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5) -> float:
 
 def _ruled_out(prof: MachineProfile, role: str, prec: str, sizes: Sequence[int], prune_factor: float,
                forward_bytes: Optional[ForwardBytes]) -> Optional[str]:
-    """Why (role, prec) need not be loaded at all: reading its weights once takes longer than ``prune_factor`` x the
-    best one-token forward of its role measured so far, even at ``READ_MARGIN`` x the measured read bandwidth (its
-    first size would be dropped anyway; a float32 1.5B target is a 6 GB load). None: measure it."""
+    """Why (role, prec) is not loaded at all: its weights would take the process over its memory budget
+    (``process_memory.memory_budget``), or reading them once takes longer than ``prune_factor`` x the best one-token
+    forward of its role measured so far, even at ``READ_MARGIN`` x the measured read bandwidth (its first size would
+    be dropped anyway; a float32 1.5B target is a 6 GB load). None: measure it."""
     if forward_bytes is None or 1 not in sizes or 1 not in prof.ns:
         return None
+    nbytes = forward_bytes(role, prec)
+    now = process_memory()
+    if nbytes and now is not None and now.rss + nbytes > memory_budget():
+        return (f"its {nbytes / 1e9:.1f} GB of weights would take this process ({now.rss / 1e9:.1f} GB now) over its "
+                f"{memory_budget() / 1e9:.0f} GB memory budget")
     i = prof.ns.index(1)
     best = min((r[i] for p, r in getattr(prof, role).items() if p != prec and r[i] is not None), default=None)
-    nbytes = forward_bytes(role, prec) if best is not None else None
-    if not nbytes:
+    if not nbytes or best is None:
         return None
     if "read_gb_per_s" not in prof.meta:
         prof.meta["read_gb_per_s"] = round(read_gb_per_s(), 2)
@@ -250,8 +255,11 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     if not measure and (refresh or any(prof.missing(role, p, ns) for (role, p), ns in wanted.items())
                         or any(n not in prof.ns or prof.other[prof.ns.index(n)] is None for n in t_ns)):
         raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
+    rows_before = (repr(prof.target), repr(prof.draft), repr(prof.other))
     with measured.watch() as w:  # (written only when the machine was quiet while it was measured)
         timed = measure_into(prof, load, wanted, progress=progress, turn=turn, forward_bytes=forward_bytes)
+    if rows_before == (repr(prof.target), repr(prof.draft), repr(prof.other)) and path.is_file() and not refresh:
+        return prof  # nothing was timed: the stored rows stand, whatever the machine's load just now
     verdict = w.verdict()
     if not verdict.quiet:
         prof.provisional = verdict.reason
