@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 from dataclasses import dataclass
@@ -62,16 +63,16 @@ def memory_budget() -> int:
         return int(8e9)
 
 
-_TRIM: list = []
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None where the C library has none)."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
 
 
 def release_freed_memory() -> bool:
     """Collect garbage, then hand the C heap's free pages back to the OS (glibc's ``malloc_trim``); True if glibc
     did so."""
     gc.collect()
-    if not _TRIM:
-        name = ctypes.util.find_library("c")
-        lib = ctypes.CDLL(name) if name else None
-        _TRIM.append(getattr(lib, "malloc_trim", None))
-    trim = _TRIM[0]
+    trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False

@@ -170,10 +170,8 @@ def test_one_profile_per_machine_and_pair_grows_by_what_is_asked(tmp_path, monke
                                    draft_precisions=["float32"], target_ns=(8, 16))
     # fewest weight bytes first: bfloat16 at every size, the float32 target only at 8 and 16; then the engine's
     # steps at the new sizes (their other cost) on the fastest target and the draft, one model per role in memory
-    from dyntree_core.planning.profiling import fastest
-
     assert loads[2:4] == [("target", "bfloat16"), ("target", "float32")]
-    fast_t = fastest(both.target)
+    fast_t = both.fastest("target")
     assert loads[4:] == ([("target", fast_t)] if fast_t != "float32" else []) + [("draft", "float32")]
     assert both.key == first.key == profile_key("tiny", "cpu") and both.ns == [1, 2, 4, 8, 16]
     assert both.target["float32"][:3] == first.target["float32"]  # kept, not re-measured
@@ -231,12 +229,12 @@ def test_a_precision_too_big_to_read_in_time_is_never_loaded(tmp_path, monkeypat
     msgs = []
     measure_into(prof, load, {("target", p): (1, 2) for p in ("float32", "bfloat16", "float16")},
                  progress=msgs.append, forward_bytes=lambda role, p: gb.get(p))
-    assert [p for _, p in loads if _ == "target"][:2] == ["float16", "bfloat16"]  # fewest bytes first
+    assert [p for _, p in loads if _ == "target"][:2] == ["bfloat16", "float16"]  # fewest bytes first (ties as asked)
     assert ("target", "float32") not in loads and prof.dropped["target:float32"] == 1
     assert prof.target["float32"] == [None, None] and prof.target["bfloat16"][0] is not None
     floor_ms = 1e12 / (READ_MARGIN * 10e9) * 1e3
     assert any(f"float32 is not loaded: its 1000.0 GB of weights take >= {floor_ms:.0f} ms" in m for m in msgs)
-    assert alive[:2] == [0, 0]  # the float16 target was freed before the bfloat16 one loaded
+    assert alive[:2] == [0, 0]  # the bfloat16 target was freed before the float16 one loaded
     # a precision fast enough to read but too big for what is left of the process's memory budget
     from dyntree_core.process_memory import process_memory
 

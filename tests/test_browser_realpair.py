@@ -60,10 +60,10 @@ def _wait_status_re(page, pattern: str, timeout_s: float) -> str:
 
 
 def _peak_rss_gb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024 ** 2
-    return float("nan")
+    from dyntree_core.process_memory import parse_status
+
+    mem = parse_status(Path(f"/proc/{pid}/status").read_text())
+    return mem.peak / 1024 ** 3 if mem is not None else float("nan")
 
 
 def test_the_defaults_twice_one_prediction_everywhere_and_stop_in_a_long_prefill(tmp_path, embedded_fetched):

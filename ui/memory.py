@@ -14,6 +14,6 @@ def memory_line(now: Optional[ProcessMemory] = None) -> str:
     now = process_memory() if now is None else now
     if now is None:
         return ""
-    text = f"app memory {now.rss / 1e9:.1f} GB (peak {now.peak / 1e9:.1f} GB)"
+    text = f"app {now.text()}"
     avail = available_memory()
     return text + (f" · {avail / 1e9:.1f} GB available on this machine" if avail is not None else "")

@@ -30,6 +30,7 @@ import torch
 
 from ..quant.apply import PRECISION_ATTR, QUANT_PRECISIONS, check_precision, head_precision, set_submodule
 from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
+from ..quant.ggml_embedding import block_embedding, holds_as_blocks
 from ..quant.gguf_file import read_gguf
 from ..quant.linear import Int4Linear, Int8Linear, cpu_aligned, int4_shape_ok
 
@@ -160,21 +161,13 @@ def load_gguf_model(
 _EMBED = "model.embed_tokens.weight"
 
 
-def block_embedding_types(type_name: str) -> bool:
-    """Whether a quantized model keeps an embedding of this GGML type as blocks (``_block_embedding``)."""
-    from ..quant.native import BLOCKS, native_kernels
-
-    return type_name in BLOCKS and native_kernels() is not None
-
-
 def _block_embedding(model, gf, zeros: bool = False) -> bool:
     """Give a quantized model the GGUF's embedding as blocks (``quant.ggml_embedding``; shared with a head tied
     to it); ``zeros``: blocks of zeros (a shape twin). False where the type needs the dense table."""
-    from ..quant.ggml_embedding import block_embedding
     from ..quant.ggml_linear import row_bytes
 
     emb = gf.tensors["token_embd.weight"]
-    if not block_embedding_types(emb.type_name):
+    if not holds_as_blocks(emb.type_name):
         return False
     vocab, dim = (int(x) for x in emb.shape)
 
@@ -341,7 +334,7 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
                 new = Int8Linear.from_buffers(torch.zeros(n, k, dtype=torch.int8), torch.ones(n), bias)
             set_submodule(model, module, new)
         elif not (module == "model.embed_tokens" and precision in QUANT_PRECISIONS
-                  and block_embedding_types(t.type_name)):
+                  and holds_as_blocks(t.type_name)):
             state[f"{module}.{kind}"] = torch.zeros(shape, dtype=dense_dtype)
             if has_bias:
                 state[f"{module}.bias"] = torch.zeros(shape[0], dtype=dense_dtype)
@@ -384,7 +377,7 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
         module, kind = hf_name(gname)
         if kind == "bias":
             continue  # taken together with its weight
-        if module == "model.embed_tokens" and precision in QUANT_PRECISIONS and block_embedding_types(t.type_name):
+        if module == "model.embed_tokens" and precision in QUANT_PRECISIONS and holds_as_blocks(t.type_name):
             continue  # its blocks, after the head (``_block_embedding``)
         if module in linears and precision not in ("float32", "bfloat16"):
             bias_t = tensors.get(gname.rsplit(".", 1)[0] + ".bias")

@@ -171,7 +171,7 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
         reason = (f"auto: {best.label()}: {prediction_for(best, reference).text()} on {cpu}: {size} target forward "
                   f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
-    fast_d = min(draft_precisions, key=lambda p: profile.draft_time(p, 1))
+    fast_d = profile.fastest("draft", draft_precisions) or draft_precisions[0]
     per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
                     profile.machine, reason, tuple(ranked[:8]), fast_d, per_method, reference=reference,
@@ -223,8 +223,8 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
     say("machine profile (measured once per machine, pair and torch version, then cached):")
     prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say, measure=measure, turn=turn,
                        remeasure=remeasure)
-    fast_t = min(tps, key=lambda p: prof.target_time(p, 1))
-    fast_d = min(dps, key=lambda p: prof.draft_time(p, 1))
+    fast_t = prof.fastest("target", tps) or tps[0]
+    fast_d = prof.fastest("draft", dps) or dps[0]
     if methods == ("autoregressive",):
         acc = Acceptance((0.0,))
     else:

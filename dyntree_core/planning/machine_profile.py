@@ -90,6 +90,14 @@ class MachineProfile:
     def other_time(self, n: float) -> float:
         return row_time(self.ns, self.other, n)
 
+    def fastest(self, role: str, among: Optional[Sequence[str]] = None) -> Optional[str]:
+        """The precision of ``role`` (``target`` / ``draft``) with the fastest one-token forward, among ``among``
+        (default: every precision of its table); None when none of them has a time."""
+        time_at = self.target_time if role == "target" else self.draft_time
+        timed = [(time_at(p, 1), i, p) for i, p in enumerate(among if among is not None else getattr(self, role))]
+        best = min(timed, default=None)
+        return best[2] if best is not None and math.isfinite(best[0]) else None
+
     @property
     def max_tokens(self) -> int:
         """The largest size any row measured (larger trees have no price)."""

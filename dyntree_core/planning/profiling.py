@@ -26,6 +26,7 @@ from ..machine import machine_info
 from ..process_memory import memory_budget, process_memory, release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
+from .provisional import WEIGHT_BYTES
 from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachineProfile, NotMeasuredYet, empty_profile,
                               profile_key, profile_path)
 
@@ -69,16 +70,6 @@ def engine_steps(draft, target, n: int, steps: int = OTHER_STEPS, prompt_len: in
     run.close()  # (the steps asked for, not the whole run)
     sized = [t for t in out if max(1, t.tree_size) == n]
     return sized or out
-
-
-#: precisions by weight bytes, fewest first (the order rows are measured in)
-WEIGHT_ORDER = {"int4": 0, "int8": 1, "float16": 2, "bfloat16": 3, "float32": 4}
-
-
-def fastest(table: dict[str, list[Optional[float]]]) -> Optional[str]:
-    """The precision of a profile table with the fastest first measured size (None: nothing measured)."""
-    firsts = {p: r[0] for p, r in table.items() if r and r[0] is not None}
-    return min(firsts, key=firsts.get) if firsts else None
 
 
 def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
@@ -158,7 +149,7 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     if not todo and not other_todo:
         return 0
     t_start = time.perf_counter()
-    todo.sort(key=lambda t: (t[0] != "target", WEIGHT_ORDER.get(t[1], len(WEIGHT_ORDER))))
+    todo.sort(key=lambda t: (t[0] != "target", WEIGHT_BYTES.get(t[1], math.inf)))  # (stable: ties as asked)
     kept: dict[str, tuple[str, object]] = {}  # role -> (precision, model): the fastest one loaded so far
     for done, (role, prec, sizes) in enumerate(todo, 1):
         why = _ruled_out(prof, role, prec, sizes, prune_factor, forward_bytes)
@@ -189,15 +180,15 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                     break
                 row[i] = t
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
-        if fastest(table) == prec:  # (a slower one is not kept: the engine's steps below reload the fastest)
+        if prof.fastest(role) == prec:  # (a slower one is not kept: the engine's steps below reload the fastest)
             kept[role] = (prec, model)
         del model, timer
     if other_todo:  # the step's other cost at each size, measured by running the engine's step
         with turn(), torch.inference_mode():
-            for role, table in (("target", prof.target), ("draft", prof.draft)):
+            for role in ("target", "draft"):
                 if role not in kept:
                     release_freed_memory()
-                    prec = fastest(table) or next(iter(prof.target), "float32")
+                    prec = prof.fastest(role) or next(iter(prof.target), "float32")
                     kept[role] = (prec, load(role, prec))
             for n in other_todo:
                 o = min(other_seconds(n, "", step=t) for t in engine_steps(kept["draft"][1], kept["target"][1], n))

@@ -71,16 +71,19 @@ class GGMLEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.type_name} blocks"
 
 
+def holds_as_blocks(type_name: str) -> bool:
+    """Whether an embedding of this GGML type can be kept as blocks here (a type the kernels read, and the kernels
+    built on this machine); else the caller keeps a dense table."""
+    return type_name in BLOCKS and native_kernels() is not None
+
+
 def block_embedding(type_name: str, vocab: int, dim: int, read_blocks: Callable[[], torch.Tensor],
-                    tied_head=None) -> Optional[GGMLEmbedding]:
-    """A ``GGMLEmbedding`` of a ``[vocab, dim]`` GGUF tensor: ``tied_head``'s blocks where the head is a
-    ``GGMLLinear`` built from the same tensor (a tied head: pass it only then), else ``read_blocks()``
-    (``[vocab, row_bytes]`` uint8). ``None`` where the kernels cannot read the type or are unavailable (the
-    caller keeps a dense table)."""
+                    tied_head=None) -> GGMLEmbedding:
+    """A ``GGMLEmbedding`` of a ``[vocab, dim]`` GGUF tensor of a type ``holds_as_blocks`` takes: ``tied_head``'s
+    blocks where the head is a ``GGMLLinear`` built from the same tensor (a tied head: pass it only then), else
+    ``read_blocks()`` (``[vocab, row_bytes]`` uint8)."""
     from .ggml_linear import GGMLLinear
 
-    if type_name not in BLOCKS or native_kernels() is None:
-        return None
     if (isinstance(tied_head, GGMLLinear) and tied_head.type_name == type_name
             and (tied_head.out_features, tied_head.in_features) == (vocab, dim)):
         return GGMLEmbedding(type_name, tied_head.blocks, dim)
