@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.dyntree-installed
 
-.PHONY: setup browser models run test bench clean
+.PHONY: setup browser models run test bench peers clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ test: setup browser models
 
 bench: setup models
 	$(PY) -m dyntree_core.bench all --pair embedded
+
+# llama.cpp's own binaries, the CPU peer of `bench speed --llamacpp-bin DIR` (never part of `make test`)
+peers:
+	@bash scripts/build_llamacpp.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -332,6 +332,8 @@ def test_chain_replay_is_exact_on_a_deterministic_sequence():
     # starts: s=0 -> 2 accepted +1; s=1 -> 1 (+1); s=2 -> 0 (+1); s=3 -> 1 + mean-row acceptance 0.75 (+1)
     assert st.tokens == pytest.approx((3 + 2 + 1 + (1 + 1 + 0.75)) / 4)
     assert st.drafted == 2 and st.size_probs == (0.0, 1.0)
+    # every draft accepted (the next step's first draft forward has 2 rows): s=0 yes, s=1/s=2 no, s=3 0.75
+    assert st.all_accepted == pytest.approx((1 + 0 + 0 + 0.75) / 4)
     stop = simulate_chain([seq], 3, 0)  # stop after the unsure token at position 1
     # s=0: drafts 0,1 then stops -> D=2, accepts 2 -> 3 tokens; s=1: D=1 -> 2 tokens; s=2: D=3, 0 accepted
     assert stop.size_probs[0] > 0 and stop.drafted < 3
@@ -339,6 +341,10 @@ def test_chain_replay_is_exact_on_a_deterministic_sequence():
     prof = _profile({"int8": [0.1] * 6}, {"int8": [0.01] * 6})
     cands = price_candidates(prof, acc, ["int8"], ["int8"], methods=("chain",))
     assert any(c.stop_confidence is not None for c in cands) and all(c.method == "chain" for c in cands)
+    two_rows = _profile({"int8": [0.1] * 6}, {"int8": [0.01, 0.03, 0.03, 0.03, 0.03, 0.03]})
+    k2 = next(c for c in price_candidates(two_rows, acc, ["int8"], ["int8"], methods=("chain",))
+              if c.depth == 2 and c.stop_confidence is None)
+    assert k2.draft_seconds == pytest.approx(2 * 0.01 + st.all_accepted * (0.03 - 0.01))
 
 
 def test_confidence_stop_is_lossless_and_shortens_chains():
@@ -353,6 +359,30 @@ def test_confidence_stop_is_lossless_and_shortens_chains():
         sizes.append(tr.tree_size)
         out.extend(c.token_id for c in tr.committed)
     assert out == ar and min(sizes) < 7
+
+
+def test_a_chains_first_draft_forward_has_two_rows_exactly_after_every_draft_was_accepted(monkeypatch):
+    """What ``ChainStats.all_accepted`` prices: the draft never forwards a chain's last token, so after a step
+    that accepted every drafted token the next step's first draft forward feeds two rows, else one."""
+    from dyntree_core import DecodeConfig, SpeculativeDecoder
+    from dyntree_core.decode import draft_source
+    from dyntree_core.testing import tiny_pair
+
+    pending: list[int] = []
+    init = draft_source.ModelDraftSource.__init__
+
+    def spy(self, model, cache, pend, *a, **kw):
+        pending.append(len(pend))
+        init(self, model, cache, pend, *a, **kw)
+
+    monkeypatch.setattr(draft_source.ModelDraftSource, "__init__", spy)
+    draft, target = tiny_pair(vocab=64, seed=4, layers=2, hidden=64, draft_noise=0.1)
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="chain", depth=3, stop_confidence=0.5),
+                             eos_token_id=())
+    all_in = [len(tr.accepted_nodes) - 1 == tr.tree_size - 1 for tr in dec.generate([5, 9], 48)]
+    assert pending[0] == 1 and len(pending) == len(all_in)
+    assert pending[1:] == [2 if full else 1 for full in all_in[:-1]]
+    assert 0 < sum(all_in) < len(all_in)  # both cases occur
 
 
 def test_the_profile_key_is_the_machines_identity(monkeypatch):

@@ -12,9 +12,13 @@ Rows (each over the same prompts, same new-token count, decode time only: prefil
   copied after an n-gram match in the prompt/output; no draft model), same target precision;
 * ``fixed: chain k=4`` and any ``--fixed`` configs, at ``auto``'s precisions (a Sequoia tree with the
   acceptance vector ``auto`` measured);
-* ``llama.cpp plain`` / ``llama.cpp draft`` / ``llama.cpp ngram`` (T=0 only; ``bench.llamacpp``): llama.cpp on
-  the same GGUF files and prompt token ids with the same thread count, when ``llama-cpp-python`` is installed
-  (the ``llamacpp`` extra; absent, the bench says how to get it and records why the rows are missing).
+* with ``--llamacpp-bin DIR`` (T=0 only; ``bench.llamacpp_native``; ``make peers`` builds them): llama.cpp's own
+  binaries on the same GGUF files, prompts and thread count, no Python in their loop: ``llama.cpp plain``
+  (``llama-completion``), ``llama.cpp draft-simple`` and ``llama.cpp ngram-simple`` (``llama-speculative-simple``),
+  and ``llama-bench``'s prompt processing / generation of the target (``record["llama_cpp_native"]["forwards"]``);
+* without it, ``llama-cpp-python plain`` / ``draft`` / ``ngram`` (T=0 only; ``bench.llamacpp``): llama.cpp's library
+  driven from Python (its n-gram and draft loops are Python), when ``llama-cpp-python`` is installed (the
+  ``llamacpp`` extra; absent, the bench says how to get it and records why the rows are missing).
 
 ``auto`` chooses among ``--auto-precisions`` (default: every precision it prices on the device),
 independently of the precisions of the autoregressive rows.
@@ -46,6 +50,7 @@ from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
 from ..machine import machine_info
 from .hf_baselines import hf_assisted_defaults, hf_generate
+from .llamacpp_native import NATIVE_ROWS
 
 
 @dataclass
@@ -109,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llama.cpp draft row: stop drafting below this draft probability")
     p.add_argument("--llamacpp-ngram", type=int, default=10, metavar="K",
                    help="llama.cpp n-gram row: tokens copied after a match (LlamaPromptLookupDecoding)")
+    p.add_argument("--llamacpp-bin", type=Path, default=None, metavar="DIR",
+                   help="llama.cpp's own binaries (make peers prints DIR): native plain, draft-simple and "
+                        "ngram-simple rows and llama-bench's pp/tg instead of llama-cpp-python's rows")
+    p.add_argument("--llamacpp-native-rows", nargs="*", default=list(NATIVE_ROWS), choices=NATIVE_ROWS,
+                   help="which native llama.cpp rows to run with --llamacpp-bin")
+    p.add_argument("--llamacpp-bench-ns", type=int, nargs="*", default=[1, 4, 16, 32, 64],
+                   help="llama-bench prompt sizes (pp n: one forward of n rows) with --llamacpp-bin (none: skip)")
     p.add_argument("--no-ours", action="store_true",
                    help="skip our rows and transformers' (only llama.cpp's; plans are still made for the prompts)")
     p.add_argument("--json", type=Path, default=None)
@@ -196,7 +208,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for temp in args.temperatures:
         plan = plans[temp]
         dp = plan.best.draft_precision or plan.fastest_draft_precision
-        if temp == 0 and args.llamacpp_rows:
+        if temp == 0 and args.llamacpp_bin is not None:
+            native_llamacpp_rows(args, record, prompts, tok, run_rows, cells, say)
+        elif temp == 0 and args.llamacpp_rows:
             llamacpp_rows(args, record, prompts, eos, run_rows, say)
         if args.no_ours:
             continue
@@ -261,8 +275,52 @@ def _gguf_paths(pair: str) -> tuple[Optional[str], Optional[str], str]:
     return paths[0], paths[1], ""
 
 
+def native_llamacpp_rows(args, record: dict, prompts: dict, tok, run_rows, cells: list, say) -> None:
+    """llama.cpp's own binaries on the same prompts (T=0): plain, draft-simple, ngram-simple, and llama-bench's
+    forwards of the target; or the reason there are none."""
+    from . import llamacpp_native as ln
+
+    build = ln.native_build(args.llamacpp_bin)
+    record["llama_cpp_native"] = build.to_dict()
+    draft_path, target_path, why = _gguf_paths(args.pair)
+    if not build.available or why:
+        msg = build.message if not build.available else f"native llama.cpp rows skipped: {why}"
+        record["llama_cpp_native"]["skipped"] = msg
+        say(msg)
+        return
+    threads = torch.get_num_threads()
+    record["llama_cpp_native"].update(threads=threads, target=target_path, draft=draft_path,
+                                      draft_max=args.llamacpp_draft_max, draft_p_min=args.llamacpp_draft_p_min)
+    texts = {tuple(ids): tok.decode(ids) for plist in prompts.values() for ids in plist}
+    labels = {"plain": "llama.cpp plain (llama-completion)",
+              "draft-simple": f"llama.cpp draft-simple (n_max {args.llamacpp_draft_max}, p_min "
+                              f"{args.llamacpp_draft_p_min}; llama-speculative-simple)",
+              "ngram-simple": f"llama.cpp ngram-simple (n_max {args.llamacpp_draft_max}; llama-speculative-simple)"}
+    for row in args.llamacpp_native_rows:
+        runs: list = []
+
+        def one(ids, seed, row=row, runs=runs):
+            r = ln.decode_prompt(build, row, target_path, texts[tuple(ids)], args.new_tokens, threads,
+                                 draft_model=draft_path, draft_max=args.llamacpp_draft_max,
+                                 draft_p_min=args.llamacpp_draft_p_min, seed=seed)
+            runs.append(r)
+            return r.ms_per_token, r.tokens_per_step, r.tokens
+
+        first = len(cells)
+        run_rows(labels[row], 0.0, one)
+        for c in cells[first:]:
+            mine, runs[:] = runs[:len(c.ms_per_token)], runs[len(c.ms_per_token):]
+            c.extra.update(implementation="llama.cpp binaries", llama_prompt_tokens=[r.prompt_tokens for r in mine],
+                           drafted=[r.drafted for r in mine], accepted=[r.accepted for r in mine])
+    if args.llamacpp_bench_ns:
+        say(f"llama-bench: pp {args.llamacpp_bench_ns}, tg {args.new_tokens} of the target ...")
+        record["llama_cpp_native"]["forwards"] = ln.bench_forwards(build, target_path, args.llamacpp_bench_ns,
+                                                                   threads, tg=args.new_tokens)
+
+
 def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -> None:
-    """llama.cpp's plain, draft-model and n-gram rows on the same prompts (T=0), or the reason there are none."""
+    """llama-cpp-python's plain, draft-model and n-gram rows on the same prompts (T=0), or the reason there are
+    none: llama.cpp's library with the decode, draft and n-gram loops in Python."""
     from . import llamacpp as lc
 
     status = lc.llama_cpp_status()
@@ -280,12 +338,12 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
     eos_set = set(eos)
     if "plain" in args.llamacpp_rows:
         llm = lc.open_llama(target_path, threads)
-        run_rows("llama.cpp plain", 0.0, lambda ids, seed: lc.plain_decode(llm, ids, args.new_tokens, eos_set))
+        run_rows("llama-cpp-python plain", 0.0, lambda ids, seed: lc.plain_decode(llm, ids, args.new_tokens, eos_set))
         del llm
     if "draft" in args.llamacpp_rows:
         dl = lc.DraftLlama(lc.open_llama(draft_path, threads), args.llamacpp_draft_max, args.llamacpp_draft_p_min)
         llm = lc.open_llama(target_path, threads, draft_model=dl)
-        run_rows(f"llama.cpp draft (n_max {args.llamacpp_draft_max}, p_min {args.llamacpp_draft_p_min})", 0.0,
+        run_rows(f"llama-cpp-python draft (n_max {args.llamacpp_draft_max}, p_min {args.llamacpp_draft_p_min})", 0.0,
                  lambda ids, seed: lc.generate_decode(llm, ids, args.new_tokens, eos_set, draft=dl))
         del llm, dl
     if "ngram" in args.llamacpp_rows:
@@ -293,7 +351,7 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
 
         llm = lc.open_llama(target_path, threads,
                             draft_model=LlamaPromptLookupDecoding(num_pred_tokens=args.llamacpp_ngram))
-        run_rows(f"llama.cpp ngram k={args.llamacpp_ngram}", 0.0,
+        run_rows(f"llama-cpp-python ngram k={args.llamacpp_ngram}", 0.0,
                  lambda ids, seed: lc.generate_decode(llm, ids, args.new_tokens, eos_set))
         del llm
 

@@ -37,11 +37,14 @@ def chain_expected_tokens(p1: float, k: int) -> float:
 class ChainStats:
     """A chain of at most k tokens with a stop rule, started at every calibration position, pooled:
     ``tokens`` committed per step, ``drafted`` draft forwards per step, ``size_probs[m-1]`` the
-    probability that m tokens were drafted (the target then runs m + 1)."""
+    probability that m tokens were drafted (the target then runs m + 1), ``all_accepted`` the probability
+    that every drafted token was accepted: the last one was never forwarded by the draft, so the next
+    step's first draft forward has two rows (it and the target's token) instead of one."""
 
     tokens: float
     drafted: float
     size_probs: tuple[float, ...]
+    all_accepted: float
 
 
 def simulate_chain(sequences: Sequence[Sequence[Sequence[float]]], k: int, stop_index: Optional[int]) -> ChainStats:
@@ -51,7 +54,7 @@ def simulate_chain(sequences: Sequence[Sequence[Sequence[float]]], k: int, stop_
     j needs ``D >= j`` and the first j tokens accepted; at T=0 every factor is 0 or 1, so this is
     exact for the calibration text (positions past its end take the sequence's means).
     """
-    tok = dra = 0.0
+    tok = dra = full = 0.0
     sizes = [0.0] * k
     starts = 0
     for seq in sequences:
@@ -67,14 +70,15 @@ def simulate_chain(sequences: Sequence[Sequence[Sequence[float]]], k: int, stop_
             for j in range(1, k + 1):
                 run *= rows[j - 1][0]
                 e_tok += p_ge[j - 1] * run
+                full += (p_ge[j - 1] - (p_ge[j] if j < k else 0.0)) * run  # P(D = j, all j accepted)
             for m in range(1, k + 1):
                 sizes[m - 1] += p_ge[m - 1] - (p_ge[m] if m < k else 0.0)
             tok += e_tok
             dra += sum(p_ge)
             starts += 1
     if not starts:
-        return ChainStats(1.0, float(k), tuple(1.0 if m == k else 0.0 for m in range(1, k + 1)))
-    return ChainStats(tok / starts, dra / starts, tuple(x / starts for x in sizes))
+        return ChainStats(1.0, float(k), tuple(1.0 if m == k else 0.0 for m in range(1, k + 1)), 0.0)
+    return ChainStats(tok / starts, dra / starts, tuple(x / starts for x in sizes), full / starts)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def price_chain(inputs: PricingInputs, tp: str) -> list[Candidate]:
     profile, cands = inputs.profile, []
     for dp in inputs.draft_precisions:
         if inputs.chains is not None:
-            td = profile.draft_time(dp, 1)
+            td, td2 = profile.draft_time(dp, 1), profile.draft_time(dp, 2)
             for (k, stop), st in inputs.chains.items():
                 sizes = range(2, k + 2)
                 cands.append(Candidate(
@@ -33,7 +33,8 @@ def price_chain(inputs: PricingInputs, tp: str) -> list[Candidate]:
                     target_seconds=sum(p * profile.target_time(tp, n) for p, n in zip(st.size_probs, sizes)),
                     verify_seconds=sum(p * other_seconds(n, "chain", profile=profile)
                                        for p, n in zip(st.size_probs, sizes)),
-                    draft_seconds=st.drafted * td, stop_confidence=None if stop is None else STOP_GRID[stop]))
+                    draft_seconds=st.drafted * td + st.all_accepted * (td2 - td),
+                    stop_confidence=None if stop is None else STOP_GRID[stop]))
             continue
         for k in inputs.chain_lengths:
             if k + 1 > profile.max_tokens:
@@ -42,7 +43,8 @@ def price_chain(inputs: PricingInputs, tp: str) -> list[Candidate]:
                                    expected_tokens=chain_expected_tokens(inputs.p1, k),
                                    target_seconds=profile.target_time(tp, k + 1),
                                    verify_seconds=other_seconds(k + 1, "chain", profile=profile),
-                                   draft_seconds=k * profile.draft_time(dp, 1)))
+                                   draft_seconds=k * profile.draft_time(dp, 1) + inputs.p1 ** k * (
+                                       profile.draft_time(dp, 2) - profile.draft_time(dp, 1))))
     return cands
 
 

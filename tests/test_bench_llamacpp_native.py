@@ -1,0 +1,151 @@
+"""llama.cpp's own binaries as the speed bench's CPU peer: what each row reads from their logs (lines copied
+from llama.cpp 11434's own output), the command lines they get, failures, and the bench without them."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from dyntree_core.bench import llamacpp_native as ln
+
+COMPLETION_LOG = """\
+0.04.248.620 I system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 | AVX2 = 1 |
+0.08.219.886 I common_perf_print:    samplers time =       9.05 ms /    77 tokens
+0.08.219.903 I common_perf_print:        load time =     398.33 ms
+0.08.219.920 I common_perf_print: prompt eval time =     398.01 ms /    13 tokens (   30.62 ms per token,    32.66 tokens per second)
+0.08.219.936 I common_perf_print:        eval time =    3544.42 ms /    63 runs   (   56.26 ms per token,    17.77 tokens per second)
+0.08.219.952 I common_perf_print:       total time =    3971.38 ms /    76 tokens
+"""
+
+DRAFT_LOG = """\
+0.10.986.359 I encoded   13 tokens in    0.686 seconds, speed:   18.955 t/s
+0.10.986.396 I decoded   70 tokens in    5.860 seconds, speed:   11.945 t/s
+0.10.986.419 I 
+0.10.986.440 I n_draft   = 16
+0.10.986.463 I n_predict = 70
+0.10.986.486 I n_drafted = 56
+0.10.986.508 I n_accept  = 56
+0.10.986.532 I accept    = 100.000%
+0.10.986.787 I common_perf_print: prompt eval time =    3008.58 ms /    83 tokens (   36.25 ms per token,    27.59 tokens per second)
+0.10.986.811 I common_perf_print:        eval time =      84.70 ms /     1 runs   (   84.70 ms per token,    11.81 tokens per second)
+"""
+
+NGRAM_LOG = """\
+0.06.256.919 I encoded   13 tokens in    0.462 seconds, speed:   28.149 t/s
+0.06.256.948 I decoded   65 tokens in    3.911 seconds, speed:   16.620 t/s
+0.06.257.009 I n_predict = 65
+0.06.257.029 I n_drafted = 0
+0.06.257.050 I n_accept  = 0
+0.06.257.069 I accept    = -nan%
+"""
+
+BENCH_JSON = [
+    {"n_prompt": 1, "n_gen": 0, "avg_ns": 55600000, "samples_ns": [55400000, 55700000, 56100000], "avg_ts": 18.0},
+    {"n_prompt": 64, "n_gen": 0, "avg_ns": 1131000000, "samples_ns": [1120000000, 1130000000, 1143000000],
+     "avg_ts": 56.6},
+    {"n_prompt": 0, "n_gen": 64, "avg_ns": 3580000000, "samples_ns": [3560000000, 3570000000, 3610000000],
+     "avg_ts": 17.9},
+]
+
+
+def test_the_plain_row_reads_llama_cpps_decode_time_after_the_first_token():
+    r = ln.parse_completion(COMPLETION_LOG)
+    assert r.ms_per_token == pytest.approx(3544.42 / 63) and r.tokens == 63
+    assert r.prompt_tokens == 13 and r.tokens_per_step == 1.0 and r.drafted is None
+
+
+def test_the_speculative_rows_read_the_decode_loop_and_its_acceptance():
+    d = ln.parse_speculative(DRAFT_LOG)
+    assert d.ms_per_token == pytest.approx(5860 / 70) and d.tokens == 70 and d.prompt_tokens == 13
+    assert (d.drafted, d.accepted) == (56, 56)
+    assert d.tokens_per_step == pytest.approx(70 / (70 - 56))  # steps = committed - accepted drafts
+    n = ln.parse_speculative(NGRAM_LOG)  # nothing drafted: "accept = -nan%", one token per step
+    assert n.tokens_per_step == 1.0 and n.ms_per_token == pytest.approx(3911 / 65)
+
+
+def test_a_log_without_timings_is_an_error_that_shows_the_log():
+    with pytest.raises(ln.NativeRunError, match="no timing lines"):
+        ln.parse_completion("error: invalid argument: --bogus\n")
+    with pytest.raises(ln.NativeRunError, match="no summary"):
+        ln.parse_speculative(COMPLETION_LOG)
+
+
+def test_llama_bench_gives_ms_per_forward_of_n_rows_and_per_generated_token():
+    out = ln.parse_bench("build: 11434\n" + json.dumps(BENCH_JSON))
+    assert out["pp"] == {1: pytest.approx(55.7), 64: pytest.approx(1130.0)}
+    assert out["tg"] == {64: pytest.approx(3570.0 / 64)}
+
+
+def _fake_bin(tmp_path: Path, logs: dict[str, str], rc: int = 0) -> Path:
+    """Binaries that record their argv and print a real log to stderr (where llama.cpp logs)."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    for name in ln.BINARIES:
+        log = tmp_path / f"{name}.log"
+        log.write_text(logs.get(name, ""))
+        script = d / name
+        script.write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/{name}.argv"\ncat "{log}" >&2\nexit {rc}\n')
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (d / "BUILD_INFO").write_text("version test\n")
+    return d
+
+
+def test_each_row_runs_its_binary_with_greedy_settings_and_parses_it(tmp_path):
+    bench = json.dumps(BENCH_JSON)
+    d = _fake_bin(tmp_path, {"llama-completion": COMPLETION_LOG, "llama-speculative-simple": DRAFT_LOG,
+                             "llama-bench": bench})
+    build = ln.native_build(d)
+    assert build.available and build.build_info == "version test"
+    plain = ln.decode_prompt(build, "plain", "t.gguf", "def f():", 64, 2)
+    assert plain.ms_per_token == pytest.approx(3544.42 / 63)
+    argv = (tmp_path / "llama-completion.argv").read_text().split()
+    assert argv[:2] == ["-m", "t.gguf"] and "-no-cnv" in argv
+    assert argv[argv.index("--temp") + 1] == "0" and argv[argv.index("-n") + 1] == "64"
+    assert argv[argv.index("-t") + 1] == "2" and argv[argv.index("-tb") + 1] == "2"
+    draft = ln.decode_prompt(build, "draft-simple", "t.gguf", "x", 64, 2, draft_model="d.gguf", draft_max=8)
+    assert draft.accepted == 56
+    argv = (tmp_path / "llama-speculative-simple.argv").read_text().split()
+    assert argv[argv.index("--spec-type") + 1] == "draft-simple" and argv[argv.index("-md") + 1] == "d.gguf"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "8" and argv[argv.index("-td") + 1] == "2"
+    ln.decode_prompt(build, "ngram-simple", "t.gguf", "x", 64, 2)
+    argv = (tmp_path / "llama-speculative-simple.argv").read_text().split()
+    assert argv[argv.index("--spec-type") + 1] == "ngram-simple" and "-md" not in argv
+    with pytest.raises(ValueError, match="draft model"):
+        ln.decode_prompt(build, "draft-simple", "t.gguf", "x", 64, 2)
+    assert ln.bench_forwards(build, "t.gguf", [1, 64], 2)["pp"][64] == pytest.approx(1130.0)
+    argv = (tmp_path / "llama-bench.argv").read_text().split()
+    assert argv[argv.index("-p") + 1] == "1,64" and argv[argv.index("-o") + 1] == "json"
+
+
+def test_a_failing_binary_says_which_and_what_it_printed(tmp_path):
+    d = _fake_bin(tmp_path, {"llama-completion": "error: invalid argument: --no-warmup\n"}, rc=1)
+    with pytest.raises(ln.NativeRunError, match=r"llama-completion exited 1:(.|\n)*--no-warmup"):
+        ln.decode_prompt(ln.native_build(d), "plain", "t.gguf", "x", 8, 2)
+
+
+def test_missing_binaries_say_how_to_build_them(tmp_path):
+    b = ln.native_build(tmp_path / "nowhere")
+    assert not b.available and set(b.missing) == set(ln.BINARIES)
+    assert "make peers" in b.message and b.to_dict()["available"] is False
+
+
+@pytest.mark.slow
+def test_speed_bench_records_why_native_rows_are_missing(tmp_path, monkeypatch, capsys, one_torch_thread):
+    from dyntree_core.bench.speed import main
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    common = ["--pair", "tiny", "--datasets", "code", "--prompts", "1", "--prompt-tokens", "16", "--new-tokens", "4",
+              "--temperatures", "0", "--precisions", "float32", "--auto-precisions", "float32", "--fixed", "--no-hf"]
+    out = tmp_path / "speed.json"
+    assert main([*common, "--llamacpp-bin", str(tmp_path / "nowhere"), "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert "make peers" in rec["llama_cpp_native"]["skipped"] and "llama_cpp" not in rec
+    assert not any(c["row"].startswith("llama") for c in rec["cells"])
+    d = _fake_bin(tmp_path, {})
+    assert main([*common, "--llamacpp-bin", str(d), "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert "no GGUF" in rec["llama_cpp_native"]["skipped"]
+    assert "make peers" in capsys.readouterr().err
