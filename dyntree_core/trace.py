@@ -117,6 +117,8 @@ class StepTrace:
         decisions: the verifier's decisions in the order made (the verification walkthrough).
         draft_source: what proposed the tree's tokens: ``model`` (the draft model) or ``suffix``
             (the text so far, no draft forward); empty for the autoregressive baseline.
+        fallback: on the step after which the run decodes plainly (``DecodeConfig.fallback_below``), why;
+            empty otherwise.
         step_seconds: wall-clock seconds of the whole step.
         elapsed: seconds since generation started (prefill included).
         total_new_tokens: tokens generated so far (this step included).
@@ -144,6 +146,7 @@ class StepTrace:
     kernel_blocks: Optional[int] = None
     decisions: list[VerifyDecision] = field(default_factory=list)
     draft_source: str = ""
+    fallback: str = ""
     step_seconds: float = 0.0
     elapsed: float = 0.0
     total_new_tokens: int = 0
@@ -206,7 +209,7 @@ class StepTrace:
             order_blocks={int(b): int(n) for b, n in d.get("order_blocks", {}).items()},
             kernel_blocks=d.get("kernel_blocks"),
             decisions=[VerifyDecision.from_dict(x) for x in d.get("decisions", [])],
-            draft_source=d.get("draft_source", "" if tree is None else "model"),
+            draft_source=d.get("draft_source", "" if tree is None else "model"), fallback=d.get("fallback", ""),
             step_seconds=float(d["step_seconds"]), elapsed=float(d["elapsed"]),
             total_new_tokens=int(d["total_new_tokens"]), tokens_per_s=float(d["tokens_per_s"]),
             finished=bool(d["finished"]), finish_reason=d.get("finish_reason"),
@@ -257,6 +260,7 @@ class StepTrace:
             "kernel_blocks": self.kernel_blocks,
             "decisions": [x.to_dict() for x in self.decisions],
             "draft_source": self.draft_source,
+            "fallback": self.fallback,
             "step_seconds": self.step_seconds,
             "elapsed": self.elapsed,
             "total_new_tokens": self.total_new_tokens,

@@ -180,3 +180,23 @@ def test_quantized_draft_stays_lossless(quant_draft_pair, exact, method, verifie
     cfg = dict(method=method, verifier=verifier, temperature=1.0, budget=6, depth=2, width=2, threshold=0.1)
     counts = sample_first_two(decoder_factory(pair, **cfg), PROMPT, samples_for(exact(1.0)), seed0=2000)
     assert chi_square_pvalue(counts, exact(1.0)) > ALPHA
+
+
+@pytest.mark.slow
+def test_a_run_that_falls_back_to_plain_decoding_stays_lossless(pair, exact, monkeypatch, one_torch_thread):
+    """``DecodeConfig.fallback_below``: a one-token chain step, then (the threshold unreachable, checked after one
+    step) plain steps; when the chain step's draft is rejected the second token comes from a plain step on the
+    cache the tree step left (a noisier draft than the module's, same target, so that happens often).
+    1,355 samples: power >= 0.99 against w2 >= 0.04 at false-alarm rate ALPHA. Checked against plain steps that
+    draw with a generator never advanced (one fixed uniform): it fails, p = 7e-72 (with the module's draft,
+    whose first draft token is mostly accepted, the same bug went unseen: p = 0.09)."""
+    import dyntree_core.decode.engine as engine
+
+    monkeypatch.setattr(engine, "FALLBACK_AFTER", 1)
+    noisy = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0)
+    assert all(torch.equal(a, b) for a, b in zip(noisy[1].parameters(), pair[1].parameters()))  # the module's target
+    make = decoder_factory(noisy, method="chain", depth=1, temperature=1.0, fallback_below=64.0)
+    methods = [t.method for t in make().generate(PROMPT, 4, seed=0)]
+    assert methods[0] == "chain" and set(methods[1:]) == {"autoregressive"}
+    counts = sample_first_two(make, PROMPT, samples_for(exact(1.0)))
+    assert chi_square_pvalue(counts, exact(1.0)) > ALPHA

@@ -99,6 +99,7 @@ class RunRecord:
             "mean_tokens_per_step": statistics.fmean(per_step) if per_step else math.nan,
             "finish_reason": last.finish_reason if last else None,
             "suffix_steps": sum(1 for t in self.traces if t.draft_source == "suffix"),
+            "fallback": next((f"after step {t.step + 1}: {t.fallback}" for t in self.traces if t.fallback), ""),
         }
 
 

@@ -113,6 +113,8 @@ def status_line(record: Optional[RunRecord]) -> str:
     reason = f" ({s['finish_reason']})" if s["finish_reason"] and s["finish_reason"] != record.status else ""
     mixed = (f" · {s['suffix_steps']} of {s['steps']} steps drafted from the text (no draft forward)"
              if record.config.method == "hybrid" else "")
+    if s["fallback"]:
+        mixed += f" · fell back to plain decoding {html.escape(s['fallback'])}"
     checked = prediction_lines(record)[1:]
     check = f"  \n{html.escape(checked[0])}" if checked else ""
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "

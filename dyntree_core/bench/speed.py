@@ -71,13 +71,20 @@ class Cell:
                 "tokens": self.tokens, "per_prompt_ms_per_token": self.ms_per_token, **self.extra}
 
 
-def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int) -> tuple[float, float, int]:
+def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
+          fell_back: Optional[list] = None) -> tuple[float, float, int]:
+    """(ms/token, tokens/step, tokens) of one prompt; ``fell_back`` gets the step after which the run decoded
+    plainly (``DecodeConfig.fallback_below``), or None."""
     steps = tokens = 0
     seconds = 0.0
+    at = None
     for tr in dec.generate(ids, n, seed=seed):
         steps += 1
         tokens += len(tr.committed)
         seconds += tr.step_seconds
+        at = tr.step + 1 if tr.fallback else at
+    if fell_back is not None:
+        fell_back.append(at)
     return seconds * 1e3 / max(tokens, 1), tokens / max(steps, 1), tokens
 
 
@@ -201,9 +208,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 f"({statistics.fmean(cell.tokens_per_step):.2f} tokens/step, {time.perf_counter() - t_start:.0f} s)")
             save()
 
-    def ours(pair, cfg: DecodeConfig):
+    def ours(pair, cfg: DecodeConfig, fell_back: Optional[list] = None):
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
-        return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed)
+        return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, fell_back)
 
     for temp in args.temperatures:
         plan = plans[temp]
@@ -223,10 +230,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                                  temperature=temp, seed=args.seed)))
         pair = models.pair(plan.best.target_precision, dp)
         auto_cfg = plan.apply(DecodeConfig(temperature=temp, seed=args.seed))
-        first = len(cells)
-        run_rows("auto", temp, ours(pair, auto_cfg))
+        first, fell_back = len(cells), []
+        run_rows("auto", temp, ours(pair, auto_cfg, fell_back))
         for c in cells[first:]:
-            c.extra.update(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3)
+            mine, fell_back[:] = fell_back[:len(c.ms_per_token)], fell_back[len(c.ms_per_token):]
+            c.extra.update(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
+                           fallback_below=auto_cfg.fallback_below, fell_back_after_step=mine)
         for spec in args.fixed:
             fx = _parse_fixed(spec)
             if fx["method"] == "sequoia":  # the acceptance vector auto measured, as auto's own Sequoia trees use

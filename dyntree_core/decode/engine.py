@@ -18,7 +18,7 @@ from typing import Any, Callable, Generator, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from ..config import ConfigError, DecodeConfig
+from ..config import FALLBACK_AFTER, ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward
 from .kv import cache_length, compact, new_cache
@@ -58,6 +58,9 @@ class _Step:
     max_new_tokens: int
     step: int = 0
     produced: int = 0
+    tree_steps: int = 0  # tree steps decoded and the tokens they committed (DecodeConfig.fallback_below)
+    tree_tokens: int = 0
+    plain: bool = False  # the run fell back to plain decoding
 
 #: at most this many prompt tokens per prefill forward: long prompts report progress and keep peak
 #: activation memory bounded; the KV cache is the same as one forward's
@@ -338,10 +341,11 @@ class SpeculativeDecoder:
                 if graph is not None:
                     trace, timer = (self._graph_ar_step(state, graph, rng) if is_ar
                                     else self._graph_tree_step(state, graph, verifier, rng, device_gen))
-                elif is_ar:
-                    trace, timer = self._ar_step(state, t_cache, rng)
+                elif is_ar or state.plain:
+                    trace, timer = self._ar_step(state, t_cache, rng, drafter)
                 else:
                     trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
+                    trace.fallback = self._fall_back(state, trace)
                 if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
                     trace.finish_reason = "stopped"
                 self._sync()  # the step's last wait: its phases' CUDA events are complete after it
@@ -392,9 +396,23 @@ class SpeculativeDecoder:
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ autoregressive step
-    def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator) -> tuple[StepTrace, StepTimer]:
+    def _fall_back(self, state: _Step, trace: StepTrace) -> str:
+        """Count a tree step; once ``FALLBACK_AFTER`` of them average fewer committed tokens than
+        ``fallback_below``, switch the rest of the run to plain decoding and say why ('' otherwise)."""
+        state.tree_steps += 1
+        state.tree_tokens += trace.num_committed
+        below = self.config.fallback_below
+        mean = state.tree_tokens / state.tree_steps
+        if below is None or state.tree_steps < FALLBACK_AFTER or mean >= below or trace.finish_reason is not None:
+            return ""
+        state.plain = True
+        return (f"{self.config.method} steps committed {mean:.2f} tokens each over {state.tree_steps} steps, fewer "
+                f"than the {below:.2f} it needs to beat plain decoding: plain decoding from the next step on")
+
+    def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator, drafter=None) -> tuple[StepTrace, StepTimer]:
         """One causal target forward of the last committed token and one sample (argmax at T=0):
-        no tree, no draft, no verification."""
+        no tree, no draft, no verification (``drafter``: a tree run that fell back, whose drafter still
+        indexes the text)."""
         cfg = self.config
         timer = StepTimer(self.device)
         root = state.committed[-1]
@@ -411,7 +429,7 @@ class SpeculativeDecoder:
                 token = sample_index(probs, rng.random())
                 p_tok = float(probs[token])
         prov = TokenProvenance(token, state.step, 1, -1, "autoregressive", p_target=p_tok)
-        committed, reason = self._commit_tokens(state, [prov], None)
+        committed, reason = self._commit_tokens(state, [prov], drafter)
         return StepTrace(step=state.step, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
                          bonus_token=token, committed=committed, finish_reason=reason), timer
 

@@ -20,13 +20,13 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
-from ..config import DecodeConfig
+from ..config import FALLBACK_AFTER, DecodeConfig
 from .acceptance import Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance
 from .forward_timer import Progress, Turn
 from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
 from .pair_cache import PairCache
 from .prediction import Prediction, fastest_plain, prediction_for
-from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, price_candidates
+from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, break_even_tokens, price_candidates
 from .profiling import load_or_measure_profile
 from .search_space import AUTO, MODEL_TREE_METHODS, default_precisions
 
@@ -62,7 +62,7 @@ class AutoPlan:
         """The method and shape of ``candidate`` (default: the chosen one) as ``DecodeConfig``
         fields (no precisions)."""
         b = candidate or self.best
-        kw: dict = dict(method=b.method, verifier="auto")
+        kw: dict = dict(method=b.method, verifier="auto", fallback_below=self.break_even_tokens(b))
         if b.method == "chain":
             kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
         elif b.method == "sequoia":
@@ -70,6 +70,19 @@ class AutoPlan:
         elif b.method in ("suffix", "hybrid"):
             kw.update(budget=b.budget, depth=b.depth, threshold=b.threshold, spec_factor=b.spec_factor)
         return kw
+
+    def break_even_tokens(self, candidate: Optional[Candidate] = None) -> Optional[float]:
+        """Tokens per step ``candidate`` (default: the chosen one) must commit to beat the fastest plain
+        decoding priced (its step's predicted cost in plain tokens, at least 1); None where there is no
+        draft model to stop paying for (plain decoding; suffix / hybrid steps without a match cost about a
+        plain step, and their matches come in bursts later in a text). A run whose tree steps fall below it
+        decodes plainly for the rest (``DecodeConfig.fallback_below``): the calibration text's acceptance was
+        not this text's."""
+        b = candidate or self.best
+        if b.method not in MODEL_TREE_METHODS:
+            return None
+        plain = self.reference or self.best_autoregressive
+        return round(max(1.0, break_even_tokens(b.step_seconds, plain.seconds_per_token)), 3)
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
         """``cfg`` with the chosen method, shape and precisions."""
@@ -171,6 +184,10 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
         reason = (f"auto: {best.label()}: {prediction_for(best, reference).text()} on {cpu}: {size} target forward "
                   f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
+        if best.method in MODEL_TREE_METHODS:
+            even = max(1.0, break_even_tokens(best.step_seconds, reference.seconds_per_token))
+            reason += (f"; where this text's steps average under {even:.2f} tokens/step (the tree's break-even; "
+                       f"checked from step {FALLBACK_AFTER} on) the run decodes plainly from then on")
     fast_d = profile.fastest("draft", draft_precisions) or draft_precisions[0]
     per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from ..trace import StepTrace
 from .forward_timer import ForwardTiming
-from .pricing import other_seconds, seconds_per_token
+from .pricing import break_even_tokens, other_seconds, seconds_per_token
 
 #: named phases besides the draft and the target forward (``offload_transfer`` is part of the
 #: target forward's time, the wait for weights inside it, so it is not added again)
@@ -176,7 +176,7 @@ class Verdict:
     @property
     def break_even_tokens_per_step(self) -> float:
         """Tokens per step the tree must deliver to match AR: one mean step's cost in AR tokens."""
-        return self.cost.mean.step_s / self.ar.seconds_per_token
+        return break_even_tokens(self.cost.mean.step_s, self.ar.seconds_per_token)
 
     @property
     def speedup(self) -> float:

@@ -79,6 +79,12 @@ def seconds_per_token(target_s: float, draft_s: float, other_s: float, tokens_pe
     return (target_s + draft_s + other_s) / tokens_per_step
 
 
+def break_even_tokens(step_s: float, plain_s_per_token: float) -> float:
+    """Tokens per step a tree step of ``step_s`` must commit to match plain decoding at ``plain_s_per_token``:
+    the step's cost in plain tokens."""
+    return step_s / plain_s_per_token
+
+
 def other_seconds(n: float, method: str, *, step: Optional[StepTrace] = None,
                   profile: Optional[MachineProfile] = None) -> float:
     """Seconds a step of ``method`` with an ``n``-node tree spends outside the draft model's forwards
@@ -151,6 +157,10 @@ class Candidate:
     @property
     def seconds_per_token(self) -> float:
         return seconds_per_token(self.target_seconds, self.draft_seconds, self.verify_seconds, self.expected_tokens)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.target_seconds + self.draft_seconds + self.verify_seconds
 
     def label(self) -> str:
         if self.method == "autoregressive":
