@@ -284,6 +284,21 @@ def _gguf_paths(pair: str) -> tuple[Optional[str], Optional[str], str]:
     return paths[0], paths[1], ""
 
 
+def _peer_files(args, rec: dict, available: bool, unavailable: str, name: str,
+                say) -> Optional[tuple[str, str, int]]:
+    """(draft GGUF, target GGUF, threads) for a llama.cpp peer, recorded in ``rec``; None (the reason recorded
+    and said) when the peer is not ``available`` or the pair has no GGUF files."""
+    draft_path, target_path, why = _gguf_paths(args.pair)
+    if not available or why:
+        rec["skipped"] = unavailable if not available else f"{name} rows skipped: {why}"
+        say(rec["skipped"])
+        return None
+    threads = torch.get_num_threads()
+    rec.update(threads=threads, target=target_path, draft=draft_path, draft_max=args.llamacpp_draft_max,
+               draft_p_min=args.llamacpp_draft_p_min)
+    return draft_path, target_path, threads
+
+
 def native_llamacpp_rows(args, record: dict, prompts: dict, tok, run_rows, cells: list, say) -> None:
     """llama.cpp's own binaries on the same prompts (T=0): plain, draft-simple, ngram-simple, and llama-bench's
     forwards of the target; or the reason there are none."""
@@ -291,15 +306,10 @@ def native_llamacpp_rows(args, record: dict, prompts: dict, tok, run_rows, cells
 
     build = ln.native_build(args.llamacpp_bin)
     record["llama_cpp_native"] = build.to_dict()
-    draft_path, target_path, why = _gguf_paths(args.pair)
-    if not build.available or why:
-        msg = build.message if not build.available else f"native llama.cpp rows skipped: {why}"
-        record["llama_cpp_native"]["skipped"] = msg
-        say(msg)
+    peer = _peer_files(args, record["llama_cpp_native"], build.available, build.message, "native llama.cpp", say)
+    if peer is None:
         return
-    threads = torch.get_num_threads()
-    record["llama_cpp_native"].update(threads=threads, target=target_path, draft=draft_path,
-                                      draft_max=args.llamacpp_draft_max, draft_p_min=args.llamacpp_draft_p_min)
+    draft_path, target_path, threads = peer
     texts = {tuple(ids): tok.decode(ids) for plist in prompts.values() for ids in plist}
     labels = {"plain": "llama.cpp plain (llama-completion)",
               "draft-simple": f"llama.cpp draft-simple (n_max {args.llamacpp_draft_max}, p_min "
@@ -334,16 +344,11 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
 
     status = lc.llama_cpp_status()
     record["llama_cpp"] = status.to_dict()
-    draft_path, target_path, why = _gguf_paths(args.pair)
-    if not status.available or why:
-        msg = status.message if not status.available else f"llama.cpp rows skipped: {why}"
-        record["llama_cpp"]["skipped"] = msg
-        say(msg)
+    peer = _peer_files(args, record["llama_cpp"], status.available, status.message, "llama.cpp", say)
+    if peer is None:
         return
-    threads = torch.get_num_threads()
-    record["llama_cpp"].update(threads=threads, target=target_path, draft=draft_path,
-                               draft_max=args.llamacpp_draft_max, draft_p_min=args.llamacpp_draft_p_min,
-                               ngram_tokens=args.llamacpp_ngram)
+    draft_path, target_path, threads = peer
+    record["llama_cpp"]["ngram_tokens"] = args.llamacpp_ngram
     eos_set = set(eos)
     if "plain" in args.llamacpp_rows:
         llm = lc.open_llama(target_path, threads)
