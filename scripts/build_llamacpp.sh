@@ -40,7 +40,7 @@ echo "configuring: ${FLAGS[*]}"
 cmake -S "$ROOT/src/llama.cpp" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
   "${FLAGS[@]}" >"$ROOT/configure.log" 2>&1 || { tail -30 "$ROOT/configure.log" >&2; exit 1; }
-echo "building ${TARGETS[*]} with $JOBS jobs (about 10 min on 2 cores; log: $ROOT/build.log)"
+echo "building ${TARGETS[*]} with $JOBS jobs (5 min 43 s on a 2-core AVX2 EPYC; log: $ROOT/build.log)"
 cmake --build "$ROOT/build" --config Release -j "$JOBS" --target "${TARGETS[@]}" >"$ROOT/build.log" 2>&1 \
   || { tail -30 "$ROOT/build.log" >&2; exit 1; }
 mkdir -p "$ROOT/bin"

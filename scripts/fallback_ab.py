@@ -37,7 +37,7 @@ for ds in ("wiki", "news", "code"):
             d = SpeculativeDecoder(pair.draft, pair.target, c, eos_token_id=eos)
             fell = []
             ms, tps, n = _ours(d, ids, 64, i, fell)
-            rows[k].append((ms, tps, fell[0]))
+            rows[k].append((ms, tps, fell[0]["fell_back_after_step"]))
     out[ds] = rows
     pl = [r[0] for r in rows["plain"]]
     for k, r in rows.items():

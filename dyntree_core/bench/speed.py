@@ -72,9 +72,9 @@ class Cell:
 
 
 def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
-          fell_back: Optional[list] = None) -> tuple[float, float, int]:
-    """(ms/token, tokens/step, tokens) of one prompt; ``fell_back`` gets the step after which the run decoded
-    plainly (``DecodeConfig.fallback_below``), or None."""
+          per_prompt: Optional[list[dict]] = None) -> tuple[float, float, int]:
+    """(ms/token, tokens/step, tokens) of one prompt; ``per_prompt`` gets ``{"fell_back_after_step": the step
+    after which the run decoded plainly (DecodeConfig.fallback_below), or None}``."""
     steps = tokens = 0
     seconds = 0.0
     at = None
@@ -83,8 +83,8 @@ def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
         tokens += len(tr.committed)
         seconds += tr.step_seconds
         at = tr.step + 1 if tr.fallback else at
-    if fell_back is not None:
-        fell_back.append(at)
+    if per_prompt is not None:
+        per_prompt.append({"fell_back_after_step": at})
     return seconds * 1e3 / max(tokens, 1), tokens / max(steps, 1), tokens
 
 
@@ -195,28 +195,33 @@ def main(argv: Optional[list[str]] = None) -> int:
     prompts = {ds: [list(tok(p.text, add_special_tokens=False)["input_ids"])[:args.prompt_tokens]
                     for p in load_prompts(ds, args.prompts)] for ds in args.datasets}
 
-    def run_rows(row: str, temp: float, runner) -> None:
+    def run_rows(row: str, temp: float, runner, extra: Optional[dict] = None,
+                 per_prompt: Optional[list[dict]] = None) -> None:
+        """One cell per dataset; ``extra``: fields every cell of the row records; ``per_prompt``: the list the
+        runner appends one dict to per prompt, each of whose fields the cell records as a per-prompt list."""
         for ds, plist in prompts.items():
-            cell = Cell(row, ds, temp)
+            cell = Cell(row, ds, temp, extra=dict(extra or {}))
             cells.append(cell)
             for i, ids in enumerate(plist):
                 ms, tps, ntok = runner(ids, args.seed + i)
                 cell.ms_per_token.append(ms)
                 cell.tokens_per_step.append(tps)
                 cell.tokens += ntok
+                for k, v in (per_prompt.pop() if per_prompt else {}).items():
+                    cell.extra.setdefault(k, []).append(v)
             say(f"{row:<44} {ds:<5} T={temp:<4g} {statistics.median(cell.ms_per_token):8.1f} ms/token "
                 f"({statistics.fmean(cell.tokens_per_step):.2f} tokens/step, {time.perf_counter() - t_start:.0f} s)")
             save()
 
-    def ours(pair, cfg: DecodeConfig, fell_back: Optional[list] = None):
+    def ours(pair, cfg: DecodeConfig, per_prompt: Optional[list[dict]] = None):
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
-        return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, fell_back)
+        return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, per_prompt)
 
     for temp in args.temperatures:
         plan = plans[temp]
         dp = plan.best.draft_precision or plan.fastest_draft_precision
         if temp == 0 and args.llamacpp_bin is not None:
-            native_llamacpp_rows(args, record, prompts, tok, run_rows, cells, say)
+            native_llamacpp_rows(args, record, prompts, tok, run_rows, say)
         elif temp == 0 and args.llamacpp_rows:
             llamacpp_rows(args, record, prompts, eos, run_rows, say)
         if args.no_ours:
@@ -230,12 +235,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                                  temperature=temp, seed=args.seed)))
         pair = models.pair(plan.best.target_precision, dp)
         auto_cfg = plan.apply(DecodeConfig(temperature=temp, seed=args.seed))
-        first, fell_back = len(cells), []
-        run_rows("auto", temp, ours(pair, auto_cfg, fell_back))
-        for c in cells[first:]:
-            mine, fell_back[:] = fell_back[:len(c.ms_per_token)], fell_back[len(c.ms_per_token):]
-            c.extra.update(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
-                           fallback_below=auto_cfg.fallback_below, fell_back_after_step=mine)
+        per_prompt: list[dict] = []
+        run_rows("auto", temp, ours(pair, auto_cfg, per_prompt),
+                 extra=dict(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
+                            fallback_below=auto_cfg.fallback_below), per_prompt=per_prompt)
         for spec in args.fixed:
             fx = _parse_fixed(spec)
             if fx["method"] == "sequoia":  # the acceptance vector auto measured, as auto's own Sequoia trees use
@@ -299,7 +302,7 @@ def _peer_files(args, rec: dict, available: bool, unavailable: str, name: str,
     return draft_path, target_path, threads
 
 
-def native_llamacpp_rows(args, record: dict, prompts: dict, tok, run_rows, cells: list, say) -> None:
+def native_llamacpp_rows(args, record: dict, prompts: dict, tok, run_rows, say) -> None:
     """llama.cpp's own binaries on the same prompts (T=0): plain, draft-simple, ngram-simple, and llama-bench's
     forwards of the target; or the reason there are none."""
     from . import llamacpp_native as ln
@@ -315,22 +318,16 @@ def native_llamacpp_rows(args, record: dict, prompts: dict, tok, run_rows, cells
               "draft-simple": f"llama.cpp draft-simple (n_max {args.llamacpp_draft_max}, p_min "
                               f"{args.llamacpp_draft_p_min}; llama-speculative-simple)",
               "ngram-simple": f"llama.cpp ngram-simple (n_max {args.llamacpp_draft_max}; llama-speculative-simple)"}
+    per_prompt: list[dict] = []
     for row in args.llamacpp_native_rows:
-        runs: list = []
-
-        def one(ids, seed, row=row, runs=runs):
+        def one(ids, seed, row=row):
             r = ln.decode_prompt(build, row, target_path, texts[tuple(ids)], args.new_tokens, threads,
                                  draft_model=draft_path, draft_max=args.llamacpp_draft_max,
                                  draft_p_min=args.llamacpp_draft_p_min, seed=seed)
-            runs.append(r)
+            per_prompt.append(dict(llama_prompt_tokens=r.prompt_tokens, drafted=r.drafted, accepted=r.accepted))
             return r.ms_per_token, r.tokens_per_step, r.tokens
 
-        first = len(cells)
-        run_rows(labels[row], 0.0, one)
-        for c in cells[first:]:
-            mine, runs[:] = runs[:len(c.ms_per_token)], runs[len(c.ms_per_token):]
-            c.extra.update(implementation="llama.cpp binaries", llama_prompt_tokens=[r.prompt_tokens for r in mine],
-                           drafted=[r.drafted for r in mine], accepted=[r.accepted for r in mine])
+        run_rows(labels[row], 0.0, one, extra=dict(implementation="llama.cpp binaries"), per_prompt=per_prompt)
     if args.llamacpp_bench_ns:
         say(f"llama-bench: pp {args.llamacpp_bench_ns}, tg {args.new_tokens} of the target ...")
         record["llama_cpp_native"]["forwards"] = ln.bench_forwards(build, target_path, args.llamacpp_bench_ns,

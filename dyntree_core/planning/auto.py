@@ -78,11 +78,7 @@ class AutoPlan:
         plain step, and their matches come in bursts later in a text). A run whose tree steps fall below it
         decodes plainly for the rest (``DecodeConfig.fallback_below``): the calibration text's acceptance was
         not this text's."""
-        b = candidate or self.best
-        if b.method not in MODEL_TREE_METHODS:
-            return None
-        plain = self.reference or self.best_autoregressive
-        return round(max(1.0, break_even_tokens(b.step_seconds, plain.seconds_per_token)), 3)
+        return _fallback_below(candidate or self.best, self.reference or self.best_autoregressive)
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
         """``cfg`` with the chosen method, shape and precisions."""
@@ -184,8 +180,8 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
         reason = (f"auto: {best.label()}: {prediction_for(best, reference).text()} on {cpu}: {size} target forward "
                   f"costs {tn / t1:.1f}x a 1-token one here, draft {best.draft_seconds * 1e3:.0f} ms/step, "
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
-        if best.method in MODEL_TREE_METHODS:
-            even = max(1.0, break_even_tokens(best.step_seconds, reference.seconds_per_token))
+        even = _fallback_below(best, reference)
+        if even is not None:
             reason += (f"; where this text's steps average under {even:.2f} tokens/step (the tree's break-even; "
                        f"checked from step {FALLBACK_AFTER} on) the run decodes plainly from then on")
     fast_d = profile.fastest("draft", draft_precisions) or draft_precisions[0]
@@ -193,6 +189,13 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
                     profile.machine, reason, tuple(ranked[:8]), fast_d, per_method, reference=reference,
                     profile=profile)
+
+
+def _fallback_below(c: Candidate, plain: Candidate) -> Optional[float]:
+    """``AutoPlan.break_even_tokens`` of ``c`` against ``plain`` (see there)."""
+    if c.method not in MODEL_TREE_METHODS:
+        return None
+    return round(max(1.0, break_even_tokens(c.step_seconds, plain.seconds_per_token)), 3)
 
 
 def _where_tokens_come_from(c: Candidate, acceptance: Sequence[float]) -> str:
