@@ -103,6 +103,7 @@ def test_each_row_runs_its_binary_with_greedy_settings_and_parses_it(tmp_path):
     assert plain.ms_per_token == pytest.approx(3544.42 / 63)
     argv = (tmp_path / "llama-completion.argv").read_text().split()
     assert argv[:2] == ["-m", "t.gguf"] and "-no-cnv" in argv
+    assert not Path(argv[argv.index("-f") + 1]).exists()  # the prompt's temporary file is gone after the run
     assert argv[argv.index("--temp") + 1] == "0" and argv[argv.index("-n") + 1] == "64"
     assert argv[argv.index("-t") + 1] == "2" and argv[argv.index("-tb") + 1] == "2"
     draft = ln.decode_prompt(build, "draft-simple", "t.gguf", "x", 64, 2, draft_model="d.gguf", draft_max=8)
