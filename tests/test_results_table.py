@@ -78,3 +78,16 @@ def test_each_cell_is_compared_with_the_plain_decoding_of_its_own_run(tmp_path):
         assert "| suffix | 1.30 · 128 (1.25x its own AR) [1] |" in text
         assert ("[1] measured in a separate run, `latency_later.json` on Some CPU (amx); its own plain decoding, "
                 "ms/token: wiki T=0 160.") in text
+
+
+def test_the_committed_results_stay_few_and_each_is_documented():
+    """At most 30 files at the top level of bench/results/ (slices of one run merged, superseded runs
+    in archive/), each named in docs/RESULTS.md's file list or the README; each archived file says
+    what superseded it."""
+    root = RESULTS.parents[1]
+    top = sorted(p.name for p in RESULTS.glob("*.json"))
+    assert len(top) <= 30, f"{len(top)} JSON files at the top of bench/results/: merge slices, archive superseded runs"
+    documented = "".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
+    assert [n for n in top if n not in documented] == []
+    archive = (RESULTS / "archive" / "README.md").read_text()
+    assert [p.name for p in sorted((RESULTS / "archive").glob("*.json")) if f"`{p.name}`" not in archive] == []
