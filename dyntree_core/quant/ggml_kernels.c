@@ -67,29 +67,33 @@ static inline void deq_q4_k(const uint8_t *b, float *y) {
     }
 }
 
+/* Q6_K half block (ql[64], qh[32]) -> 4 x 32 quants in -32..31 */
+static inline void q6k_unpack(const uint8_t *ql, const uint8_t *qh, int8_t q[4][32]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));
+    __m256i v;
+    v = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+    _mm256_storeu_si256((__m256i *)q[0], _mm256_sub_epi8(v, off));
+    v = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+    _mm256_storeu_si256((__m256i *)q[1], _mm256_sub_epi8(v, off));
+    v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+    _mm256_storeu_si256((__m256i *)q[2], _mm256_sub_epi8(v, off));
+    v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+    _mm256_storeu_si256((__m256i *)q[3], _mm256_sub_epi8(v, off));
+}
+
 /* Q6_K: 210 bytes (ql[128], qh[64], scales[16] int8, d fp16) -> 256 floats */
 static inline void deq_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = f16(b + 208);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
     for (int half = 0; half < 2; half++) {
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));
         int8_t q[4][32];
-        __m256i v;
-        v = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-        _mm256_storeu_si256((__m256i *)q[0], _mm256_sub_epi8(v, off));
-        v = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-        _mm256_storeu_si256((__m256i *)q[1], _mm256_sub_epi8(v, off));
-        v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-        _mm256_storeu_si256((__m256i *)q[2], _mm256_sub_epi8(v, off));
-        v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-        _mm256_storeu_si256((__m256i *)q[3], _mm256_sub_epi8(v, off));
+        q6k_unpack(ql, qh, q);
         for (int g = 0; g < 4; g++) {          /* 32 values, 2 scales of 16 each */
             for (int s = 0; s < 2; s++) {
                 const __m256 ds = _mm256_set1_ps(d * (float)sc[2 * g + s]);
@@ -219,24 +223,6 @@ int dyntree_ggml_dequantize(int type, const uint8_t *w, float *out, int64_t n_ro
 Q4K_ROWS(1)
 Q4K_ROWS(2)
 Q4K_ROWS(4)
-
-static inline void q6k_unpack(const uint8_t *ql, const uint8_t *qh, int8_t q[4][32]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
-    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql));
-    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(qh));
-    __m256i v;
-    v = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-    _mm256_storeu_si256((__m256i *)q[0], _mm256_sub_epi8(v, off));
-    v = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-    _mm256_storeu_si256((__m256i *)q[1], _mm256_sub_epi8(v, off));
-    v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-    _mm256_storeu_si256((__m256i *)q[2], _mm256_sub_epi8(v, off));
-    v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-    _mm256_storeu_si256((__m256i *)q[3], _mm256_sub_epi8(v, off));
-}
 
 #define Q6K_ROWS(R)                                                                                        \
     static void q6k_rows_##R(const uint8_t *wr, int64_t nb, const float *x, int64_t ldx, float *out) {      \
