@@ -23,6 +23,21 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 DEFAULT_CAPACITY = 256
 
 
+def _filled(buffer: str) -> property:
+    """The filled part ``[B, H_kv, L, D]`` of ``buffer`` (None before the first write). Assigning a
+    tensor (as code written for ``DynamicLayer`` does, e.g. the machine profile's zero prefix) adopts
+    it as the buffer."""
+
+    def filled(layer: "PreallocLayer") -> Optional[torch.Tensor]:
+        data = getattr(layer, buffer)
+        return None if data is None else data[:, :, : layer.length]
+
+    def adopt(layer: "PreallocLayer", value: Optional[torch.Tensor]) -> None:
+        layer._adopt(buffer, value)
+
+    return property(filled, adopt)
+
+
 class PreallocLayer(CacheLayerMixin):
     """One decoder layer's keys and values in preallocated buffers (see the module docstring)."""
 
@@ -38,23 +53,8 @@ class PreallocLayer(CacheLayerMixin):
         self._checked: Optional[torch.Tensor] = None  # the key buffer ``reserve`` last checked
         super().__init__()
 
-    # ``keys``/``values`` are the filled part of the buffers. Assigning them (as code written for
-    # ``DynamicLayer`` does, e.g. the machine profile's zero prefix) adopts the tensors as buffers.
-    @property
-    def keys(self) -> Optional[torch.Tensor]:
-        return None if self._k is None else self._k[:, :, : self.length]
-
-    @keys.setter
-    def keys(self, value: Optional[torch.Tensor]) -> None:
-        self._adopt("_k", value)
-
-    @property
-    def values(self) -> Optional[torch.Tensor]:
-        return None if self._v is None else self._v[:, :, : self.length]
-
-    @values.setter
-    def values(self, value: Optional[torch.Tensor]) -> None:
-        self._adopt("_v", value)
+    keys = _filled("_k")
+    values = _filled("_v")
 
     def _adopt(self, name: str, value: Optional[torch.Tensor]) -> None:
         if value is None:
