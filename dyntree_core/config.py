@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .methods import REGISTRY
+from .step_price import FallbackPrice
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")
@@ -36,7 +37,7 @@ def default_threshold(budget: int) -> float:
 
 #: suffix / hybrid: drafted tokens <= ceil(spec_factor x match length) (SuffixDecoding's default)
 DEFAULT_SPEC_FACTOR = 1.0
-#: tree steps a run decodes before ``DecodeConfig.fallback_below`` is checked (then after every step)
+#: tree steps a run decodes before ``DecodeConfig.fallback`` is checked (then after every step)
 FALLBACK_AFTER = 8
 
 
@@ -93,10 +94,12 @@ class DecodeConfig:
             length of the longest suffix of the text so far that occurred before (SuffixDecoding's
             ``max_spec_factor``: a long match is strong evidence, a one-token match is weak). None =
             no cap (``budget`` nodes whatever the match).
-        fallback_below: a draft-tree method: once ``FALLBACK_AFTER`` tree steps have committed fewer tokens
-            per step than this on average, the rest of the run decodes plainly (the tree does not pay on this
-            text; ``auto`` sets it to its plan's break-even, ``AutoPlan.break_even_tokens``). Eager steps
-            only (graph steps keep the tree). None = never. Every step stays exact, so the run stays lossless.
+        fallback: a draft-tree method: from the ``FALLBACK_AFTER``-th tree step on, once the run's tree
+            steps, each priced at the profile rows at its own shape, cost more per committed token than
+            plain decoding (``step_price.FallbackPrice``), the rest of the run decodes plainly (the tree
+            does not pay on this text; ``auto`` sets it from its plan's profile rows,
+            ``AutoPlan.fallback_price``). Eager steps only (graph steps keep the tree). None = never. Every
+            step stays exact and the switch depends only on steps already decoded: the run stays lossless.
     """
 
     method: str = "chain"
@@ -121,7 +124,7 @@ class DecodeConfig:
     sequoia_acceptance: Optional[tuple[float, ...]] = field(default=None)
     stop_confidence: Optional[float] = None
     spec_factor: Optional[float] = DEFAULT_SPEC_FACTOR
-    fallback_below: Optional[float] = None
+    fallback: Optional[FallbackPrice] = None
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -166,11 +169,11 @@ class DecodeConfig:
                 isinstance(self.spec_factor, (int, float)) and not isinstance(self.spec_factor, bool)
                 and 0.0 < self.spec_factor <= 64.0):
             raise ConfigError(f"spec_factor must be in (0, 64] or None (no cap), got {self.spec_factor!r}")
-        if self.fallback_below is not None and not (
-                isinstance(self.fallback_below, (int, float)) and not isinstance(self.fallback_below, bool)
-                and 1.0 <= self.fallback_below <= MAX_BUDGET):
-            raise ConfigError(f"fallback_below (tokens per step) must be in [1, {MAX_BUDGET}] or None, "
-                              f"got {self.fallback_below!r}")
+        if self.fallback is not None:
+            if not isinstance(self.fallback, FallbackPrice):
+                raise ConfigError(f"fallback must be a step_price.FallbackPrice or None, got {self.fallback!r}")
+            if self.fallback.problem():
+                raise ConfigError(f"fallback: {self.fallback.problem()}")
         self.resolved_verifier()  # raises on incompatible method × verifier
 
     # ------------------------------------------------------------------ derived values

@@ -117,7 +117,7 @@ class StepTrace:
         decisions: the verifier's decisions in the order made (the verification walkthrough).
         draft_source: what proposed the tree's tokens: ``model`` (the draft model) or ``suffix``
             (the text so far, no draft forward); empty for the autoregressive baseline.
-        fallback: on the step after which the run decodes plainly (``DecodeConfig.fallback_below``), why;
+        fallback: on the step after which the run decodes plainly (``DecodeConfig.fallback``), why;
             empty otherwise.
         step_seconds: wall-clock seconds of the whole step.
         elapsed: seconds since generation started (prefill included).

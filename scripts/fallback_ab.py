@@ -1,8 +1,14 @@
-"""`auto` with and without its fallback to plain decoding (``DecodeConfig.fallback_below``) and plain decoding at
-auto's target precision, interleaved per prompt in one process (10 eval prompts of wiki / news / code, 128 prompt
-tokens, 64 new tokens, T = 0), so that the machine's drift between rows cancels in the per-prompt ratios.
+"""`auto`'s fallback to plain decoding (``DecodeConfig.fallback``), interleaved per prompt in one process with
+plain decoding at the same target precision, so that the machine's drift between rows cancels in the per-prompt
+ratios (10 eval prompts of wiki / news / code, 128 prompt tokens, 64 new tokens, T = 0). Rows:
 
-    .venv/bin/python scripts/fallback_ab.py [--json bench/results/fallback_ab_<machine>.json]
+* ``plain``: plain decoding;
+* ``auto, priced fallback``: the rule ``auto`` sets (each tree step priced at the profile rows at its own shape);
+* ``auto, tokens/step fallback``: the earlier rule, the plan's break-even in tokens per step whatever the
+  step's shape (the same ``FallbackPrice`` with a flat target row of that many plain tokens, free drafts);
+* ``auto, no fallback``.
+
+    .venv/bin/python scripts/fallback_ab.py [--method chain] [--json bench/results/fallback_ab_<machine>.json]
 """
 import argparse, dataclasses, json, statistics, time
 from pathlib import Path
@@ -15,23 +21,33 @@ from dyntree_core.decode.engine import SpeculativeDecoder
 from dyntree_core.prompts import load_prompts
 from dyntree_core.bench.speed import _ours
 from dyntree_core.machine import machine_info
+from dyntree_core.step_price import FallbackPrice, PricedRows
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--json", type=Path, default=Path("bench/results") / f"fallback_ab_{machine_info().short_label()}.json")
+ap.add_argument("--prompts", type=int, default=10)
+ap.add_argument("--method", default="auto", help="auto's choice (default), or the method auto priced best of that "
+                "kind (chain, sequoia), with its shape and fallback rule")
 args = ap.parse_args()
 models = PairCache("embedded", "embedded", keep=2)
 plan = plan_auto(models, 0.0)
-pair = models.pair(plan.best.target_precision, plan.best.draft_precision)
+cand = plan.best if args.method == "auto" else plan.best_of(args.method)
+pair = models.pair(cand.target_precision, cand.draft_precision)
 tok, eos = pair.tokenizer, list(pair.eos_token_ids or ())
-fb = plan.apply(DecodeConfig(temperature=0.0))
-nofb = dataclasses.replace(fb, fallback_below=None)
-ar = DecodeConfig(method="autoregressive", precision=fb.precision)
-decs = {"plain": ar, "auto+fallback": fb, "auto, no fallback": nofb}
-print(plan.best.label(), "break-even", fb.fallback_below, flush=True)
+priced = dataclasses.replace(DecodeConfig(temperature=0.0, precision=cand.target_precision,
+                                          draft_precision=cand.draft_precision), **plan.method_fields(cand))
+even = plan.break_even_tokens(cand)
+flat = None if even is None else FallbackPrice(PricedRows((1, 4096), (even, even), (0.0, 0.0), (0.0, 0.0)), 1.0)
+decs = {"plain": DecodeConfig(method="autoregressive", precision=priced.precision),
+        "auto, priced fallback": priced,
+        "auto, tokens/step fallback": dataclasses.replace(priced, fallback=flat),
+        "auto, no fallback": dataclasses.replace(priced, fallback=None)}
+print("auto chose", plan.best.label(), "; running", cand.label(), "break-even", even, "tokens/step; plain", priced.fallback and priced.fallback.plain_s_per_token,
+      "s/token", flush=True)
 out = {}
 for ds in ("wiki", "news", "code"):
     rows = {k: [] for k in decs}
-    for i, p in enumerate(load_prompts(ds, 10)):
+    for i, p in enumerate(load_prompts(ds, args.prompts)):
         ids = list(tok(p.text, add_special_tokens=False)["input_ids"])[:128]
         for k, c in decs.items():
             d = SpeculativeDecoder(pair.draft, pair.target, c, eos_token_id=eos)
@@ -42,12 +58,13 @@ for ds in ("wiki", "news", "code"):
     pl = [r[0] for r in rows["plain"]]
     for k, r in rows.items():
         ratio = [a[0] / b for a, b in zip(r, pl)]
-        print(f"{ds:5} {k:18} median {statistics.median(a[0] for a in r):6.1f} ms/token, "
+        print(f"{ds:5} {k:27} median {statistics.median(a[0] for a in r):6.1f} ms/token, "
               f"{statistics.fmean(a[1] for a in r):.2f} tokens/step, /plain median {statistics.median(ratio):.2f} "
-              f"({min(ratio):.2f}-{max(ratio):.2f}), fell back on {sum(a[2] is not None for a in r)}/10", flush=True)
+              f"({min(ratio):.2f}-{max(ratio):.2f}), fell back on {sum(a[2] is not None for a in r)}/{len(r)}",
+              flush=True)
 args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine_info": machine_info().to_dict(),
-                                 "threads": torch.get_num_threads(), "plan": plan.best.label(),
-                                 "break_even": fb.fallback_below,
+                                 "threads": torch.get_num_threads(), "plan": plan.best.label(), "ran": cand.label(), "predicted_ms_per_token": cand.seconds_per_token * 1e3,
+                                 "break_even": even, "fallback": priced.fallback and dataclasses.asdict(priced.fallback),
                                  "rows": {ds: {k: [{"ms_per_token": a[0], "tokens_per_step": a[1], "fell_back_after": a[2]}
                                                    for a in r] for k, r in rows.items()} for ds, rows in out.items()}},
                                 indent=1))

@@ -175,7 +175,9 @@ def test_one_profile_per_machine_and_pair_grows_by_what_is_asked(tmp_path, monke
     assert loads[4:] == ([("target", fast_t)] if fast_t != "float32" else []) + [("draft", "float32")]
     assert both.key == first.key == profile_key("tiny", "cpu") and both.ns == [1, 2, 4, 8, 16]
     assert both.target["float32"][:3] == first.target["float32"]  # kept, not re-measured
-    assert math.isfinite(both.target_time("float32", 16)) and both.draft_time("float32", 8) == math.inf
+    # (a precision measured > 2x slower than another at a size is dropped from there on: timing, not this test's subject)
+    assert math.isfinite(both.target_time("float32", 16)) or "target:float32" in both.dropped
+    assert both.draft_time("float32", 8) == math.inf
     assert both.max_tokens == 16 or "target:bfloat16" in both.dropped
     assert sorted(p.name for p in profile_path(both.key).parent.glob("machine-*.json")) == [profile_path(both.key).name]
     n_loads = len(loads)

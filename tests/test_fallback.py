@@ -1,5 +1,6 @@
-"""``DecodeConfig.fallback_below``: a draft-tree run whose steps commit fewer tokens than its plan's break-even
-decodes plainly for the rest; ``auto`` sets the break-even from its prediction (the sampled case's losslessness is
+"""``DecodeConfig.fallback``: a draft-tree run whose steps, priced at the profile rows at their own shapes, cost
+more per committed token than plain decoding decodes plainly for the rest; ``auto`` sets the rule from the rows
+that priced its plan (the sampled case's losslessness is
 ``test_sampling_e2e::test_a_run_that_falls_back_to_plain_decoding_stays_lossless``)."""
 
 from __future__ import annotations
@@ -8,7 +9,15 @@ import pytest
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.config import FALLBACK_AFTER, ConfigError
+from dyntree_core.step_price import FallbackPrice, PricedRows, StepShape
 from dyntree_core.testing import tiny_pair
+
+
+def below(tokens_per_step: float, draft_s: float = 0.0) -> FallbackPrice:
+    """A rule that falls back under ``tokens_per_step`` when draft forwards are free: every target forward
+    costs ``tokens_per_step`` plain tokens; each draft forward adds ``draft_s`` of them."""
+    flat = lambda s: (float(s), float(s))  # noqa: E731  (flat from 1 to 4,096 tokens)
+    return FallbackPrice(PricedRows(ns=(1, 4096), target=flat(tokens_per_step), draft=flat(draft_s), other=flat(0)), 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +33,7 @@ def _run(pair, n=40, **cfg):
 
 def test_a_tree_run_below_its_break_even_decodes_plainly_from_then_on_token_identical(pair, one_torch_thread):
     plain = [c.token_id for t in _run(pair, method="autoregressive") for c in t.committed]
-    traces = _run(pair, method="chain", depth=4, fallback_below=4.5)
+    traces = _run(pair, method="chain", depth=4, fallback=below(4.5))
     methods = [t.method for t in traces]
     switch = next(i for i, t in enumerate(traces) if t.fallback)
     assert switch >= FALLBACK_AFTER - 1 and methods[:switch + 1] == ["chain"] * (switch + 1)
@@ -32,13 +41,14 @@ def test_a_tree_run_below_its_break_even_decodes_plainly_from_then_on_token_iden
     tree = traces[:switch + 1]
     mean = sum(t.num_committed for t in tree) / len(tree)
     assert mean < 4.5 and f"{mean:.2f} tokens each over {len(tree)} steps" in traces[switch].fallback
+    assert f"{4.5 / mean * 1e3:.0f} ms per token against 1000 for plain decoding" in traces[switch].fallback
     assert sum(bool(t.fallback) for t in traces) == 1
     assert [c.token_id for t in traces for c in t.committed] == plain  # greedy: identical to plain decoding
 
 
 def test_a_tree_that_pays_keeps_drafting(pair, one_torch_thread):
-    for below in (None, 1.0):  # a step commits at least one token: 1.0 is never undercut
-        traces = _run(pair, method="chain", depth=4, fallback_below=below)
+    for rule in (None, below(1.0)):  # a step commits at least one token: 1.0 is never undercut
+        traces = _run(pair, method="chain", depth=4, fallback=rule)
         assert {t.method for t in traces} == {"chain"} and not any(t.fallback for t in traces)
 
 
@@ -57,16 +67,43 @@ def test_a_suffix_run_that_falls_back_keeps_its_index_of_the_text(one_torch_thre
 
     with mock.patch.object(suffix.SuffixDrafter, "extend", spy):
         traces = _run(tiny_pair(vocab=64, seed=4, layers=2, hidden=64), n=30, method="suffix", budget=8, depth=4,
-                      fallback_below=64.0)
+                      fallback=below(64.0))
     assert traces[FALLBACK_AFTER - 1].fallback and traces[-1].method == "autoregressive"
     assert seen[-30:] == [c.token_id for t in traces for c in t.committed]
 
 
-def test_the_threshold_is_checked(pair):
-    with pytest.raises(ConfigError, match="fallback_below"):
-        DecodeConfig(method="chain", fallback_below=0.5)
-    with pytest.raises(ConfigError, match="fallback_below"):
-        DecodeConfig(method="chain", fallback_below=True)
+def test_a_chain_pays_for_the_draft_forwards_its_steps_ran(pair, one_torch_thread):
+    """The same steps, the same tokens per step: free draft forwards keep the tree, draft forwards that cost
+    half a target forward each make its steps dearer than plain decoding (a text that accepts more grows longer
+    chains: each step is priced at its own number of draft levels)."""
+    free = _run(pair, method="chain", depth=4, fallback=below(1.2))
+    assert {t.method for t in free} == {"chain"}
+    steps = free[:FALLBACK_AFTER]
+    tps = sum(t.num_committed for t in steps) / len(steps)
+    levels = sum(StepShape.of(t).levels for t in steps) / len(steps)
+    assert tps < 1.2 + 0.5 * levels  # so the dear draft must fall back at step FALLBACK_AFTER
+    dear = _run(pair, method="chain", depth=4, fallback=below(1.2, draft_s=0.5))
+    switch = next(i for i, t in enumerate(dear) if t.fallback)
+    assert switch == FALLBACK_AFTER - 1 and dear[switch + 1].method == "autoregressive"
+
+
+def test_a_steps_price_is_its_own_shape():
+    rows = PricedRows(ns=(1, 2, 4), target=(0.10, 0.12, 0.16), draft=(0.05, 0.06, 0.08), other=(0.01, 0.01, 0.02))
+    assert rows.step_seconds(StepShape(levels=3, width=1.0, size=4)) == pytest.approx(3 * 0.05 + 0.16 + 0.02)
+    assert rows.step_seconds(StepShape(levels=2, width=2.0, size=5)) == float("inf")  # no price above 4 tokens
+    assert rows.step_seconds(StepShape(levels=0, width=1.0, size=3)) == pytest.approx(0.14 + 0.015)
+
+
+def test_the_rule_is_checked_and_survives_an_export(pair):
+    with pytest.raises(ConfigError, match="fallback"):
+        DecodeConfig(method="chain", fallback=4.5)
+    with pytest.raises(ConfigError, match="plain_s_per_token"):
+        DecodeConfig(method="chain", fallback=FallbackPrice(below(2.0).rows, 0.0))
+    with pytest.raises(ConfigError, match="target row"):
+        DecodeConfig(method="chain", fallback=FallbackPrice(PricedRows((1,), (None,), (0.0,), (0.0,)), 1.0))
+    rule = FallbackPrice(PricedRows((1, 2), (0.1, None), (0.05, 0.06), (0.0, 0.001)), 0.09)
+    import json
+    assert FallbackPrice.from_dict(json.loads(json.dumps(DecodeConfig(method="chain", fallback=rule).to_dict()))["fallback"]) == rule
 
 
 def test_auto_sets_its_break_even_for_draft_model_trees_only():
@@ -82,6 +119,12 @@ def test_auto_sets_its_break_even_for_draft_model_trees_only():
     expected = b.step_seconds / plan.best_autoregressive.seconds_per_token  # the step's cost in plain tokens
     assert plan.break_even_tokens() == pytest.approx(expected, abs=1e-3) and 1 < expected < b.expected_tokens
     cfg = plan.apply(DecodeConfig())
-    assert cfg.fallback_below == plan.break_even_tokens()
+    assert cfg.fallback == FallbackPrice(PricedRows.of(prof, b.target_precision, b.draft_precision),
+                                         plan.best_autoregressive.seconds_per_token)
+    # at the planned shape the rule is the break-even
+    shape = StepShape(levels=b.depth, width=1.0, size=b.depth + 1) if b.method == "chain" else None
+    if shape is not None:
+        assert cfg.fallback.rows.step_seconds(shape) / cfg.fallback.plain_s_per_token == pytest.approx(
+            b.step_seconds / plan.best_autoregressive.seconds_per_token, rel=0.05)
     assert plan.break_even_tokens(plan.best_autoregressive) is None
-    assert plan.method_fields(plan.best_autoregressive)["fallback_below"] is None
+    assert plan.method_fields(plan.best_autoregressive)["fallback"] is None

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from dyntree_core.planning.pricing import interpolate, seconds_per_token
+from dyntree_core.planning.pricing import seconds_per_token
+from dyntree_core.step_price import interpolate
 from dyntree_core.planning.projection import GpuResults, MeasuredStep, OffloadCost, gpu_rows, step_time_at
 from ui.cost_view import GPU_RESULTS  # the app's: the repository's committed results
 

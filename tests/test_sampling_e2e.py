@@ -14,6 +14,7 @@ import torch
 
 from conftest import torch_threads
 from dyntree_core import DecodeConfig, SpeculativeDecoder
+from dyntree_core.step_price import FallbackPrice, PricedRows
 from dyntree_core.testing import tiny_pair
 
 from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, sample_first_two, samples_for
@@ -184,7 +185,7 @@ def test_quantized_draft_stays_lossless(quant_draft_pair, exact, method, verifie
 
 @pytest.mark.slow
 def test_a_run_that_falls_back_to_plain_decoding_stays_lossless(pair, exact, monkeypatch, one_torch_thread):
-    """``DecodeConfig.fallback_below``: a one-token chain step, then (the threshold unreachable, checked after one
+    """``DecodeConfig.fallback``: a one-token chain step, then (the threshold unreachable, checked after one
     step) plain steps; when the chain step's draft is rejected the second token comes from a plain step on the
     cache the tree step left (a noisier draft than the module's, same target, so that happens often).
     1,355 samples: power >= 0.99 against w2 >= 0.04 at false-alarm rate ALPHA. Checked against plain steps that
@@ -195,7 +196,8 @@ def test_a_run_that_falls_back_to_plain_decoding_stays_lossless(pair, exact, mon
     monkeypatch.setattr(engine, "FALLBACK_AFTER", 1)
     noisy = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0)
     assert all(torch.equal(a, b) for a, b in zip(noisy[1].parameters(), pair[1].parameters()))  # the module's target
-    make = decoder_factory(noisy, method="chain", depth=1, temperature=1.0, fallback_below=64.0)
+    make = decoder_factory(noisy, method="chain", depth=1, temperature=1.0,
+                           fallback=FallbackPrice(PricedRows((1, 64), (64.0, 64.0), (0.0, 0.0), (0.0, 0.0)), 1.0))
     methods = [t.method for t in make().generate(PROMPT, 4, seed=0)]
     assert methods[0] == "chain" and set(methods[1:]) == {"autoregressive"}
     counts = sample_first_two(make, PROMPT, samples_for(exact(1.0)))

@@ -74,6 +74,7 @@ def _record_from(d: dict) -> RunRecord:
 
     from dyntree_core.config import DecodeConfig
     from dyntree_core.planning.forward_timer import ForwardTiming
+    from dyntree_core.step_price import FallbackPrice
     from dyntree_core.trace import StepTrace
 
     from .settings import RunSettings
@@ -88,6 +89,8 @@ def _record_from(d: dict) -> RunRecord:
         if missing:
             raise KeyError(f"{cls.__name__}.{missing[0]}")
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names}
+        if isinstance(kw.get("fallback"), dict):  # RunSettings / DecodeConfig: the one nested field
+            kw["fallback"] = FallbackPrice.from_dict(kw["fallback"])
         return cls(**kw)
 
     costs = d.get("costs") or {}

@@ -8,6 +8,7 @@ from typing import Optional
 from dyntree_core.config import (DEFAULT_SPEC_FACTOR, METHODS, PRECISIONS, ConfigError, DecodeConfig,
                                  compatible_verifiers)
 from dyntree_core.methods import REGISTRY
+from dyntree_core.step_price import FallbackPrice
 
 from .pair_spec import PairSpec
 from .prompt_check import LONG_PROMPT_CHOICES
@@ -52,7 +53,7 @@ class RunSettings:
     stop_confidence: Optional[float] = None
     sequoia_acceptance: Optional[tuple[float, ...]] = None
     spec_factor: Optional[float] = DEFAULT_SPEC_FACTOR
-    fallback_below: Optional[float] = None
+    fallback: Optional[FallbackPrice] = None
     long_prompt: str = "refuse"  # a prompt over the limit: "refuse" or "keep the end" (ui.prompt_check)
 
     @property
@@ -104,7 +105,7 @@ class RunSettings:
             stop_confidence=self.stop_confidence if method == "chain" else None,
             sequoia_acceptance=self.sequoia_acceptance if method == "sequoia" else None,
             spec_factor=self.spec_factor if method in ("suffix", "hybrid") else DEFAULT_SPEC_FACTOR,
-            fallback_below=None if method == "autoregressive" else self.fallback_below,
+            fallback=None if method == "autoregressive" else self.fallback,
         )
 
     def pair_spec(self) -> PairSpec:
@@ -116,7 +117,7 @@ class RunSettings:
         verifier = ("auto" if method == AUTO or self.verifier not in compatible_verifiers(method, self.temperature)
                     else self.verifier)
         return replace(self, method=method, verifier=verifier, stop_confidence=None, sequoia_acceptance=None,
-                       spec_factor=DEFAULT_SPEC_FACTOR, fallback_below=None)
+                       spec_factor=DEFAULT_SPEC_FACTOR, fallback=None)
 
     def baseline_key(self) -> tuple:
         """Runs with equal keys are comparable (same pair, prompt, seed, length, sampling)."""

@@ -74,7 +74,7 @@ class Cell:
 def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
           per_prompt: Optional[list[dict]] = None) -> tuple[float, float, int]:
     """(ms/token, tokens/step, tokens) of one prompt; ``per_prompt`` gets ``{"fell_back_after_step": the step
-    after which the run decoded plainly (DecodeConfig.fallback_below), or None}``."""
+    after which the run decoded plainly (DecodeConfig.fallback), or None}``."""
     steps = tokens = 0
     seconds = 0.0
     at = None
@@ -238,7 +238,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         per_prompt: list[dict] = []
         run_rows("auto", temp, ours(pair, auto_cfg, per_prompt),
                  extra=dict(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
-                            fallback_below=auto_cfg.fallback_below), per_prompt=per_prompt)
+                            break_even_tokens=plan.break_even_tokens()), per_prompt=per_prompt)
         for spec in args.fixed:
             fx = _parse_fixed(spec)
             if fx["method"] == "sequoia":  # the acceptance vector auto measured, as auto's own Sequoia trees use

@@ -27,6 +27,7 @@ from .device_step import FetchedRows, read_greedy_step
 from .timer import StepTimer
 from .prepared import PreparedPair, model_vocab_size
 from ..sampling import probs_from_logits
+from ..step_price import StepShape
 from ..trace import NodeStatus, PhaseTimings, PrefillProgress, StepTrace, TokenProvenance
 from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
 from ..verify.common import sample_index
@@ -58,8 +59,9 @@ class _Step:
     max_new_tokens: int
     step: int = 0
     produced: int = 0
-    tree_steps: int = 0  # tree steps decoded and the tokens they committed (DecodeConfig.fallback_below)
+    tree_steps: int = 0  # tree steps decoded, the tokens they committed and their price (DecodeConfig.fallback)
     tree_tokens: int = 0
+    tree_priced_s: float = 0.0
     plain: bool = False  # the run fell back to plain decoding
 
 #: at most this many prompt tokens per prefill forward: long prompts report progress and keep peak
@@ -397,17 +399,25 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ autoregressive step
     def _fall_back(self, state: _Step, trace: StepTrace) -> str:
-        """Count a tree step; once ``FALLBACK_AFTER`` of them average fewer committed tokens than
-        ``fallback_below``, switch the rest of the run to plain decoding and say why ('' otherwise)."""
+        """Count a tree step at its price (``DecodeConfig.fallback``); from the ``FALLBACK_AFTER``-th on, once
+        the tree steps cost more per committed token than plain decoding, switch the rest of the run to plain
+        decoding and say why ('' otherwise)."""
+        rule = self.config.fallback
+        if rule is None:
+            return ""
+        priced = rule.rows.step_seconds(StepShape.of(trace))
+        if not math.isfinite(priced):  # a size the profile did not measure: this step decides nothing
+            return ""
         state.tree_steps += 1
         state.tree_tokens += trace.num_committed
-        below = self.config.fallback_below
-        mean = state.tree_tokens / state.tree_steps
-        if below is None or state.tree_steps < FALLBACK_AFTER or mean >= below or trace.finish_reason is not None:
+        state.tree_priced_s += priced
+        per_token = state.tree_priced_s / max(1, state.tree_tokens)
+        if state.tree_steps < FALLBACK_AFTER or per_token <= rule.plain_s_per_token or trace.finish_reason is not None:
             return ""
         state.plain = True
-        return (f"{self.config.method} steps committed {mean:.2f} tokens each over {state.tree_steps} steps, fewer "
-                f"than the {below:.2f} it needs to beat plain decoding: plain decoding from the next step on")
+        return (f"{self.config.method} steps committed {state.tree_tokens / state.tree_steps:.2f} tokens each over "
+                f"{state.tree_steps} steps; priced at this machine's profile that is {per_token * 1e3:.0f} ms per token "
+                f"against {rule.plain_s_per_token * 1e3:.0f} for plain decoding: plain decoding from the next step on")
 
     def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator, drafter=None) -> tuple[StepTrace, StepTimer]:
         """One causal target forward of the last committed token and one sample (argmax at T=0):

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
 from ..config import FALLBACK_AFTER, DecodeConfig
+from ..step_price import FallbackPrice, PricedRows
 from .acceptance import Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance
 from .forward_timer import Progress, Turn
 from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
@@ -62,7 +63,7 @@ class AutoPlan:
         """The method and shape of ``candidate`` (default: the chosen one) as ``DecodeConfig``
         fields (no precisions)."""
         b = candidate or self.best
-        kw: dict = dict(method=b.method, verifier="auto", fallback_below=self.break_even_tokens(b))
+        kw: dict = dict(method=b.method, verifier="auto", fallback=self.fallback_price(b))
         if b.method == "chain":
             kw.update(depth=b.depth, budget=max(2, b.depth + 1), stop_confidence=b.stop_confidence)
         elif b.method == "sequoia":
@@ -75,10 +76,22 @@ class AutoPlan:
         """Tokens per step ``candidate`` (default: the chosen one) must commit to beat the fastest plain
         decoding priced (its step's predicted cost in plain tokens, at least 1); None where there is no
         draft model to stop paying for (plain decoding; suffix / hybrid steps without a match cost about a
-        plain step, and their matches come in bursts later in a text). A run whose tree steps fall below it
-        decodes plainly for the rest (``DecodeConfig.fallback_below``): the calibration text's acceptance was
-        not this text's."""
+        plain step, and their matches come in bursts later in a text). At the run's own step shapes the
+        same rule is ``fallback_price``."""
         return _fallback_below(candidate or self.best, self.reference or self.best_autoregressive)
+
+    def fallback_price(self, candidate: Optional[Candidate] = None) -> Optional[FallbackPrice]:
+        """When a run of ``candidate`` (default: the chosen one) stops drafting (``DecodeConfig.fallback``):
+        the profile rows that priced it and the fastest plain decoding's price. A run whose tree steps, priced
+        at those rows at their own shapes, cost more per token decodes plainly for the rest: the
+        calibration text's acceptance was not this text's, and a text that accepts more grows longer chains
+        whose extra draft forwards the plan did not price. None where ``break_even_tokens`` is None or
+        without the profile."""
+        c = candidate or self.best
+        if self.profile is None or _fallback_below(c, self.reference or self.best_autoregressive) is None:
+            return None
+        return FallbackPrice(PricedRows.of(self.profile, c.target_precision, c.draft_precision),
+                             (self.reference or self.best_autoregressive).seconds_per_token)
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
         """``cfg`` with the chosen method, shape and precisions."""
@@ -182,8 +195,9 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
         even = _fallback_below(best, reference)
         if even is not None:
-            reason += (f"; where this text's steps average under {even:.2f} tokens/step (the tree's break-even; "
-                       f"checked from step {FALLBACK_AFTER} on) the run decodes plainly from then on")
+            reason += (f"; where this text's steps, priced at their own size, cost more per token than plain decoding "
+                       f"(at this shape: under {even:.2f} tokens/step, the tree's break-even; checked from step "
+                       f"{FALLBACK_AFTER} on) the run decodes plainly from then on")
     fast_d = profile.fastest("draft", draft_precisions) or draft_precisions[0]
     per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,

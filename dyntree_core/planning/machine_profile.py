@@ -9,7 +9,7 @@ precision) measured so far (``profiling.load_or_measure_profile`` measures what 
 writes it into the same file), so every planner on this machine reads the same numbers: ``auto`` (its
 closed-form prices), ``tuning`` (auto's calibration of the methods it cannot price in closed form)
 and the app. Sizes that were dropped or never measured have no time and are never priced
-(``pricing.interpolate``).
+(``step_price.interpolate``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from .. import measured
 from ..machine import machine_info
-from .pricing import row_time
+from ..step_price import row_time
 
 PROFILE_VERSION = 6  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
 # 3: timed on zero-weight shape twins of GGUF presets, prefix keys/values filled without a prefill

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..measured import OTHERS_LIMIT
-from .pricing import Candidate, autoregressive_candidate, other_seconds, row_time, seconds_per_token
+from ..step_price import PricedRows, StepShape
+from .pricing import Candidate, autoregressive_candidate, other_seconds, seconds_per_token
 
 if TYPE_CHECKING:
     from ..trace import StepTrace
@@ -44,34 +45,6 @@ class ProfileRow:
 
     def text(self) -> str:
         return "the step's other-cost row" if self.role == "other" else f"the {self.role}'s {self.precision} row"
-
-
-@dataclass(frozen=True)
-class PricedRows:
-    """The profile rows a prediction was priced from (its precisions only), to price the run's actual
-    sizes after it (``check_prediction``).
-
-    Attributes:
-        ns: the profile's sizes (tokens per forward).
-        target, draft: seconds per size of the target / draft at the prediction's precisions (None: not
-            measured); draft empty for a run without a draft model.
-        other: seconds per size of the engine's step outside the forwards.
-    """
-
-    ns: tuple[int, ...]
-    target: tuple[Optional[float], ...]
-    draft: tuple[Optional[float], ...]
-    other: tuple[Optional[float], ...]
-
-    @classmethod
-    def of(cls, profile: MachineProfile, target_precision: str, draft_precision: Optional[str]) -> "PricedRows":
-        row = lambda table, p: tuple(table.get(p) or [None] * len(profile.ns)) if p else ()  # noqa: E731
-        return cls(tuple(profile.ns), row(profile.target, target_precision), row(profile.draft, draft_precision),
-                   tuple(profile.other))
-
-    def time(self, row: tuple[Optional[float], ...], n: float) -> float:
-        """``pricing.row_time`` of one of these rows (inf where none is measured)."""
-        return row_time(self.ns, row, n)
 
 
 @dataclass(frozen=True)
@@ -275,9 +248,10 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace],
     names = ("draft", "target forward", "rest of the step")
     if p.rows is not None:
         size = max(1.0, mean(t.tree_size for t in steps))
-        modeled = [t for t in steps if t.tree is not None and t.draft_source != "suffix"]
-        levels = mean(int(t.tree.depth.max()) for t in modeled) if modeled else 0.0
-        width = mean(max(1, t.tree_size - 1) for t in modeled) / max(levels, 1.0) if modeled else 1.0
+        shapes = [StepShape.of(t) for t in steps]
+        modeled = [x for x in shapes if x.levels]
+        levels = mean(x.levels for x in modeled) if modeled else 0.0
+        width = mean(x.width * x.levels for x in modeled) / max(levels, 1.0) if modeled else 1.0
         at = (levels * p.rows.time(p.rows.draft, width) if p.rows.draft and levels else p.draft_s,
               p.rows.time(p.rows.target, size), p.rows.time(p.rows.other, size))
         if all(math.isfinite(x) for x in at):

@@ -17,13 +17,9 @@ Averages over steps of different kinds (a hybrid's model and suffix steps) are t
 division, each weighted by how often it happens: the mean step over the mean tokens per step, never a
 median step (a median hides the minority of expensive steps).
 
-**Interpolation.** Times are measured at a few sizes ``n`` (tokens per forward). Between two measured
-sizes the time is linear in ``n``; below the smallest measured size it is the smallest's time (a
-forward never gets cheaper with more tokens, so that is an upper bound); **above the largest measured
-size there is no price** (``math.inf``: never chosen). Extrapolating would price exactly the sizes
-where forwards stop being flat (the knee of t(n) on a GPU, compute-bound int4 rows on a CPU) from
-numbers that do not contain the knee, and clamping would make every larger tree look free. A planner
-that needs a size measures it (``profiling.load_or_measure_profile`` takes the sizes to cover).
+**Interpolation** between the profile's measured sizes (linear; below the smallest, its time; above the
+largest, no price) is ``step_price.interpolate`` / ``row_time``, shared with the engine's fallback rule. A
+planner that needs a size measures it (``profiling.load_or_measure_profile`` takes the sizes to cover).
 
 **Per method** (``price_candidates``; forward times from the one ``MachineProfile``, expected tokens
 from Sequoia's positional acceptance model with the acceptance vector *measured on this pair*,
@@ -63,7 +59,7 @@ from .candidates import (CHAIN_LENGTHS, CHAIN_MAX, HYBRID_BUDGETS, HYBRID_DEPTHS
                          SUFFIX_BUDGETS, SUFFIX_DEPTHS, SUFFIX_FACTORS, SUFFIX_THRESHOLDS, ChainStats, sequoia_shapes,
                          simulate_chain, simulate_suffix_shapes)
 
-if TYPE_CHECKING:  # (machine_profile imports this module's interpolate)
+if TYPE_CHECKING:
     from ..trace import StepTrace
     from .machine_profile import MachineProfile
 
@@ -104,35 +100,6 @@ def other_seconds(n: float, method: str, *, step: Optional[StepTrace] = None,
     if profile is None:
         raise ValueError("other_seconds needs a recorded step or a machine profile")
     return profile.other_time(1 if method == "autoregressive" else n)
-
-
-def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """The time at ``x`` from times ``ys`` measured at sorted sizes ``xs`` (the module's policy).
-
-    Args:
-        xs: ``[k]`` measured sizes, increasing, ``k >= 1``.
-        ys: ``[k]`` seconds at those sizes.
-    Returns:
-        linear between measured sizes, ``ys[0]`` below ``xs[0]``, ``math.inf`` above ``xs[-1]``.
-    """
-    if not xs or len(xs) != len(ys):
-        raise ValueError("interpolate needs as many measured times as sizes, at least one")
-    if x > xs[-1]:
-        return math.inf
-    if x <= xs[0]:
-        return float(ys[0])
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return float(ys[i - 1] + f * (ys[i] - ys[i - 1]))
-    return float(ys[-1])  # unreachable: x <= xs[-1]
-
-
-def row_time(ns: Sequence[float], row: Optional[Sequence[Optional[float]]], n: float) -> float:
-    """The time at ``n`` from a profile row: ``interpolate`` over the sizes ``ns`` whose entry in ``row`` is
-    measured (``None`` entries skipped); ``math.inf`` for no row or no measured entry."""
-    pts = [(x, y) for x, y in zip(ns, row or ()) if y is not None]
-    return interpolate([x for x, _ in pts], [y for _, y in pts], n) if pts else math.inf
 
 
 @dataclass(frozen=True, kw_only=True)

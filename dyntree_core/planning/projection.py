@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .pricing import interpolate, seconds_per_token
+from ..step_price import interpolate
+from .pricing import seconds_per_token
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def _decode_steps(sections: dict) -> tuple[MeasuredStep, ...]:
 
 def step_time_at(steps: Sequence[MeasuredStep], method: str, n: float, attention: Optional[str] = None,
                  order: Optional[str] = None, step: Optional[str] = None) -> tuple[float, Optional[MeasuredStep]]:
-    """Seconds per step of ``method`` at tree size ``n`` from measured steps (``pricing.interpolate``
+    """Seconds per step of ``method`` at tree size ``n`` from measured steps (``step_price.interpolate``
     over their tree sizes), and the measured step nearest to ``n``; ``(inf, None)`` without data.
     ``attention`` / ``order`` / ``step``: only rows that ran so (None: any)."""
     rows = sorted((s for s in steps if s.method == method and (attention is None or s.attention == attention)
