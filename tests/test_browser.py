@@ -26,13 +26,14 @@ PLOTS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot")
 
 
 @contextmanager
-def tiny_app(log: Path):
-    """``app.py --tiny`` served while inside (its output in ``log``); yields its URL."""
+def tiny_app(log: Path, **env_extra: str):
+    """``app.py --tiny`` served while inside (its output in ``log``, ``env_extra`` in its environment); yields
+    its URL."""
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium not installed (make browser)")
     env = dict(os.environ, DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
-               DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S))
+               DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S), **env_extra)
     try:
         proc, url = start_app(["--tiny"], env, log, timeout_s=120)
     except AppStartError as e:

@@ -130,3 +130,52 @@ def test_the_cost_panels_reference_and_waits_survive_the_export(runs, tmp_path):
     back = read_json(write_json(run, tmp_path / "run.json"))
     assert back.ar_timing == run.ar_timing and back.wait_seconds == 2.5
     assert run_view(back, None).cost == run_view(run, None).cost and "2026-11-26 05:00:00" in run_view(back, None).cost
+
+
+def test_an_idle_page_refreshes_slowly_and_an_event_brings_the_streaming_interval_back(runs, tmp_path):
+    """Each refresh is a round trip that costs the browser and the server CPU: after IDLE_TICKS unchanged
+    refreshes without a run the timer's interval becomes IDLE_INTERVAL_S; a page event (opening a run here)
+    sets the streaming interval again at once, and a refresh with something to draw keeps it."""
+    from ui.app import STREAM_INTERVAL_S, build_app
+    from ui.controller import IDLE_INTERVAL_S, IDLE_TICKS
+
+    class NoModels:
+        default_draft = default_target = "tiny"
+
+        def load(self, spec):  # pragma: no cover
+            raise AssertionError("no model is needed")
+
+        def is_loaded(self, spec):
+            return False
+
+    demo = build_app(NoModels())
+    fns = list(demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)
+    fn = lambda name: next(f.fn for f in fns if getattr(f, "name", None) == name)  # noqa: E731
+    on_tick, on_wake, on_open = fn("on_tick"), fn("on_wake"), fn("on_open_run")
+    timer = next(b for b in demo.blocks.values() if isinstance(b, gr.Timer))
+    tab = types.SimpleNamespace(session_hash="idle-tab")
+    intervals = []
+    for _ in range(IDLE_TICKS + 3):
+        out = on_tick(tab, 16)
+        if timer in out:
+            intervals.append(out[timer]["value"] if isinstance(out[timer], dict) else out[timer].value)
+    assert intervals == [IDLE_INTERVAL_S]  # slowed once, after IDLE_TICKS unchanged refreshes
+    assert on_open(tab, str(write_json(runs[0], tmp_path / "run.json"))) is None
+    woke = on_wake(tab)
+    assert (woke["value"] if isinstance(woke, dict) else woke.value) == STREAM_INTERVAL_S
+    assert on_wake(tab) == gr.skip()  # already fast: nothing to send
+    out = on_tick(tab, 16)  # the opened run is drawn; the interval stays
+    assert timer not in out and len(out) > 2
+
+
+def test_the_queue_does_not_poll_every_millisecond():
+    """Gradio's queue loops poll every 1 ms on Linux while idle (8.8% of a core here); the app sets Gradio's own
+    Windows values."""
+    from ui.app import QUEUE_IDLE_SLEEP_S, QUEUE_PROGRESS_IDLE_SLEEP_S, build_app
+
+    class NoModels:
+        default_draft = default_target = "tiny"
+
+    demo = build_app(NoModels())
+    assert demo._queue.sleep_when_free == QUEUE_IDLE_SLEEP_S
+    assert demo._queue.progress_update_sleep_when_free == QUEUE_PROGRESS_IDLE_SLEEP_S

@@ -64,7 +64,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         )
         c = build_layout(model_provider.default_draft, model_provider.default_target, defaults, _cuda_available(),
                          examples)
-        ctl = Controller(model_provider, c, examples, STREAM_INTERVAL_S)
+        ctl = Controller(model_provider, c, examples, STREAM_INTERVAL_S, timer)
 
         # no progress on any output: show_progress="hidden" alone still sends the outputs their
         # loading status, whose overlay keeps Gradio's timer text ("processing | 0.2/0.2s") inside the
@@ -86,7 +86,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         demo.unload(ctl.on_unload)
 
         # the Live tab's components have one writer, the timer; the other events only change state
-        timer.tick(on(ctl.on_tick), view, c.live_outputs, trigger_mode="once", concurrency_id="render",
+        timer.tick(on(ctl.on_tick), view, [*c.live_outputs, timer], trigger_mode="once", concurrency_id="render",
                    concurrency_limit=4, **silent)
         c.run_btn.click(on(ctl.on_run), [c.with_baseline, *c.form], None, **load)
         c.pause_btn.click(on(ctl.on_pause), None, None, **quick)
@@ -104,8 +104,29 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         for btn, kind in ((c.png_btn, "png"), (c.svg_btn, "svg"), (c.json_btn, "json")):
             btn.click(on(ctl.on_export(kind)), [c.step_slider, c.block_size], [c.export_files],
                       concurrency_id="export", concurrency_limit=1)
+        # what changes the Live tab also brings its refresh back to the streaming interval, beside the handler
+        # (not after it: Run may load models for a while, and the page says so meanwhile)
+        for trigger in (c.run_btn.click, c.pause_btn.click, c.step_btn.click, c.stop_btn.click, c.step_slider.input,
+                        c.block_size.change, c.walk_prev.click, c.walk_next.click, c.open_run.upload):
+            trigger(on(ctl.on_wake), None, timer, **quick)
         c.cmp_btn.click(on(ctl.on_compare), [c.cmp_method, c.cmp_hf, *c.form], c.compare_outputs, **load)
         c.cmp_stop.click(on(ctl.on_compare_stop), None, c.cmp_status, **quick)
 
     demo.queue(default_concurrency_limit=1)
+    _calm_queue(demo)
     return demo
+
+
+#: how long Gradio's queue loops sleep while no event waits (seconds): Gradio's own values on Windows; on Linux it
+#: polls every 1 ms (and its progress loop every 10 ms), 8.8% of a core of the 2-core AVX2 machine with nothing to
+#: do, taken from decoding; this adds at most 50 ms before an event starts
+QUEUE_IDLE_SLEEP_S = 0.05
+QUEUE_PROGRESS_IDLE_SLEEP_S = 0.1
+
+
+def _calm_queue(demo: gr.Blocks) -> None:
+    queue = getattr(demo, "_queue", None)
+    if queue is not None and hasattr(queue, "sleep_when_free"):  # (private: a later Gradio may differ)
+        queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_IDLE_SLEEP_S)
+        queue.progress_update_sleep_when_free = max(getattr(queue, "progress_update_sleep_when_free", 0.0),
+                                                    QUEUE_PROGRESS_IDLE_SLEEP_S)

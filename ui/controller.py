@@ -9,6 +9,7 @@ decoding steps on the shared models, so sessions take turns instead of clobberin
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import time
 from pathlib import Path
@@ -40,6 +41,10 @@ Updates = dict[Any, Any]
 #: on a 2-core machine Chromium redrawing all of them every 0.5 s took ~0.7 of a core, and plain decoding in the
 #: same app fell from 11.4 to 7.1-7.6 tokens/s
 FIGURE_INTERVAL_S = 3.0
+#: unchanged refreshes without a run after which the page refreshes every ``IDLE_INTERVAL_S`` seconds (an
+#: event of the page that changes what it shows brings the streaming interval back at once: ``on_wake``)
+IDLE_TICKS = 5
+IDLE_INTERVAL_S = float(os.environ.get("DYNTREE_UI_IDLE_INTERVAL", "5.0"))
 
 
 def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple) -> bool:
@@ -57,11 +62,12 @@ class Controller:
     """The handlers of one app (``build_app`` wires them to ``c``'s components)."""
 
     def __init__(self, provider: ModelProvider, c: Components, examples: list[tuple[str, str]],
-                 stream_interval_s: float):
+                 stream_interval_s: float, timer: Optional[gr.Timer] = None):
         self.provider = provider
         self.c = c
         self.examples = dict(examples)
         self.stream_interval_s = stream_interval_s
+        self.timer = timer  # the page's refresh timer (its interval is paced by ``on_tick`` / ``on_wake``)
         self.model_lock = ModelLock()  # one prefill chunk or decoding step at a time on the shared models
         self.sessions = SessionRegistry()  # each tab's SessionState
         self.planner = BackgroundPlanner(self.model_lock)  # auto's measurements, in idle turns
@@ -310,16 +316,41 @@ class Controller:
     # writing the same components at once can leave the page waiting forever (seen with Gradio
     # 6.31 when Pause was clicked while a refresh was in flight: no refresh came after it).
     def on_tick(self, state: SessionState, block: int) -> Updates:
-        """Timer refresh: repaint only when something changed."""
+        """Timer refresh: repaint only when something changed; after ``IDLE_TICKS`` refreshes with nothing
+        to show and no run going, the page refreshes every ``IDLE_INTERVAL_S`` only (``_pace``)."""
         if state.error_popup:
             state.error_popup = False
             gr.Warning(state.error)
-            return self.live(state, block)
+            return {**self.live(state, block), **self._pace(state, changed=True)}
         prefill = state.record.prefill if state.record is not None else None
         if state.version == state.rendered_version and prefill == state.rendered_prefill:
-            return {self.c.memory: self.memory_update(state)}  # (an empty dict is refused as "too few outputs")
+            footer = self.memory_update(state)
+            # (an empty dict is refused as "too few outputs")
+            return {self.c.memory: footer, **self._pace(state, changed=footer != gr.skip())}
         state.rendered_prefill = prefill
-        return self.live(state, block)
+        return {**self.live(state, block), **self._pace(state, changed=True)}
+
+    def on_wake(self, state: SessionState) -> Any:
+        """After an event of the page that changes what it shows (Run, Step, Pause, Stop, the step slider,
+        the walkthrough, an opened run): refresh at the streaming interval again at once."""
+        state.idle_ticks = 0
+        if not state.polling_slowly:
+            return gr.skip()
+        state.polling_slowly = False
+        return gr.Timer(value=self.stream_interval_s)
+
+    def _pace(self, state: SessionState, changed: bool) -> Updates:
+        """The refresh timer's interval: the streaming interval while anything moves; ``IDLE_INTERVAL_S``
+        after ``IDLE_TICKS`` unchanged refreshes without a run (each refresh is a round trip that costs the
+        browser and the server CPU time: 12% of a core each on the 2-core AVX2 machine at one per second)."""
+        if self.timer is None:
+            return {}
+        state.idle_ticks = 0 if changed or state.running else state.idle_ticks + 1
+        slow = state.idle_ticks >= IDLE_TICKS
+        if slow == state.polling_slowly:
+            return {}
+        state.polling_slowly = slow
+        return {self.timer: gr.Timer(value=IDLE_INTERVAL_S if slow else self.stream_interval_s)}
 
     def on_run(self, state: SessionState, baseline: bool, *values) -> None:
         self.acknowledge(state)
