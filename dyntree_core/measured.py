@@ -49,6 +49,10 @@ from .paths import cache_root
 
 #: busy when other processes used more than this fraction of the CPUs while a measurement ran
 OTHERS_LIMIT = 0.25
+#: a run whose threads take every CPU is crowded when other processes use more cores than its threads leave free
+#: plus this many: a browser redrawing the app's page took 0.24-0.32 of a core of the 2-core AVX2 machine while
+#: plain decoding on 2 threads ran 1.5-1.9x slower than the profile (its idle page takes ~0.1)
+SPARE_SLACK_CORES = 0.15
 #: busy when a timing's interquartile range exceeds this fraction of its median
 SPREAD_LIMIT = 0.5
 #: busy when the 1-minute load average per CPU before a short measurement exceeds this
@@ -170,6 +174,22 @@ def others_share(before: Optional[Sample], after: Optional[Sample]) -> Optional[
         return None
     others = (after.busy_s - before.busy_s) - (after.own_cpu_s - before.own_cpu_s)
     return max(0.0, others / (wall * after.cpus_counted))
+
+
+def crowding(share: Optional[float], cpus: Optional[int] = None, threads: Optional[int] = None) -> Optional[str]:
+    """How other processes crowded work that ran on ``threads`` threads of ``cpus`` CPUs while they used ``share``
+    of the CPUs (None: they did not, or nothing was counted): more than ``OTHERS_LIMIT`` of the CPUs, or, given
+    ``cpus`` and ``threads``, more cores than the threads left free plus ``SPARE_SLACK_CORES``."""
+    if share is None:
+        return None
+    if share > OTHERS_LIMIT:
+        return f"other processes used {share:.0%} of the CPUs (limit {OTHERS_LIMIT:.0%})"
+    if cpus and threads:
+        cores, spare = share * cpus, max(0, cpus - threads)
+        if cores > spare + SPARE_SLACK_CORES:
+            return (f"other processes used {cores:.2f} of a core while its {threads} threads needed "
+                    f"{min(threads, cpus)} of the {cpus} CPUs (limit: the {spare} left free + {SPARE_SLACK_CORES:g})")
+    return None
 
 
 def default_busy_reason(w: "Watch") -> Optional[str]:

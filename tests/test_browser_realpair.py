@@ -6,7 +6,8 @@ token comes within 60 s of the click.
 Run twice, before and after ``auto``'s background measurement: the second Run's status line, its cost
 panel and Compare's ``auto`` column print the same prediction, and the status line and the cost panel the
 same check of it (within 25%, or what was off and that it is re-measured, or that other processes (the browser
-itself, on a small machine) used more than a quarter of the CPUs while it ran). A T=0.6 run then plans plain
+itself, on a small machine) crowded the run: more than a quarter of the CPUs, or more of a core than its
+threads left free, ``measured.crowding``). A T=0.6 run then plans plain
 decoding at the profile's fastest precision while only the pair's acceptance at T=0.6 is measured. Stop during
 a prefill of about 4,096 tokens (the prompt limit) ends it within 2 s. The app's peak RSS through all of it is
 printed by stage and stays within 8 GB."""

@@ -67,9 +67,12 @@ class RunRecord:
         the CPUs other processes used from its first step to its end (or now)."""
         if self.prediction is None:
             return None
+        import torch
+
         start, end = self.cpu_window
-        share = others_share(start, end or (sample() if start is not None else None))
-        return check_prediction(self.prediction, self.traces, share)
+        end = end or (sample() if start is not None else None)
+        return check_prediction(self.prediction, self.traces, others_share(start, end),
+                                cpus=end.cpus_counted if end is not None else None, threads=torch.get_num_threads())
 
     @property
     def label(self) -> str:

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..measured import OTHERS_LIMIT
+from ..measured import OTHERS_LIMIT, crowding
 from ..step_price import PricedRows, StepShape
 from .pricing import Candidate, autoregressive_candidate, other_seconds, seconds_per_token
 
@@ -158,13 +158,20 @@ class PredictionCheck:
     steps: int
     parts: tuple[PartCheck, ...]
     others_share: Optional[float] = None  # share of the CPUs other processes used while the run decoded
+    cpus: Optional[int] = None  # the CPUs counted, and the threads the run decoded on (None: not known)
+    threads: Optional[int] = None
+
+    @property
+    def crowded(self) -> Optional[str]:
+        """How other processes (a browser redrawing the page on a small machine) crowded the run
+        (``measured.crowding``: more than ``OTHERS_LIMIT`` of the CPUs, or more cores than the run's threads
+        left free): the profile's quiet rows are not what it could get, and measuring them again beside the
+        same load would store the load (None: they did not)."""
+        return crowding(self.others_share, self.cpus, self.threads)
 
     @property
     def busy(self) -> bool:
-        """Other processes (a browser redrawing the page on a small machine) used more than
-        ``measured.OTHERS_LIMIT`` of the CPUs while the run decoded: the profile's quiet rows are not what it
-        could get, and measuring them again would not change them."""
-        return self.others_share is not None and self.others_share > OTHERS_LIMIT
+        return self.crowded is not None
 
     @property
     def ratio(self) -> float:
@@ -211,8 +218,8 @@ class PredictionCheck:
             parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
         rows = self.rows_to_remeasure()
         if self.busy:
-            tail = (f"; other processes used {self.others_share:.0%} of the CPUs while it ran (the profile was "
-                    "measured on a quiet machine: nothing is re-measured)")
+            tail = (f"; {self.crowded} while it ran (the profile was measured on a quiet machine: nothing is "
+                    "re-measured)")
         elif self.steps < MIN_STEPS:
             tail = f"; too few steps to re-measure anything (fewer than {MIN_STEPS})"
         elif remeasuring:
@@ -225,10 +232,11 @@ class PredictionCheck:
         return f"{head}: off by more than {OFF_BY:.0%} ({parts}){tail}"
 
 
-def check_prediction(prediction: Prediction, traces: Sequence[StepTrace],
-                     others_share: Optional[float] = None) -> Optional[PredictionCheck]:
+def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others_share: Optional[float] = None,
+                     cpus: Optional[int] = None, threads: Optional[int] = None) -> Optional[PredictionCheck]:
     """``prediction`` against the measured steps of ``traces`` (None before the first step); ``others_share``:
-    the share of the CPUs other processes used meanwhile (``measured.others_share``).
+    the share of the CPUs other processes used meanwhile (``measured.others_share``) of ``cpus`` CPUs, the run on
+    ``threads`` threads (``PredictionCheck.crowded``).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
     compared with those rows' price **at the sizes the run had** (its mean tree size for the target
@@ -263,4 +271,4 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace],
              PartCheck(names[2], priced[2], other, rows["rest of the step"]),
              PartCheck(TOKENS, p.tokens_per_step, tokens, None))
     measured = seconds_per_token(target, draft, other, tokens)
-    return PredictionCheck(p, measured, len(steps), parts, others_share)
+    return PredictionCheck(p, measured, len(steps), parts, others_share, cpus, threads)
