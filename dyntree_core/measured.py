@@ -183,7 +183,7 @@ def crowding(share: Optional[float], cpus: Optional[int] = None, threads: Option
     if share is None:
         return None
     if share > OTHERS_LIMIT:
-        return f"other processes used {share:.0%} of the CPUs (limit {OTHERS_LIMIT:.0%})"
+        return f"other processes used {share:.0%} of {cpus or 'the'} CPUs (limit {OTHERS_LIMIT:.0%})"
     if cpus and threads:
         cores, spare = share * cpus, max(0, cpus - threads)
         if cores > spare + SPARE_SLACK_CORES:
@@ -201,11 +201,9 @@ def default_busy_reason(w: "Watch") -> Optional[str]:
     b, a = w.before, w.after
     if b is not None and a is not None:
         share = others_share(b, a)
-        if share is not None:
-            if share > OTHERS_LIMIT:
-                return (f"busy: other processes used {share:.0%} of {a.cpus_counted} CPUs while it ran "
-                        f"(limit {OTHERS_LIMIT:.0%})")
-            return None
+        if share is not None:  # (the share of the CPUs alone; the spare-cores rule is the prediction check's)
+            why = crowding(share, a.cpus_counted)
+            return f"busy: {why} while it ran" if why else None
         if b.load_1min is not None and b.load_1min / max(1, b.cpus) > LOAD_LIMIT:
             return f"busy: load {b.load_1min:.1f} on {b.cpus} CPUs before it ran (limit {LOAD_LIMIT:g} per CPU)"
     for t in w.timings:

@@ -333,7 +333,7 @@ def test_a_measurement_not_stored_says_why_after_it_ended(tmp_path, monkeypatch)
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     planner = BackgroundPlanner(ModelLock(), idle_s=0.0)
-    why = "busy: other processes used 40% of 2 CPUs while it ran (limit 25%)"
+    why = "busy: other processes used 40% of 2 CPUs (limit 25%) while it ran"
 
     def measure(turn, note):
         note(f"the profile is provisional, not stored: {why}")

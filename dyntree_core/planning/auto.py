@@ -88,7 +88,7 @@ class AutoPlan:
         whose extra draft forwards the plan did not price. None where ``break_even_tokens`` is None or
         without the profile."""
         c = candidate or self.best
-        if self.profile is None or _fallback_below(c, self.reference or self.best_autoregressive) is None:
+        if self.profile is None or self.break_even_tokens(c) is None:
             return None
         return FallbackPrice(PricedRows.of(self.profile, c.target_precision, c.draft_precision),
                              (self.reference or self.best_autoregressive).seconds_per_token)

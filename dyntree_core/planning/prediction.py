@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..measured import OTHERS_LIMIT, crowding
+from ..measured import crowding
 from ..step_price import PricedRows, StepShape
 from .pricing import Candidate, autoregressive_candidate, other_seconds, seconds_per_token
 
