@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import gradio as gr
 
+from dyntree_core.openmp_team import release_thread_team
 from dyntree_core.process_memory import process_memory
 from dyntree_core.trace import PrefillProgress
 
@@ -81,13 +82,20 @@ class Controller:
 
     def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn(state, *inputs)`` as a Gradio handler: the tab's ``SessionState`` is found by the
-        request's session (``SessionRegistry``), so every event of a tab sees the same state."""
+        request's session (``SessionRegistry``), so every event of a tab sees the same state. Gradio's worker
+        thread leaves no OpenMP workers behind (a figure's torch ops start a team: ``openmp_team``)."""
         if inspect.isgeneratorfunction(fn):
             def handler(request: gr.Request, *inputs):
-                yield from fn(self.sessions.get(request.session_hash), *inputs)
+                try:
+                    yield from fn(self.sessions.get(request.session_hash), *inputs)
+                finally:
+                    release_thread_team()
         else:
             def handler(request: gr.Request, *inputs):
-                return fn(self.sessions.get(request.session_hash), *inputs)
+                try:
+                    return fn(self.sessions.get(request.session_hash), *inputs)
+                finally:
+                    release_thread_team()
         handler.__name__ = getattr(fn, "__name__", "handler")
         return handler
 

@@ -1,5 +1,10 @@
 """``ModelLock``: the one lock for the models every session of the app shares, taken in turns
-(first come, first served) by sessions' chunks and steps, and in idle moments by background work."""
+(first come, first served) by sessions' chunks and steps, and in idle moments by background work.
+
+A turn ends by releasing the OpenMP worker threads its thread started (``openmp_team``): the threads that take
+turns are many (Gradio's handlers, the background measurer, each run's worker), and a process holding more
+OpenMP workers than CPUs makes every forward's parallel regions sleep at their barriers (1.3-1.5x slower on 2
+cores)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
+
+from dyntree_core.openmp_team import release_thread_team
 
 
 class TurnCancelled(RuntimeError):
@@ -53,6 +60,7 @@ class ModelLock:
         self._release(session=True)
 
     def _release(self, session: bool) -> None:
+        release_thread_team()  # (on the thread that held the turn: the next holder's regions then spin)
         with self._cond:
             if not self._held:
                 raise RuntimeError("release of an unheld ModelLock")
