@@ -187,8 +187,8 @@ def crowding(share: Optional[float], cpus: Optional[int] = None, threads: Option
     if cpus and threads:
         cores, spare = share * cpus, max(0, cpus - threads)
         if cores > spare + SPARE_SLACK_CORES:
-            return (f"other processes used {cores:.2f} of a core while its {threads} threads needed "
-                    f"{min(threads, cpus)} of the {cpus} CPUs (limit: the {spare} left free + {SPARE_SLACK_CORES:g})")
+            return (f"other processes used {cores:.2f} of a core beside its {threads} threads on {cpus} CPUs "
+                    f"(limit: the {spare} cores they leave free + {SPARE_SLACK_CORES:g})")
     return None
 
 

@@ -142,7 +142,7 @@ def test_a_run_on_every_cpu_is_crowded_by_a_fraction_of_a_core():
     steps = _steps(12, 0.03, 0.18, 0.002, 3)
     crowded = check_prediction(_prediction(), steps, others_share=0.15, cpus=2, threads=2)
     assert crowded.busy and crowded.rows_to_remeasure() == ()
-    assert "other processes used 0.30 of a core while its 2 threads needed 2 of the 2 CPUs" in crowded.text()
+    assert "other processes used 0.30 of a core beside its 2 threads on 2 CPUs (limit: the 0 cores" in crowded.text()
     assert "re-measuring" not in crowded.text()
     spare = check_prediction(_prediction(), steps, others_share=0.15, cpus=4, threads=2)  # 0.6 core, 2 CPUs free
     assert not spare.busy and spare.rows_to_remeasure() == (ProfileRow("target", "int4"),)
