@@ -107,6 +107,30 @@ def test_run_and_compare_show_one_prediction_once_the_machine_is_measured(contro
     assert html.escape(auto_col.prediction_check().text(auto_col.remeasuring)) in stats[2]
 
 
+def test_a_compare_with_transformers_assisted_prices_it_in_autos_next_note(controller):
+    """Compare's transformers column is kept as its ratio to the plain column beside it, and the next Run's
+    ``auto`` note prices it at this machine's profile (faster or slower than the run's prediction)."""
+    from dyntree_core.planning.peer_prices import load_peer_ratios
+
+    state = SessionState()
+    controller.on_run(state, False, *_form())
+    assert state.worker.join(120)
+    controller.planner._thread.join(300)
+    assert not controller.planner.busy and not controller.planner.failed
+    updates = list(controller.on_compare(state, "auto", True, *_form()))
+    assert updates[-1]["cmp_status"].startswith("done"), updates[-1]["cmp_status"]
+    plain, peer = state.compare[0], state.compare[-1]
+    assert peer.status == "finished" and peer.precisions.startswith("target ")
+    (ratio,) = load_peer_ratios("tiny,tiny", "cpu")
+    assert ratio.label == f"transformers assisted @ {peer.precisions}"
+    assert ratio.plain_precision == plain.config.precision
+    a, b = plain.summary(), peer.summary()
+    assert ratio.ratio == pytest.approx((b["seconds"] / b["tokens"]) / (a["seconds"] / a["tokens"]))
+    controller.on_run(state, False, *_form())
+    assert state.worker.join(120) and state.error == "", state.error
+    assert f"peers: {ratio.label} priced " in state.record.note, state.record.note
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("seed", -1, "seed"),
     ("max_new_tokens", 0, "max new tokens"),

@@ -433,7 +433,10 @@ def test_auto_is_resolved_by_the_provider_and_explained(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     provider = TinyModelProvider()
     rec = run_to_end(provider, _settings(method="auto", precision="auto", draft_precision="auto", max_new_tokens=6))
-    assert rec.status == "finished" and rec.config.method in ("autoregressive", "chain", "sequoia", "suffix")
+    from dyntree_core.planning.pricing import AUTO_METHODS
+
+    # (which one the tiny pair's millisecond forwards make cheapest varies between runs: hybrid included)
+    assert rec.status == "finished" and rec.config.method in AUTO_METHODS
     assert rec.settings.precision == "float32" and rec.settings.draft_precision in ("float32", "int8")
     assert rec.note.startswith("auto:") and "ms/token" in rec.note
     from ui.views import status_line

@@ -26,7 +26,7 @@ from .export import read_json, write_images, write_json
 from .layout import METHOD_HINTS, N_COMPARE, Components, verifier_choices
 from .model_lock import ModelLock
 from .models import ModelProvider
-from .runner import HF_ASSISTED_LABEL, run_hf_assisted, start_generation
+from .runner import HF_ASSISTED_LABEL, remember_peer, run_hf_assisted, start_generation
 from .session import ExternalRun, Generation, RunRecord, SessionRegistry, SessionState
 from .settings import METHOD_PARAMS, RunSettings, settings_from_form
 from .views import compare_views, export_figures, run_view, step_view
@@ -530,6 +530,7 @@ class Controller:
                     break
             if with_hf and not stop.is_set():
                 yield from self.compare_hf_assisted(settings, stop, records, f"{state.name}: transformers assisted")
+                remember_peer(records[0], records[-1])
         except Exception as e:  # noqa: BLE001
             msg = describe_error(e)
             gr.Warning(msg)

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 from dyntree_core.config import ConfigError, DecodeConfig
 from dyntree_core.decode.engine import SpeculativeDecoder
+from dyntree_core.planning.machine_profile import pair_name_of
+from dyntree_core.planning.peer_prices import load_peer_ratios, peer_sentence, price_peers, record_peer_ratio
 from dyntree_core.planning.prediction import Prediction
 
 from .models import ModelProvider
@@ -67,7 +69,32 @@ def resolve_auto(provider: ModelProvider, settings: RunSettings, planner: Any = 
     resolved = replace(settings, **plan.resolve(settings.method, settings.precision, settings.draft_precision))
     predict = getattr(plan, "prediction", None)  # (a provisional plan has measured nothing to predict from)
     prediction = predict(settings.method, resolved.precision, resolved.draft_precision) if predict else None
-    return Resolved(resolved, plan.reason, prediction)
+    return Resolved(resolved, "; ".join(x for x in (plan.reason, _peers_note(settings, plan, prediction)) if x),
+                    prediction)
+
+
+def _peers_note(settings: RunSettings, plan: Any, prediction: Optional[Prediction]) -> str:
+    """Where the peers measured beside our plain decoding in Compare stand against this run's prediction ('' when
+    nothing was measured or predicted)."""
+    profile = getattr(plan, "profile", None)
+    if prediction is None or profile is None:
+        return ""
+    prices = price_peers(load_peer_ratios(pair_name_of(settings.draft, settings.target), settings.device), profile)
+    return peer_sentence(prices, prediction.label, prediction.s_per_token)
+
+
+def remember_peer(plain: RunRecord | ExternalRun, peer: RunRecord | ExternalRun) -> None:
+    """Keep a finished peer column's speed as a ratio to the finished plain-decoding column of the same Compare
+    (``planning.peer_prices``): ``auto`` prices it from then on."""
+    if not (isinstance(plain, RunRecord) and isinstance(peer, ExternalRun) and plain.status == "finished"
+            and peer.status == "finished" and plain.config.method == "autoregressive"):
+        return
+    a, b = plain.summary(), peer.summary()
+    if not (a["tokens"] and b["tokens"]):
+        return
+    record_peer_ratio(pair_name_of(plain.settings.draft, plain.settings.target), plain.settings.device,
+                      f"{peer.label} @ {peer.precisions}", plain.config.precision, b["seconds"] / b["tokens"],
+                      a["seconds"] / a["tokens"], b["tokens"])
 
 
 def _levels(n: int) -> str:
@@ -168,4 +195,5 @@ def run_hf_assisted(provider: ModelProvider, settings: RunSettings, stop_event: 
     return ExternalRun(label=HF_ASSISTED_LABEL, text=pair.tokenizer.decode(list(run.token_ids)),
                        token_ids=list(run.token_ids), rounds=rounds,
                        status="stopped" if run.stopped else "finished", note=note,
-                       prompt=settings.prompt + ("\n" if settings.chat else ""), texts=TokenTexts(pair.tokenizer))
+                       prompt=settings.prompt + ("\n" if settings.chat else ""), texts=TokenTexts(pair.tokenizer),
+                       precisions=prec)

@@ -135,6 +135,7 @@ class ExternalRun:
     note: str = ""
     prompt: str = ""  # shown before the text, as in the other columns
     texts: Optional[TokenTexts] = None  # token pieces (None: show ``text`` plain)
+    precisions: str = ""  # what it ran at ("target int4, draft int4"; '' before it started)
 
     @property
     def traces(self) -> list[RoundPoint]:  # what the charts plot

@@ -163,7 +163,7 @@ def external_text_html(run: ExternalRun) -> str:
 def column_label(rec: RunRecord | ExternalRun) -> str:
     """A Compare column's heading: the method and the precisions it ran at."""
     if isinstance(rec, ExternalRun):
-        return rec.label
+        return f"{rec.label} @ {rec.precisions}" if rec.precisions else rec.label
     c = rec.config
     if c.method == "autoregressive" or not c.precision:
         return f"{rec.label} @ {c.precision}" if c.precision else rec.label
