@@ -80,7 +80,7 @@ def _peers_note(settings: RunSettings, plan: Any, prediction: Optional[Predictio
     if prediction is None or profile is None:
         return ""
     prices = price_peers(load_peer_ratios(pair_name_of(settings.draft, settings.target), settings.device), profile)
-    return peer_sentence(prices, prediction.label, prediction.s_per_token)
+    return peer_sentence(prices, prediction.s_per_token)
 
 
 def remember_peer(plain: RunRecord | ExternalRun, peer: RunRecord | ExternalRun) -> None:

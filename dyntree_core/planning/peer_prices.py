@@ -99,13 +99,13 @@ def price_peers(ratios: Sequence[PeerRatio], profile: MachineProfile) -> list[Pe
     return sorted(out, key=lambda p: p.s_per_token)
 
 
-def peer_sentence(prices: Sequence[PeerPrice], chosen_label: str, chosen_s_per_token: float) -> str:
-    """What the peers' prices say about ``auto``'s choice ('' without peers)."""
+def peer_sentence(prices: Sequence[PeerPrice], predicted_s_per_token: float) -> str:
+    """What the peers' prices say against a run predicted at ``predicted_s_per_token`` ('' without peers)."""
     if not prices:
         return ""
-    faster = [p for p in prices if p.s_per_token < chosen_s_per_token]
+    faster = [p for p in prices if p.s_per_token < predicted_s_per_token]
     parts = "; ".join(p.text() for p in prices)
+    run = f"this run (predicted {predicted_s_per_token * 1e3:.0f} ms/token)"
     if faster:
-        return (f"peers: {parts}: {faster[0].ratio.label} is priced faster than {chosen_label} "
-                f"({chosen_s_per_token * 1e3:.0f} ms/token): run it in the Compare tab")
-    return f"peers: {parts}: slower than {chosen_label} ({chosen_s_per_token * 1e3:.0f} ms/token)"
+        return f"peers: {parts}: {faster[0].ratio.label} is priced faster than {run}: run it in the Compare tab"
+    return f"peers: {parts}: slower than {run}"
