@@ -9,15 +9,23 @@ import pytest
 import torch
 
 from dyntree_core.openmp_team import _runtime, process_threads, release_thread_team
+from conftest import torch_threads
 from ui.model_lock import ModelLock
 
-pytestmark = pytest.mark.skipif(
-    _runtime() is None or process_threads() == 0 or torch.get_num_threads() < 2,
-    reason="needs an OpenMP runtime that can pause, /proc, and torch on 2 threads or more")
+pytestmark = pytest.mark.skipif(_runtime() is None or process_threads() == 0,
+                                reason="needs an OpenMP runtime that can pause, and /proc")
+
+TEAM = 2  # torch's threads inside these tests (a pytest-xdist worker on 2 CPUs has 1: no team to start)
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    with torch_threads(TEAM):
+        yield
 
 
 def parallel_work() -> None:
-    """torch ops large enough to run as parallel regions (a team of ``torch.get_num_threads()``)."""
+    """torch ops large enough to run as parallel regions (a team of ``TEAM`` threads)."""
     x = torch.ones(1 << 22)
     for _ in range(3):
         x.add_(1.0)
@@ -46,7 +54,7 @@ def test_a_thread_keeps_its_openmp_workers_until_it_releases_them() -> None:
         assert release_thread_team()
 
     before, during, after = threads_on(work)
-    assert during >= before + torch.get_num_threads() - 1  # the team started, and stayed after its regions
+    assert during >= before + TEAM - 1  # the team started, and stayed after its regions
     assert after == before
 
 
