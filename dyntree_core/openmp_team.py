@@ -16,8 +16,8 @@ holding the turn keeps workers. Starting a team again costs ~0.15 ms, against a 
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -27,21 +27,29 @@ OMP_PAUSE_SOFT = 1
 RUNTIMES = ("libgomp", "libomp", "libiomp5")
 
 
-@functools.cache
+_found: Optional[ctypes.CDLL | bool] = None  # the runtime; False once torch is loaded and none can pause
+
+
 def _runtime() -> Optional[ctypes.CDLL]:
-    """The OpenMP runtime already loaded into this process that can release a thread's team (None if none)."""
+    """The OpenMP runtime already loaded into this process that can release a thread's team (None if none; until
+    torch is imported it is asked again, since torch loads one)."""
+    global _found
+    if _found is not None:
+        return _found or None
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:  # (not Linux: nothing to find this way)
         return None
     for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if any(os.path.basename(path).startswith(name + ".") or os.path.basename(path).startswith(name + "-")
-               for name in RUNTIMES):
-            lib = ctypes.CDLL(path)
+        name = os.path.basename(line.split()[-1]) if line.split() else ""
+        if any(name.startswith(lib + ".") or name.startswith(lib + "-") for lib in RUNTIMES):
+            lib = ctypes.CDLL(line.split()[-1])
             if hasattr(lib, "omp_pause_resource_all"):
                 lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
+                _found = lib
                 return lib
+    if "torch" in sys.modules:
+        _found = False
     return None
 
 
