@@ -41,9 +41,10 @@ def _runtime() -> Optional[ctypes.CDLL]:
     except OSError:  # (not Linux: nothing to find this way)
         return None
     for line in maps.splitlines():
-        name = os.path.basename(line.split()[-1]) if line.split() else ""
+        path = line.split()[-1] if line.strip() else ""
+        name = os.path.basename(path)
         if any(name.startswith(lib + ".") or name.startswith(lib + "-") for lib in RUNTIMES):
-            lib = ctypes.CDLL(line.split()[-1])
+            lib = ctypes.CDLL(path)
             if hasattr(lib, "omp_pause_resource_all"):
                 lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
                 _found = lib

@@ -89,12 +89,12 @@ def remember_peer(plain: RunRecord | ExternalRun, peer: RunRecord | ExternalRun)
     if not (isinstance(plain, RunRecord) and isinstance(peer, ExternalRun) and plain.status == "finished"
             and peer.status == "finished" and plain.config.method == "autoregressive"):
         return
-    a, b = plain.summary(), peer.summary()
-    if not (a["tokens"] and b["tokens"]):
+    a, b = plain.summary(), peer.summary()  # (their tokens/s: what the two columns show)
+    if not (a["tokens_per_s"] > 0 and b["tokens_per_s"] > 0):
         return
     record_peer_ratio(pair_name_of(plain.settings.draft, plain.settings.target), plain.settings.device,
-                      f"{peer.label} @ {peer.precisions}", plain.config.precision, b["seconds"] / b["tokens"],
-                      a["seconds"] / a["tokens"], b["tokens"])
+                      f"{peer.label} @ {peer.precisions}", plain.config.precision, 1 / b["tokens_per_s"],
+                      1 / a["tokens_per_s"], b["tokens"])
 
 
 def _levels(n: int) -> str:

@@ -61,7 +61,11 @@ def _key(pair: str, device: str) -> measured.MeasureKey:
 
 def load_peer_ratios(pair: str, device: str) -> list[PeerRatio]:
     """Every peer measured for ``pair`` on this machine's ``device`` (latest per label)."""
-    value = measured.load(_key(pair, device))
+    return _stored(_key(pair, device))
+
+
+def _stored(key: measured.MeasureKey) -> list[PeerRatio]:
+    value = measured.load(key)
     if not isinstance(value, dict):
         return []
     out = []
@@ -81,7 +85,7 @@ def record_peer_ratio(pair: str, device: str, label: str, plain_precision: str, 
     row = PeerRatio(label, plain_precision, peer_s_per_token / plain_s_per_token, int(tokens),
                     time.strftime("%Y-%m-%d %H:%M"))
     key = _key(pair, device)
-    rows = {r.label: asdict(r) for r in load_peer_ratios(pair, device)}
+    rows = {r.label: asdict(r) for r in _stored(key)}
     rows[label] = asdict(row)
     # two runs side by side under one load: the ratio is what was measured, quiet or not
     measured.store(key, rows, measured.Verdict(quiet=True))
@@ -93,9 +97,9 @@ def price_peers(ratios: Sequence[PeerRatio], profile: MachineProfile) -> list[Pe
     row at that precision), fastest first."""
     out = []
     for r in ratios:
-        if not math.isfinite(profile.target_time(r.plain_precision, 1)):
-            continue
-        out.append(PeerPrice(r, r.ratio * autoregressive_candidate(profile, r.plain_precision).seconds_per_token))
+        plain_s = autoregressive_candidate(profile, r.plain_precision).seconds_per_token
+        if math.isfinite(plain_s):
+            out.append(PeerPrice(r, r.ratio * plain_s))
     return sorted(out, key=lambda p: p.s_per_token)
 
 
