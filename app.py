@@ -43,6 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from ui import AppDefaults, HubModelProvider, build_app
+    from ui.page_script import launch_app_kwargs
 
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.tiny:
@@ -62,7 +63,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         defaults = AppDefaults(device=args.device, dtype=dtype)
     demo = build_app(provider, defaults)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share,
-                css_paths=[HERE / "assets" / "ui.css"], footer_links=["gradio", "settings"])
+                css_paths=[HERE / "assets" / "ui.css"], footer_links=["gradio", "settings"],
+                app_kwargs=launch_app_kwargs())
     return 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ui.page_driver import CHROMIUM_FLAGS, AppStartError, choose, set_field, start_app, stop_app
+from ui.page_script import TRACKER_FRAME_MS
 
 pytestmark = pytest.mark.browser
 
@@ -118,19 +119,45 @@ def _plot_title(page, elem: str) -> str:
 
 
 @contextmanager
-def _opened(app_url: str, width: int, height: int):
-    """A fresh browser tab on the app, once its client is connected."""
+def _opened(app_url: str, width: int, height: int, init_script: str = ""):
+    """A fresh browser tab on the app, once its client is connected (``init_script`` runs first in it)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
+            if init_script:
+                page.add_init_script(init_script)
             page.goto(app_url, timeout=60_000)
             _ready(page)
             yield page
         finally:
             browser.close()
+
+
+#: counts the animation frames Gradio's status tracker asks for itself (installed before the page's own scripts: the
+#: app's pacing, when it is there, takes those requests first and passes them on from a timer instead)
+TRACKER_FRAME_COUNTER_JS = """(() => {
+  window.__tracker_frames = 0;
+  const frame = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = function (callback) {
+    if (((new Error().stack || "").split("\\n")[2] || "").includes("statustracker")) window.__tracker_frames++;
+    return frame(callback);
+  };
+})();"""
+
+
+def test_an_idle_page_asks_for_no_tracker_frames_at_the_display_rate(app_url):
+    """Gradio's status tracker leaves a 60-frames-a-second loop behind at every page load (``ui.page_script``):
+    unpaced, an idle page's tracker asked for ~180 frames in 3 s; paced, it asks for at most one per
+    ``TRACKER_FRAME_MS`` (and through the pacing, so none reach the counter directly)."""
+    with _opened(app_url, 1280, 800, init_script=TRACKER_FRAME_COUNTER_JS) as page:
+        time.sleep(2.0)
+        page.evaluate("window.__tracker_frames = 0")
+        time.sleep(3.0)
+        frames = page.evaluate("window.__tracker_frames")
+    assert frames <= 3.0 * 1000 / TRACKER_FRAME_MS, frames
 
 
 def test_app_end_to_end(app_url, tmp_path):

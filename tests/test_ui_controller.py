@@ -482,23 +482,56 @@ def test_the_status_names_the_tree_auto_chose_and_why_the_budget_field_is_not_it
 
 def test_a_streaming_run_redraws_its_figures_at_most_every_interval(monkeypatch):
     """While a run streams, each refresh sends its text and status but its eight figures only every
-    ``FIGURE_INTERVAL_S`` (with the cost panel; the browser redrawing them every tick halved decoding speed on 2 cores), or at
-    once when the user picks another step, decision or block size; a run that is not streaming is drawn in full."""
+    ``FigurePacing.interval_s`` (with the cost panel; the browser redrawing them every tick halved decoding speed on 2
+    cores), or at once when the user picks another step, decision or block size; a run that is not streaming is
+    drawn in full."""
     from ui import controller as ctl_mod
 
     state = SessionState()
-    rec = types.SimpleNamespace(status="running")
+    rec = types.SimpleNamespace(status="running", traces=[])
     state.worker = types.SimpleNamespace(alive=True)
     assert ctl_mod.figures_due(state, rec, (None, None, 64))
     assert not ctl_mod.figures_due(state, rec, (None, None, 64))  # the next tick: text and status only
     assert ctl_mod.figures_due(state, rec, (3, None, 64))  # the user picked step 3
     assert not ctl_mod.figures_due(state, rec, (3, None, 64))
-    state.figures_at -= ctl_mod.FIGURE_INTERVAL_S
+    state.figures_at -= state.figure_pacing.interval_s
     assert ctl_mod.figures_due(state, rec, (3, None, 64))  # the interval passed
     rec.status = "finished"
     assert ctl_mod.figures_due(state, rec, (3, None, 64)) and ctl_mod.figures_due(state, rec, (3, None, 64))
     rec.status, state.worker = "running", None  # paused between steps (no worker): drawn in full
     assert ctl_mod.figures_due(state, rec, (3, None, 64))
+
+
+def test_redraws_that_slow_the_steps_after_them_are_spaced_out_and_the_status_says_so(controller):
+    """A streaming run's redraw is followed by steps 0.1 s slower than its median for 2 s: the next redraw waits
+    until such redraws cost at most 5% of decoding (here 0.4 s / 0.05 = 8 s), and the status line says so."""
+    from ui import controller as ctl_mod
+    from ui.figure_pacing import FIGURE_INTERVAL_S
+
+    state = SessionState()
+    traces: list = []
+    rec = types.SimpleNamespace(status="running", traces=traces)
+    state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
+
+    def steps(n, seconds):
+        for _ in range(n):
+            end = (traces[-1].elapsed if traces else 0.0) + seconds
+            traces.append(types.SimpleNamespace(elapsed=end, step_seconds=seconds))
+
+    steps(20, 0.05)  # 1 s of steps at 50 ms
+    assert ctl_mod.figures_due(state, rec, (None, None, 64))  # a redraw goes out at 1.0 s
+    steps(4, 0.15)  # the 4 steps after it take 0.1 s more each
+    steps(40, 0.05)  # then 2 s at the median again
+    state.figures_at -= FIGURE_INTERVAL_S
+    assert not ctl_mod.figures_due(state, rec, (None, None, 64))  # its cost read: the interval is now longer
+    assert state.figure_pacing.cost_s == pytest.approx(0.4)
+    assert state.figure_pacing.interval_s == pytest.approx(8.0)
+    state.figures_at -= 8.0
+    assert ctl_mod.figures_due(state, rec, (None, None, 64))
+    assert "figures redrawn every 8 s while it runs: each redraw cost decoding 0.40 s" in \
+        controller.status_line(state, "running")
+    rec.status = "finished"
+    assert ctl_mod.figures_due(state, rec, (None, None, 64)) and state.figure_pacing.probe_at is None
 
 
 def test_loading_another_precision_names_it_while_it_loads(controller, monkeypatch):

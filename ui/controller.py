@@ -37,11 +37,6 @@ from .worker import DecodeWorker, advance_in_turn
 Updates = dict[Any, Any]
 
 
-#: while a run streams, its figures, walkthrough and cost panel are redrawn at most this often (its text and status
-#: every tick):
-#: on a 2-core machine Chromium redrawing all of them every 0.5 s took ~0.7 of a core, and plain decoding in the
-#: same app fell from 11.4 to 7.1-7.6 tokens/s
-FIGURE_INTERVAL_S = 3.0
 #: unchanged refreshes without a run after which the page refreshes every ``IDLE_INTERVAL_S`` seconds (an
 #: event of the page that changes what it shows brings the streaming interval back at once: ``on_wake``)
 IDLE_TICKS = 5
@@ -49,13 +44,22 @@ IDLE_INTERVAL_S = float(os.environ.get("DYNTREE_UI_IDLE_INTERVAL", "5.0"))
 
 
 def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple) -> bool:
-    """Whether this refresh redraws the figures (and the walkthrough and cost panel): always once a run is not streaming (finished, paused, stopped) or
-    the user picked another step, decision or block size; else every ``FIGURE_INTERVAL_S``."""
+    """Whether this refresh redraws the figures (and the walkthrough and cost panel): always once a run is not
+    streaming (finished, paused, stopped) or the user picked another step, decision or block size; else at the
+    page's ``FigurePacing`` interval (``FIGURE_INTERVAL_S`` where redraws cost decoding little)."""
     now = time.monotonic()
     streaming = rec is not None and rec.status == "running" and state.running
-    if streaming and looking_at == state.figures_key and now - state.figures_at < FIGURE_INTERVAL_S:
+    pacing = state.figure_pacing
+    steps = [(t.elapsed, t.step_seconds) for t in rec.traces] if streaming else []
+    if streaming:
+        pacing.read(steps)
+    else:
+        pacing.sent(None)  # (a redraw of a run no longer streaming measures nothing)
+    if streaming and looking_at == state.figures_key and now - state.figures_at < pacing.interval_s:
         return False
     state.figures_at, state.figures_key = now, looking_at
+    if streaming and pacing.probe_at is None:
+        pacing.sent(steps[-1][0] if steps else None)
     return True
 
 
@@ -159,6 +163,9 @@ class Controller:
             status += "  \n_pausing after the current step …_"
         if state.baseline_running:
             status += "  \n_running the autoregressive baseline …_"
+        paced = state.figure_pacing.note() if state.running else ""
+        if paced:
+            status += f"  \n_{paced}_"
         return status
 
     def live(self, state: SessionState, block: int) -> Updates:

@@ -23,6 +23,7 @@ from dyntree_core.planning.forward_timer import ForwardTiming
 from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_prediction
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
+from .figure_pacing import FigurePacing
 from .settings import RunSettings
 from .tokens import TokenTexts
 
@@ -273,6 +274,7 @@ class SessionState:
         self.polling_slowly = False  # the page's timer runs at the idle interval
         self.figures_at = -math.inf  # when the page last got the run's figures (time.monotonic)
         self.figures_key: tuple = ()  # what the user was looking at then (step, walkthrough decision, block)
+        self.figure_pacing = FigurePacing()  # how often a streaming run's figures are redrawn on this page
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None
