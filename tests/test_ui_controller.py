@@ -431,6 +431,25 @@ def test_a_refresh_never_shows_finished_above_a_text_missing_steps(controller):
     assert "finished" in second["status"] and second["text_html"].count('class="dt-tok ') == 8
 
 
+def test_a_streaming_refresh_without_figures_still_sends_the_cost_panel(controller):
+    """Figures are redrawn seldom while a run streams (``ui.figure_pacing``), but the cost panel is sent with every
+    refresh, as the status line is: both show the run's measured ms/token, and must not disagree for 30 s."""
+    state = SessionState()
+    controller.on_run(state, False, *_form(method="chain", precision="float32", draft_precision="float32",
+                                           max_new_tokens=8))
+    assert state.worker is not None and state.worker.join(120)
+    state.record.status = "running"
+    state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
+    names = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html", "cost_model",
+             "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn", "memory")
+    for name in names:
+        setattr(controller.c, name, name)
+    controller.live(state, 16)  # (the run's first refresh draws everything)
+    second = controller.live(state, 16)
+    assert second["tree_plot"] == gr.skip()  # no figure this time
+    assert isinstance(second["cost_model"], str) and "ms/token" in second["cost_model"]
+
+
 def test_the_step_slider_takes_whatever_its_box_sends():
     """The slider's input event arrives unprocessed (a box being typed in may be empty or past the
     last step): a step picks that step, past the last one follows the run, below 0 is step 0, an

@@ -44,7 +44,7 @@ IDLE_INTERVAL_S = float(os.environ.get("DYNTREE_UI_IDLE_INTERVAL", "5.0"))
 
 
 def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple) -> bool:
-    """Whether this refresh redraws the figures (and the walkthrough and cost panel): always once a run is not
+    """Whether this refresh redraws the figures (and the walkthrough): always once a run is not
     streaming (finished, paused, stopped) or the user picked another step, decision or block size; else at the
     page's ``FigurePacing`` interval (``FIGURE_INTERVAL_S`` where redraws cost decoding little)."""
     now = time.monotonic()
@@ -183,15 +183,16 @@ class Controller:
         rv = run_view(rec, rec if baseline is not None and baseline is live_rec else baseline, figures)
         c = self.c
         drawn: Updates = dict.fromkeys((c.tree_plot, c.mask_bfs, c.mask_dfs, c.mask_hpd, c.phase_plot, c.walkthrough,
-                                        c.speed_plot, c.steps_plot, c.cost_model), gr.skip())
+                                        c.speed_plot, c.steps_plot), gr.skip())
         if figures:
             sv = step_view(rec, None if state.view_step is None else idx, block, decision)
             drawn = {c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
                      c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough, c.speed_plot: rv.speed,
-                     c.steps_plot: rv.per_step, c.cost_model: rv.cost}
+                     c.steps_plot: rv.per_step}
         return {
             **drawn,
             c.text_html: rv.text_html,
+            c.cost_model: rv.cost,  # (every refresh, as the status line: both show the run's measured ms/token)
             c.status: self.status_line(state, rv.status),
             c.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=max(idx, 0), step=1, interactive=n > 1),
             c.error_box: error_markdown(state.error),
