@@ -50,16 +50,15 @@ def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple
     now = time.monotonic()
     streaming = rec is not None and rec.status == "running" and state.running
     pacing = state.figure_pacing
-    steps = [(t.elapsed, t.step_seconds) for t in rec.traces] if streaming else []
-    if streaming:
-        pacing.read(steps)
-    else:
+    if not streaming:
         pacing.sent(None)  # (a redraw of a run no longer streaming measures nothing)
+    elif pacing.probe_at is not None:
+        pacing.read([(t.elapsed, t.step_seconds) for t in rec.traces])
     if streaming and looking_at == state.figures_key and now - state.figures_at < pacing.interval_s:
         return False
     state.figures_at, state.figures_key = now, looking_at
     if streaming and pacing.probe_at is None:
-        pacing.sent(steps[-1][0] if steps else None)
+        pacing.sent(rec.traces[-1].elapsed if rec.traces else None)
     return True
 
 

@@ -3,11 +3,12 @@ seldom as it takes for the redraws to cost decoding at most ``FIGURE_BUDGET`` of
 measured on the run's own steps.
 
 A redraw (the tree, three masks, the phase, speed and steps charts, the walkthrough; the cost panel went with
-them until it moved to every refresh) costs the app 70-110 ms of Python and the browser a few hundred milliseconds of rendering. Where those CPUs are the
-ones decoding, the steps around a redraw take longer: on the 2-core AVX2 EPYC with the page in Chromium on the
-same machine, 128 plain int4 steps summed 6.5-6.8 s with no redraw while the run streamed and 7.15-8.1 s with
-one every 3 s (medians per step 44-48 ms both ways). A redraw's cost is read from the steps that end in the
-``PROBE_WINDOW_S`` (or 3 median steps) after it was sent: their time beyond the run's median step.
+them until it moved to every refresh) costs the app 70-110 ms of Python and the browser a few hundred
+milliseconds of rendering. Where those CPUs are the ones decoding, the steps around a redraw take longer: on
+the 2-core AVX2 EPYC with the page in Chromium on the same machine, 128 plain int4 steps summed 6.5-6.8 s with
+no redraw while the run streamed and 7.15-8.1 s with one every 3 s (medians per step 44-48 ms both ways). A
+redraw's cost is read from the steps that end in the ``PROBE_WINDOW_S`` (or 3 median steps) after it was sent:
+their time beyond the run's median step.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ the tracker keeps its own reference to ``requestAnimationFrame`` from when its m
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: the status tracker's frames, at most one per this many milliseconds
 TRACKER_FRAME_MS = 250
@@ -33,17 +35,11 @@ FRAME_PACING_JS = """(() => {
   };
 })();""" % TRACKER_FRAME_MS
 
-Scope = dict
-Message = dict
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-
 class HeadScript:
     """ASGI middleware: every HTML page the app answers to a GET starts its ``<head>`` with ``script`` (other
     responses, and compressed ones, pass unchanged)."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], script: str = FRAME_PACING_JS):
+    def __init__(self, app: ASGIApp, script: str = FRAME_PACING_JS):
         self.app = app
         self.tag = f"<script>{script}</script>".encode()
 
