@@ -117,6 +117,8 @@ class StepTrace:
         decisions: the verifier's decisions in the order made (the verification walkthrough).
         draft_source: what proposed the tree's tokens: ``model`` (the draft model) or ``suffix``
             (the text so far, no draft forward); empty for the autoregressive baseline.
+        draft_forwards: the draft model's forwards in this step (a graph step's: its draft levels,
+            the root's included); 0 without a draft forward.
         fallback: on the step after which the run decodes plainly (``DecodeConfig.fallback``), why;
             empty otherwise.
         step_seconds: wall-clock seconds of the whole step.
@@ -146,6 +148,7 @@ class StepTrace:
     kernel_blocks: Optional[int] = None
     decisions: list[VerifyDecision] = field(default_factory=list)
     draft_source: str = ""
+    draft_forwards: int = 0
     fallback: str = ""
     step_seconds: float = 0.0
     elapsed: float = 0.0
@@ -209,7 +212,8 @@ class StepTrace:
             order_blocks={int(b): int(n) for b, n in d.get("order_blocks", {}).items()},
             kernel_blocks=d.get("kernel_blocks"),
             decisions=[VerifyDecision.from_dict(x) for x in d.get("decisions", [])],
-            draft_source=d.get("draft_source", "" if tree is None else "model"), fallback=d.get("fallback", ""),
+            draft_source=d.get("draft_source", "" if tree is None else "model"),
+            draft_forwards=int(d.get("draft_forwards", 0)), fallback=d.get("fallback", ""),
             step_seconds=float(d["step_seconds"]), elapsed=float(d["elapsed"]),
             total_new_tokens=int(d["total_new_tokens"]), tokens_per_s=float(d["tokens_per_s"]),
             finished=bool(d["finished"]), finish_reason=d.get("finish_reason"),
@@ -260,6 +264,7 @@ class StepTrace:
             "kernel_blocks": self.kernel_blocks,
             "decisions": [x.to_dict() for x in self.decisions],
             "draft_source": self.draft_source,
+            "draft_forwards": self.draft_forwards,
             "fallback": self.fallback,
             "step_seconds": self.step_seconds,
             "elapsed": self.elapsed,

@@ -483,3 +483,83 @@ def test_the_pair_cache_keeps_at_most_keep_models_and_drops_the_least_recently_u
     gc.collect()
     assert [r() for r in refs] == [None, None]
     assert len(cache._models) == 2 and last.tokenizer == "tok" and last.target.precision == "float32"
+
+
+class _TableTimer:
+    """A ``ForwardTimer`` whose forwards take ``TIMES[precision][n]`` seconds (the model stands for its
+    precision); records the sizes timed."""
+
+    TIMES: dict = {}
+    timed: list = []
+
+    def __init__(self, model, prefix_len, max_tokens):
+        self.prec = model
+
+    def once(self, n):
+        return self.TIMES[self.prec][n]
+
+    def best(self, n, reps):
+        self.timed.append((self.prec, n))
+        return self.TIMES[self.prec][n]
+
+
+def _measure_table(monkeypatch, tmp_path, times, sizes=(1, 2, 4, 8, 16, 32), forward_bytes=None, read_gbps=None):
+    from dyntree_core.planning import profiling
+    from dyntree_core.planning.machine_profile import empty_profile
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    monkeypatch.setattr(profiling, "ForwardTimer", _TableTimer)
+    monkeypatch.setattr(profiling, "engine_steps", lambda draft, target, n: [None])
+    monkeypatch.setattr(profiling, "other_seconds", lambda n, _s, step: 0.0)
+    _TableTimer.TIMES, _TableTimer.timed = times, []
+    prof = empty_profile("k")
+    if read_gbps is not None:
+        prof.meta["read_gb_per_s"] = read_gbps
+    prof.other = [0.0] * len(prof.ns)
+    msgs = []
+    profiling.measure_into(prof, lambda role, p: p, {("target", p): sizes for p in times}, progress=msgs.append,
+                           forward_bytes=forward_bytes)
+    return prof, _TableTimer.timed, msgs
+
+
+def test_a_precision_slow_for_one_token_is_timed_at_the_largest_size_before_it_is_dropped(tmp_path, monkeypatch):
+    """Issue 40's AMX case: bf16 2.5x int4's time for one token but a third of it for 32 is measured at every
+    size (and a tree of 32 is priced at bf16); one slower at both ends (by 2.5x, or by 3x and 1.2x) keeps its
+    two times and skips the sizes between."""
+    ns = (1, 2, 4, 8, 16, 32)
+    int4 = {n: 0.1 * n for n in ns}  # (linear in n, as int4 on AVX2)
+    amx = {n: 0.25 + 0.003 * n for n in ns}  # 2.5x at n = 1, 0.28x at n = 32
+    prof, timed, _ = _measure_table(monkeypatch, tmp_path, {"int4": int4, "bfloat16": amx})
+    assert prof.target["bfloat16"] == [amx[n] for n in ns] and "target:bfloat16" not in prof.dropped
+    assert [n for p, n in timed if p == "bfloat16"] == [1, 32, 2, 4, 8, 16]
+    assert prof.target_time("bfloat16", 32) < prof.target_time("int4", 32)
+
+    avx2 = {n: 0.25 * n for n in ns}  # 2.5x at every size
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path / "b", {"int4": int4, "bfloat16": avx2})
+    assert [n for p, n in timed if p == "bfloat16"] == [1, 32]
+    assert prof.dropped["target:bfloat16"] == 1
+    row = prof.target["bfloat16"]
+    assert row[0] == avx2[1] and row[-1] == avx2[32] and row[1:-1] == [None] * 4
+    assert any("> 2x the best precision (100 ms); n=32: 8000 ms, the best there 3200 ms: the sizes between not "
+               "measured" in m for m in msgs)
+
+    int8 = {n: 0.3 + 0.11 * n for n in ns}  # 3x at n = 1, 1.2x at n = 32 (int8 beside int4 on AVX2)
+    prof, timed, _ = _measure_table(monkeypatch, tmp_path / "c", {"int4": int4, "int8": int8})
+    assert [n for p, n in timed if p == "int8"] == [1, 32] and prof.dropped["target:int8"] == 1
+
+
+def test_the_byte_rule_compares_with_the_largest_size(tmp_path, monkeypatch):
+    """Reading a precision's weights bounds its forward at every size from below, so it rules a precision out
+    only against the best forward at the largest size asked for (one 2.5x slower to read than int4's one-token
+    forward can still win at 32 tokens); a precision whose read alone is > 2x that is never loaded."""
+    ns = (1, 2, 4, 8, 16, 32)
+    int4 = {n: 0.1 * n for n in ns}
+    amx = {n: 0.25 + 0.003 * n for n in ns}
+    gb = {"int4": 1e9, "bfloat16": 3e9, "float32": 1e13}
+    monkeypatch.setenv("DYNTREE_MEMORY_BUDGET_GB", "1e9")  # (the byte rule, not the memory budget's)
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path, {"int4": int4, "bfloat16": amx, "float32": amx},
+                                       forward_bytes=lambda role, p: gb[p], read_gbps=10.0)
+    # bfloat16: a 240 ms floor (3 GB at 1.25 x 10 GB/s) > 2 x 100 ms for one token, < 2 x 3.2 s for 32: loaded
+    assert "target:bfloat16" not in prof.dropped and prof.target["bfloat16"] == [amx[n] for n in ns]
+    assert prof.dropped["target:float32"] == 1 and not [n for p, n in timed if p == "float32"]
+    assert any("float32 is not loaded" in m and "the best 32-token forward (346 ms)" in m for m in msgs)  # bf16's

@@ -80,7 +80,7 @@ def _check_resident(r):
         got = {(x["method"], x.get("budget"), x["attention"], x["step"]) for x in t["rows"]}
         want = {(m, None, "torch", "graph") for m in ("autoregressive", "chain")}
         want |= {(m, None, "triton", "host") for m in ("autoregressive", "chain")}
-        want |= {("dyspec_greedy", b, "torch", "graph") for b in plan.budgets}
+        want |= {("dyspec_greedy", b, "torch", step) for b in plan.budgets for step in ("graph", "graph_every_level")}
         want |= {("dyspec_greedy", b, "triton", "host") for b in plan.budgets}
         want |= {("autoregressive", None, "torch", "host"), ("dyspec_greedy", plan.ab_budget, "torch", "host"),
                  ("dyspec_greedy", plan.ab_budget, "torch", "device_side")}  # inductor's rows: CUDA only
@@ -90,7 +90,11 @@ def _check_resident(r):
             assert x["step_vs_ar_step"] > 0 and all(v > 0 for v in x["phases_ms"].values())
             assert (x["compile_s"] > 0) == x["step"].startswith("graph") or plan.dry_run
             if x["method"] != "autoregressive":
-                assert x["phases_ms"]["draft"] > 0 and x["tree_size"] > 1
+                assert x["phases_ms"]["draft"] > 0 and x["tree_size"] > 1 and x["draft_forwards"] >= 1
+        every = {x["budget"]: x["draft_forwards"] for x in t["rows"] if x["step"] == "graph_every_level"}
+        stops = {x["budget"]: x["draft_forwards"] for x in t["rows"]
+                 if x["step"] == "graph" and x["method"] == "dyspec_greedy"}
+        assert every == {b: 8 for b in plan.budgets} and all(stops[b] < 8 for b in plan.budgets), (every, stops)
 
 
 def test_without_cuda_the_real_run_refuses_and_says_why(tmp_path, capsys):

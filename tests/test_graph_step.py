@@ -177,17 +177,27 @@ def step_counts(dec, n=20):
 
 
 @pytest.mark.parametrize("method", TREE_METHODS)
-def test_a_tree_step_launches_depth_plus_3_graphs_and_reads_once_at_any_budget(pair, method):
-    """Draft: one graph per level; target forward, verify, commit: one each; no eager op before the
-    step's read, one read — at budget 12 and 48 alike (the tree's size lives in the shapes)."""
+def test_a_tree_step_launches_its_levels_plus_3_graphs_and_reads_once_at_any_budget(pair, method):
+    """Draft: one graph per level forwarded (every level of a static shape; DySpec's levels while its tree
+    grows, each posting one flag, the levels but the first each reading one); target forward, verify,
+    commit: one each; no other eager op before the step's read, one read — at budget 12 and 48 alike (the
+    tree's size lives in the shapes)."""
     for budget in (12, 48):
         dec = graph_decoder(pair, method, budget=budget, depth=4)
         depth = Envelope.of(dec.config).depth
         for counts in step_counts(dec):
             device = total(counts, DEVICE_PHASES)
-            assert device.ops <= STEP_OPS_BUDGET, counts
+            draft = counts["draft"]
+            levels = draft.graphs
+            assert device.ops - draft.ops <= STEP_OPS_BUDGET, counts
             assert device.host_reads == STEP_READS_BUDGET, counts
-            assert counts["draft"].graphs == depth and device.graphs == depth + 3, counts
+            assert device.graphs == levels + 3, counts
+            if method == "dyspec_greedy":
+                assert 1 <= levels <= depth and draft.ops == min(levels, depth - 1), counts
+                lookahead = 1 if DEVICE.type == "cuda" else 0  # (GraphStepper.lookahead)
+                assert draft.flag_reads == max(0, levels - 1 - lookahead) + (levels < depth), counts
+            else:
+                assert levels == depth and draft.ops == draft.flag_reads == 0, counts
 
 
 def test_a_plain_step_is_one_graph_and_one_read(pair):
@@ -212,8 +222,8 @@ def test_the_counter_sees_a_host_read_and_ops_added_to_a_phase(pair, monkeypatch
     monkeypatch.setattr(graph_step.GraphStepper, "verify", real)
     real_draft = graph_step.GraphStepper.draft
 
-    def eager_mask(self, cached, generator=None):
-        real_draft(self, cached, generator)
+    def eager_mask(self, cached, generator=None, every_level=False):
+        real_draft(self, cached, generator, every_level)
         (self._d_cols < self.d_len)[None].expand(4, -1).clone()  # mask work moved out of the programs
 
     monkeypatch.setattr(graph_step.GraphStepper, "draft", eager_mask)
@@ -376,3 +386,64 @@ def test_fused_projections_keep_the_models_numbers_and_share_its_storage(pair):
     model.to(torch.float64)
     again, _ = fuse_projections(layer)
     assert again is not qkv and again.weight.dtype == torch.float64
+
+
+# ------------------------------------------------------------------ DySpec stops where its tree stops
+def _levels_and_steps(dec, n, stops_early: bool, lookahead: int, monkeypatch):
+    """``(draft graphs per step, traces)`` with the decoder's ``draft_every_level`` and the stepper's
+    lookahead set; each step's ``draft_forwards`` is its count of draft graphs."""
+    from dyntree_core.decode import graph_step
+
+    real = graph_step.GraphStepper.draft
+
+    def draft(self, cached, generator=None, every_level=False):
+        self.lookahead = lookahead
+        real(self, cached, generator, every_level)
+
+    monkeypatch.setattr(graph_step.GraphStepper, "draft", draft)
+    dec.draft_every_level = not stops_early
+    levels, traces = [], []
+    with OpCounter() as counter:
+        for tr in dec.generate(PROMPT, n):
+            levels.append(counter.take_step()["draft"].graphs)
+            assert tr.draft_forwards == levels[-1]
+            traces.append(tr)
+    monkeypatch.setattr(graph_step.GraphStepper, "draft", real)
+    return levels, traces
+
+
+@pytest.mark.parametrize("lookahead", [0, 1])
+@pytest.mark.parametrize("budget,depth", [(16, 4), (12, 8), (48, 6)])
+def test_dyspec_drafts_only_the_levels_its_tree_reaches_and_grows_the_same_tree(pair, budget, depth, lookahead,
+                                                                                 monkeypatch):
+    """A level with no live slot adds nothing, so the graph step stops there: the draft forwards
+    ``min(tree depth + 1 + lookahead, depth)`` levels (the root's included) where it forwarded ``depth``,
+    and the trees and tokens are those of every level forwarded."""
+    from test_device_drafting import assert_same_tree
+
+    every, full = _levels_and_steps(graph_decoder(pair, "dyspec_greedy", budget=budget, depth=depth), 40, False, 0,
+                                    monkeypatch)
+    levels, early = _levels_and_steps(graph_decoder(pair, "dyspec_greedy", budget=budget, depth=depth), 40, True,
+                                      lookahead, monkeypatch)
+    assert all(n == depth for n in every[1:])
+    assert len(early) == len(full)
+    for a, b, n in zip(full, early, levels):
+        assert_same_tree(a.tree, b.tree, rel=0)
+        assert [c.token_id for c in a.committed] == [c.token_id for c in b.committed]
+        assert n == min(int(b.tree.depth.max()) + 1 + lookahead, depth), (n, b.tree.depth.tolist())
+    if depth == 8:  # (the tiny pair's trees reach depths 4 and 6; at budget 12 they stop short of 8)
+        assert sum(levels) < sum(every), levels
+
+
+def test_a_flat_drafts_tree_costs_two_draft_levels_at_depth_8(monkeypatch):
+    """The GPU bench's synthetic pair (a flat draft: every tree is the root and its children): 2 draft
+    graphs per step at budget 64, depth 8 (3 with the CUDA lookahead) where 8 ran before."""
+    from dyntree_core.bench.resident import synthetic_qwen
+
+    draft = synthetic_qwen(64, 8, 4, 2, 128, 256, seed=1, dev=DEVICE, sharpen=1.0)
+    target = synthetic_qwen(64, 4, 4, 2, 128, 256, seed=2, dev=DEVICE, sharpen=30.0)
+    dec = graph_decoder((draft, target), "dyspec_greedy", budget=64, depth=8)
+    for lookahead in (0, 1):
+        levels, traces = _levels_and_steps(dec, 6, True, lookahead, monkeypatch)
+        assert all(int(tr.tree.depth.max()) == 1 for tr in traces)
+        assert levels[1:] == [2 + lookahead] * (len(levels) - 1), levels

@@ -11,7 +11,10 @@ commits ~1 token — the step times are the point) in one process:
   (``attention="torch"``) and the Triton kernel (``"triton"``): median step time, tokens per step,
   median of every phase that ran, and the step's cost relative to a plain (AR) step of the same
   ``step`` kind. ``step``: ``graph`` = fixed-shape programs (``decode.graph_step``) as captured CUDA
-  graphs (captured on the first step: ``compile_s``), ``graph_inductor`` = the same programs compiled
+  graphs (captured on the first step: ``compile_s``; DySpec drafts only the levels its tree reaches,
+  ``draft_forwards`` per step), ``graph_every_level`` = the same with every draft level of the
+  envelope forwarded (what a tree as deep as the envelope pays: the synthetic draft's trees are one
+  level deep), ``graph_inductor`` = the same programs compiled
   by inductor with ``mode="reduce-overhead"``, ``host`` = the eager step with host drafting and
   verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
   forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
@@ -152,7 +155,8 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
     from ..decode.compiled import CompileMode
 
     dec = SpeculativeDecoder(draft, target, cfg)
-    dec.graph_steps = step in ("graph", "graph_inductor")
+    dec.graph_steps = step in ("graph", "graph_inductor", "graph_every_level")
+    dec.draft_every_level = step == "graph_every_level"
     dec.device_side = step == "device_side"
     if step == "graph_inductor":
         dec.compile_mode = CompileMode.inductor(dec.device)
@@ -169,7 +173,8 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
     return dict(step=step, compile_s=sum(e.seconds for e in events),
                 steps=len(traces), step_ms=statistics.median(t.step_seconds for t in traces) * 1e3,
                 tokens_per_step=sum(len(t.committed) for t in traces) / len(traces),
-                tree_size=statistics.median(t.tree_size for t in traces), phases_ms=phases)
+                tree_size=statistics.median(t.tree_size for t in traces),
+                draft_forwards=statistics.median(t.draft_forwards for t in traces), phases_ms=phases)
 
 
 def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[tuple[Any, str]]:
@@ -193,6 +198,9 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
     out: list[tuple[Any, str]] = []
     if name in plan.graph_targets:
         out += [(ar("torch"), "graph")] + [(tree("torch", b), "graph") for b in order] + [(chain("torch"), "graph")]
+        # the same trees with every draft level forwarded: what a tree as deep as the envelope pays (the
+        # synthetic pair's trees are one level deep; a real pair's reach depth 7-8 at budget 64)
+        out += [(tree("torch", b), "graph_every_level") for b in order]
         out += [(ar("torch"), "host"), (tree("torch", plan.ab_budget), "host"),
                 (tree("torch", plan.ab_budget), "device_side")]
         if not plan.dry_run:  # inductor's fused kernels (a CUDA compile: the dry run leaves it out)
@@ -270,7 +278,8 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
                     save(dict(partial=True, bandwidth=bandwidth, targets=targets, skipped=skipped, failed=failed,
                               current=dict(name=name, hf_generate_ms_per_token=hf, hf_static_ms_per_token=hf_static,
                                            hf_static_warmup_s=hf_static_warmup, weight_bytes=nbytes, rows=rows)))
-                log(f"resident {label}: {r['step_ms']:.2f} ms/step, {r['tokens_per_step']:.2f} tokens/step"
+                log(f"resident {label}: {r['step_ms']:.2f} ms/step, {r['tokens_per_step']:.2f} tokens/step, "
+                    f"{r['draft_forwards']:g} draft forwards/step"
                     + (f" (compiled in {r['compile_s']:.1f} s)" if r["compile_s"] else ""))
             ar_rows = {(r["attention"], r["step"]): r for r in rows if r["method"] == "autoregressive"}
             for r in rows:

@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections import Counter
 import time
 from pathlib import Path
 from typing import Optional
@@ -100,7 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                "outside_forwards_seconds_median": statistics.median(outside_each)}
         row["graph_reason"] = dec.graph_reason()
         if args.count_ops:
-            row["ops"] = count_ops(dec, prompts, args.steps)
+            row["ops"], row["draft_graphs_and_depth"] = count_ops(dec, prompts, args.steps)
         rows.append(row)
         print(f"T={temp:<4g} budget {budget:4d} {order} (tree {row['mean_tree_size']:6.1f}): step {step:7.3f} s, "
               + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
@@ -108,8 +109,13 @@ def main(argv: Optional[list[str]] = None) -> int:
               + f"; medians: step {row['step_seconds_median']:.4f} s, outside {row['outside_forwards_seconds_median']:.4f} s",
               flush=True)
         if args.count_ops:
+            levels = [g for g, _ in row["draft_graphs_and_depth"]]
+            if any(levels):
+                print(f"  draft graphs per step: {dict(sorted(Counter(levels).items()))} (tree depth per step: "
+                      f"{dict(sorted(Counter(d for _, d in row['draft_graphs_and_depth']).items()))})", flush=True)
             print("  per step (median): " + "; ".join(
                 f"{p} {c['ops']:g} ops {c['graphs']:g} graphs {c['host_reads']:g} reads"
+                + (f" {c['flag_reads']:g} flag reads" if c.get("flag_reads") else "")
                 for p, c in row["ops"].items()) + f"  [graph steps: {row['graph_reason'] or 'on'}]", flush=True)
     record = {"bench": "step-phases", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv or sys.argv[1:],
               "machine_info": machine_info().to_dict(), "pair": args.pair, "method": args.method,
@@ -122,18 +128,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def count_ops(dec, prompts: list[list[int]], steps: int) -> dict[str, dict[str, float]]:
+def count_ops(dec, prompts: list[list[int]], steps: int) -> tuple[dict[str, dict[str, float]], list[tuple[int, int]]]:
     """Per phase, the median over steps (the first step of each prompt left out: it also ends the
-    prefill) of ops, graph calls, host reads and ops on host data (``decode.op_count.PhaseOps``)."""
+    prefill) of ops, graph calls, host reads, ops on host data and flag reads (``decode.op_count.PhaseOps``);
+    and per step (the same steps) the draft's graph calls and the tree's depth."""
     from ..decode.op_count import OpCounter, PhaseOps
 
     per_step: list[dict[str, PhaseOps]] = []
+    levels: list[tuple[int, int]] = []
     with OpCounter() as counter:
         for i, ids in enumerate(prompts):
             for tr in dec.generate(ids, 10**6, seed=i):
                 counts = counter.take_step()
                 if tr.step > 0:
                     per_step.append(counts)
+                    levels.append((counts.get("draft", PhaseOps()).graphs,
+                                   int(tr.tree.depth.max()) if tr.tree is not None else 0))
                 if tr.step + 1 >= max(steps, 2):
                     break
     phases = sorted({p for counts in per_step for p in counts}, key=lambda p: (p not in PHASES, PHASES.index(p)
@@ -141,8 +151,9 @@ def count_ops(dec, prompts: list[list[int]], steps: int) -> dict[str, dict[str, 
     out: dict[str, dict[str, float]] = {}
     for p in phases:
         got = [counts.get(p, PhaseOps()) for counts in per_step]
-        out[p] = {f: statistics.median(getattr(c, f) for c in got) for f in ("ops", "graphs", "host_reads", "host_ops")}
-    return out
+        out[p] = {f: statistics.median(getattr(c, f) for c in got) for f in ("ops", "graphs", "host_reads", "host_ops",
+                                                                            "flag_reads")}
+    return out, levels
 
 
 if __name__ == "__main__":

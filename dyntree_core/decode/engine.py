@@ -28,7 +28,7 @@ from .timer import StepTimer
 from .prepared import PreparedPair, model_vocab_size
 from ..sampling import probs_from_logits
 from ..step_price import StepShape
-from ..trace import NodeStatus, PhaseTimings, PrefillProgress, StepTrace, TokenProvenance
+from ..trace import NodeStatus, PrefillProgress, StepTrace, TokenProvenance
 from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
 from ..verify.common import sample_index
 from ..verify.rows import DenseRows, LogitRows
@@ -145,6 +145,9 @@ class SpeculativeDecoder:
         self.on_compile = None
         #: how the graph steps' programs run (None: ``compiled.CompileMode.for_device``)
         self.compile_mode = None
+        #: graph steps forward every draft level of the envelope, as they did before DySpec's stop at its
+        #: tree's depth (``GraphStepper.draft``): same trees; the A/B of ``bench gpu`` and the tests
+        self.draft_every_level = False
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -498,8 +501,8 @@ class SpeculativeDecoder:
                 state.draft_cached = source.commit_path([src_ids[i] for i in path])
         return self._tree_trace(state.step, tree, result, committed, reason, perm, self.config.node_order,
                                 kernel_blocks=fwd.meta.blocks.num_nonzero if fwd.meta is not None else None,
-                                draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model"
-                                ), timer
+                                draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
+                                draft_forwards=source.forward_calls), timer
 
     # ------------------------------------------------------------------ graph steps
     def _graph_ar_step(self, state: _Step, graph, rng: np.random.Generator) -> tuple[StepTrace, StepTimer]:
@@ -526,7 +529,7 @@ class SpeculativeDecoder:
         timer = StepTimer(self.device)
         cached = len(state.committed) - 1  # the root is the last committed token
         with timer.phase("draft"):
-            graph.draft(cached, generator)
+            graph.draft(cached, generator, every_level=self.draft_every_level)
         with timer.phase("target_forward"):
             graph.target_forward(cached)
         if graph.stochastic:
@@ -561,7 +564,7 @@ class SpeculativeDecoder:
                 proposed = self._provenance(tree, result, rows, state.step, lambda _node: read.p_draft_bonus)
         committed, reason = self._commit_tokens(state, proposed, None)
         return self._tree_trace(state.step, tree, result, committed, reason, list(range(tree.size)), "bfs",
-                                kernel_blocks=None, draft_source="model"), timer
+                                kernel_blocks=None, draft_source="model", draft_forwards=graph.levels_run), timer
 
     def _device_drafting(self, d_cache) -> bool:
         """Whether this step drafts on the device: ``device_side`` is on, the step is greedy and
@@ -588,7 +591,7 @@ class SpeculativeDecoder:
 
     def _tree_trace(self, step: int, tree: TokenTree, result, committed: list[TokenProvenance],
                     reason: Optional[str], perm: list[int], node_order: str, kernel_blocks: Optional[int],
-                    draft_source: str) -> StepTrace:
+                    draft_source: str, draft_forwards: int) -> StepTrace:
         """The step's record (its ``timings`` are filled in by ``_run`` after the step's last wait);
         ``perm``: the node at each slot of the target's forward, in ``node_order``."""
         cfg = self.config
@@ -616,6 +619,7 @@ class SpeculativeDecoder:
             kernel_blocks=kernel_blocks if counts else None,
             decisions=result.decisions,
             draft_source=draft_source,
+            draft_forwards=draft_forwards,
             finish_reason=reason,
         )
 

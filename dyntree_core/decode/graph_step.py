@@ -9,7 +9,9 @@ verifies the read rows between ``target_tree`` and ``commit``, see ``read``) is
                              not cached, when there is one) and the root's children
     draft_level x (depth-1)  the draft forward of all n slots, padded (the live ones are the slots
                              at this depth), and the slots' update (DySpec's top-n merge, or a
-                             static shape's top-k fill: chain, Sequoia)
+                             static shape's top-k fill: chain, Sequoia). DySpec stops at the
+                             first level with no live slot (``GraphStepper.draft``): the levels
+                             after it would add nothing, so its tree is the same
     target_tree              the tree's parents and ancestor mask from the slots, the target forward
                              of root + n slots, argmax and probabilities per node
     verify                   the greedy acceptance walk, the accepted path and the bonus token
@@ -257,6 +259,13 @@ class GraphStepper:
         self.target_probs = self._static(torch.zeros(b if self.stochastic else 1, self.tf.vocab_size,
                                                      dtype=torch.float32, device=dev))
         self.step_out = self._static(torch.zeros(d + 5, dtype=torch.float64, device=dev))  # path, len, bonus, p, last
+        # DySpec: grows[l] = after level l some slot is at depth l + 1 (level l + 1 has work)
+        self.grows = self._static(torch.zeros(d, dtype=torch.bool, device=dev))
+        self.stops_early = self.shape is None  # (a static shape's depth is its shape's)
+        self.lookahead = 1 if dev.type == "cuda" else 0
+        self._grows_at = [self.grows[level:level + 1] for level in range(d)]
+        self._flags = host.Flags(d, dev)
+        self.levels_run = 0
         self._draft_root = self._program(self._draft_root_program, "draft_root")
         self._draft_level = self._program(self._draft_level_program, "draft_level")
         self._target_tree = self._program(self._target_tree_program, "target_tree")
@@ -353,17 +362,38 @@ class GraphStepper:
         return am, p
 
     # ------------------------------------------------------------------ tree step
-    def draft(self, cached: int, generator: Optional[torch.Generator] = None) -> None:
-        """Grow the step's tree into the candidate slots (``depth`` draft forwards). ``cached``: the
-        committed tokens before the root (the host knows it; the draft caches at most as many).
-        T > 0: ``generator`` (on the device) draws each level's uniforms, one op per level."""
+    def draft(self, cached: int, generator: Optional[torch.Generator] = None, every_level: bool = False) -> None:
+        """Grow the step's tree into the candidate slots (at most ``depth`` draft forwards; ``levels_run``
+        says how many ran). ``cached``: the committed tokens before the root (the host knows it; the
+        draft caches at most as many). T > 0: ``generator`` (on the device) draws each level's
+        uniforms, one op per level.
+
+        A static shape (chain, Sequoia) forwards every level. DySpec forwards level ``l`` only while
+        level ``l - 1 - lookahead`` left a slot at the depth below it (``grows``): a level with no live
+        slot adds nothing and neither does any after it, so stopping there gives the same tree.
+        ``lookahead`` 1 (CUDA) reads each flag one level late, while the next level runs: the device
+        never waits for the host, and at most one level past the tree's depth runs; 0 (CPU, where
+        programs run as they are called) reads it at once. ``every_level``: forward every level anyway
+        (the same tree; for A/B measurements)."""
         span = span_bucket(cached + 2 + self.env.draft_rows, self.df.capacity)
         vocab = self.df.vocab_size
         noise = (lambda rows: torch.rand(rows, vocab, generator=generator, device=self.device)) if self.stochastic \
             else (lambda rows: None)
+        last = self.env.depth - 1
+        stops = self.stops_early and not every_level
         self._draft_root(span, noise(1))
+        self.levels_run = 1
+        if stops and last > 0:
+            self._flags.post(0, self._grows_at[0])
         for level in self._levels[1:]:
+            at = self.levels_run  # == int(level)
+            known = at - 1 - self.lookahead
+            if stops and known >= 0 and not self._flags.read(known):
+                break
             self._draft_level(level, span, noise(self.env.n))
+            self.levels_run += 1
+            if stops and at < last:
+                self._flags.post(at, self._grows_at[at])
 
     def target_forward(self, cached: int) -> None:
         """The tree's target forward; ``cached``: the tokens in the target's cache."""
@@ -424,6 +454,8 @@ class GraphStepper:
         _store(self.c, c)
         self.root_probs.copy_(probs)
         self.anc_d[0].copy_(self._rows_d == 0)
+        if self.shape is None:
+            self.grows.index_copy_(0, self._zero, _grows(c, self._zero + 1))
 
     def _draft_level_program(self, level: torch.Tensor, span: int, noise: Optional[torch.Tensor]):
         f, c, n = self.df, self.c, self.env.n
@@ -440,6 +472,7 @@ class GraphStepper:
         probs = probs_from_logits(logits, self.draft_temperature)
         if self.shape is None:
             new = topn_level(c, probs, ids, level, noise)
+            self.grows.index_copy_(0, level.view(1), _grows(new, level + 1))
         else:
             new = shape_level(c, probs, ids, level, self.shape, self._kmax, noise)
         _store(self.c, new)
@@ -516,6 +549,11 @@ class GraphStepper:
         self.a_tok.copy_(self.tree[0].index_select(0, last))
         self.a_valid.copy_(self.tree[4].index_select(0, last)[0] < 0)
         self.root.copy_(bonus.view(1))
+
+
+def _grows(c: Candidates, depth: torch.Tensor) -> torch.Tensor:
+    """``[1]`` bool: some real slot of ``c`` is at ``depth`` (the next level has a node to forward)."""
+    return ((c.depth == depth) & (c.w > _NEG)).any().view(1)
 
 
 def _store(dst: Candidates, src: Candidates) -> None:

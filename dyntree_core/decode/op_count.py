@@ -9,6 +9,9 @@ both are properties of the code that the CPU can count. ``OpCounter`` is a ``Tor
   ``"other"``);
 * **graphs**: calls of a fixed-shape program (``decode.compiled.GraphFn``): one launch each on CUDA
   (a CUDA-graph replay), whatever it runs inside, so its inner ops are not counted;
+* **flag reads**: ``decode.host.Flags.read`` calls: the host waits for one small copy queued behind
+  the programs that made it while the programs launched after them run (a graph step's draft reads
+  whether its tree still grows, one level behind the level running);
 * **host reads**: ``decode.host.fetch`` calls (one wait each), aten ops that make the host wait
   (``SYNC_OPS``: a scalar read, an output size known only on the device) and Tensor -> Python
   conversions (``tolist``, ``numpy``). They are counted from a step's start until its first
@@ -46,10 +49,11 @@ class PhaseOps:
     graphs: int = 0
     host_reads: int = 0
     host_ops: int = 0
+    flag_reads: int = 0
 
     def __add__(self, other: "PhaseOps") -> "PhaseOps":
         return PhaseOps(self.ops + other.ops, self.graphs + other.graphs, self.host_reads + other.host_reads,
-                        self.host_ops + other.host_ops)
+                        self.host_ops + other.host_ops, self.flag_reads + other.flag_reads)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -152,6 +156,12 @@ def on_fetch() -> None:
     if _active is not None:
         _active._conversion()
         _active._fetched = True
+
+
+def on_flag_read() -> None:
+    """A ``host.Flags.read``: the host waited for one flag while later programs ran."""
+    if _active is not None:
+        _active._at().flag_reads += 1
 
 
 @contextmanager

@@ -8,8 +8,8 @@ request that measured them but not written (``MachineProfile.provisional`` says 
 precision) measured so far (``profiling.load_or_measure_profile`` measures what a request lacks and
 writes it into the same file), so every planner on this machine reads the same numbers: ``auto`` (its
 closed-form prices), ``tuning`` (auto's calibration of the methods it cannot price in closed form)
-and the app. Sizes that were dropped or never measured have no time and are never priced
-(``step_price.interpolate``).
+and the app. Sizes never measured are priced by interpolating between the sizes that were
+(``step_price.interpolate``), and not at all past the largest one.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from .. import measured
 from ..machine import machine_info
 from ..step_price import row_time
 
-PROFILE_VERSION = 6  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
+PROFILE_VERSION = 7  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
 # 3: timed on zero-weight shape twins of GGUF presets, prefix keys/values filled without a prefill
 # 4: one profile per machine and pair; rows per (model, precision) merged as sizes are asked for
 # 5: models on GGUF blocks run decode.lean_forward (shorter forwards than transformers' own)
 # 6: the per-size row "other" is the engine step outside its forwards (was "verify": n probability rows)
+# 7: a precision too slow at one size is timed at the largest before it is dropped (issue 40: bf16 with AMX)
 DEFAULT_NS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PREFIX_LEN = 128
 
@@ -61,7 +62,8 @@ class MachineProfile:
             at a tree of n nodes (``pricing.other_seconds`` of recorded steps: tree build, mask,
             verification, KV compaction, drafter update, commit; ``profiling.engine_steps``).
         dropped: ``{"role:precision": n}``: that precision was dropped from size n on (slower than
-            ``prune_factor`` x the best precision there); larger sizes are never measured for it.
+            ``prune_factor`` x the best precision there and at the largest size asked for, both
+            kept in its row); the sizes between are never measured for it.
         seconds: how long profiling took (all passes).
         provisional: why rows measured in this process were not written (the machine was busy while
             they ran); empty when everything in it is stored. Never written itself.

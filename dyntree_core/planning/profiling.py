@@ -5,9 +5,12 @@ for any values, and a real 128-token prefill of a bf16 model on an AVX2 CPU alon
 seconds); with a 32-token prefix, bf16 on an AVX2 CPU measured 201 ms for one target token, but
 decoding after a 128-token prompt took 435 ms/token (its attention cost grows with the context).
 Profiling is kept short: one warm-up forward, two or three timed samples per size, the fastest kept
-(interference only adds time), and a precision is dropped for the larger sizes once it is more than
-``prune_factor`` times slower than the best precision at the same size (bf16 on AVX2: 11x at 16
-tokens); dropped sizes are never measured again.
+(interference only adds time). A precision more than ``prune_factor`` times slower than the best
+precision at some size is timed once at the largest size asked for (a tree's forward) before it is
+dropped: where it is the fastest there (bf16 on a CPU with AMX: slower than int4 for one token,
+several times faster for 32), every size is measured; where it is not (bf16 on AVX2: 11x at 16
+tokens), the sizes between are dropped and never measured again, and its two measured ends stay in
+its row (slower at both ends, it is not the best between them either).
 """
 
 from __future__ import annotations
@@ -105,18 +108,18 @@ def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5) -> float:
 def _ruled_out(prof: MachineProfile, role: str, prec: str, sizes: Sequence[int], prune_factor: float,
                forward_bytes: Optional[ForwardBytes]) -> Optional[str]:
     """Why (role, prec) is not loaded at all: its weights would take the process over its memory budget
-    (``process_memory.memory_budget``), or reading them once takes longer than ``prune_factor`` x the best one-token
-    forward of its role measured so far, even at ``READ_MARGIN`` x the measured read bandwidth (its first size would
-    be dropped anyway; a float32 1.5B target is a 6 GB load). None: measure it."""
-    if forward_bytes is None or 1 not in sizes or 1 not in prof.ns:
+    (``process_memory.memory_budget``), or reading them once takes longer than ``prune_factor`` x the best forward
+    of its role measured so far at the largest of ``sizes``, even at ``READ_MARGIN`` x the measured read bandwidth
+    (a forward of any size reads every weight, so no size of it could be within the factor). None: measure it."""
+    if forward_bytes is None or not sizes:
         return None
     nbytes = forward_bytes(role, prec)
     now = process_memory()
     if nbytes and now is not None and now.rss + nbytes > memory_budget():
         return (f"its {nbytes / 1e9:.1f} GB of weights would take this process ({now.rss / 1e9:.1f} GB now) over its "
                 f"{memory_budget() / 1e9:.0f} GB memory budget")
-    i = prof.ns.index(1)
-    best = min((r[i] for p, r in getattr(prof, role).items() if p != prec and r[i] is not None), default=None)
+    n = max(sizes)
+    best = _best_other(prof, role, prec, n)
     if not nbytes or best is None:
         return None
     if "read_gb_per_s" not in prof.meta:
@@ -125,7 +128,33 @@ def _ruled_out(prof: MachineProfile, role: str, prec: str, sizes: Sequence[int],
     if floor <= prune_factor * best:
         return None
     return (f"its {nbytes / 1e9:.1f} GB of weights take >= {floor * 1e3:.0f} ms to read at {READ_MARGIN:g}x the "
-            f"measured {prof.meta['read_gb_per_s']:.1f} GB/s, > {prune_factor:g}x the best ({best * 1e3:.0f} ms)")
+            f"measured {prof.meta['read_gb_per_s']:.1f} GB/s, > {prune_factor:g}x the best {n}-token forward "
+            f"({best * 1e3:.0f} ms)")
+
+
+def _best_other(prof: MachineProfile, role: str, prec: str, n: int) -> Optional[float]:
+    """The fastest measured time at size ``n`` of ``role``'s other precisions (None: none measured there)."""
+    if n not in prof.ns:
+        return None
+    i = prof.ns.index(n)
+    return min((r[i] for p, r in getattr(prof, role).items() if p != prec and r[i] is not None), default=None)
+
+
+def _at_the_largest(prof: MachineProfile, role: str, prec: str, largest: int, timer: ForwardTimer,
+                    turn: Turn) -> str:
+    """A precision found too slow at some size, timed once at ``largest`` (kept in its row): what it
+    was there, starting "the fastest" when no other precision was faster (then every size is measured)."""
+    i = prof.ns.index(largest)
+    row = getattr(prof, role)[prec]
+    if row[i] is None:
+        with turn():
+            row[i] = timer.best(largest, 1)
+    best = _best_other(prof, role, prec, largest)
+    t = row[i]
+    if best is None or t < best:
+        return f"the fastest at n={largest} ({t * 1e3:.0f} ms): every size measured"
+    return (f"n={largest}: {t * 1e3:.0f} ms, the best there {best * 1e3:.0f} ms: the sizes between not measured "
+            "(dropped)")
 
 
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
@@ -168,18 +197,21 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
         with torch.inference_mode():
             table = getattr(prof, role)
             row = table.setdefault(prec, [None] * len(prof.ns))
+            largest = max(sizes)
             for n in sizes:
-                i = prof.ns.index(n)
-                others = [r[i] for p, r in table.items() if p != prec and r[i] is not None]
+                if row[prof.ns.index(n)] is not None:
+                    continue  # (the largest size, timed ahead of its turn)
                 with turn():
                     t = timer.best(n, 3 if n <= 4 else 2)
-                if others and t > prune_factor * min(others):
-                    say(f"    {role} {prec} n={n}: {t * 1e3:.0f} ms, > {prune_factor:g}x the best precision: "
-                        "dropped from here on")
-                    prof.dropped[f"{role}:{prec}"] = n
-                    break
-                row[i] = t
+                row[prof.ns.index(n)] = t
+                best = _best_other(prof, role, prec, n)
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
+                if best is not None and t > prune_factor * best:
+                    verdict = _at_the_largest(prof, role, prec, largest, timer, turn)
+                    say(f"      > {prune_factor:g}x the best precision ({best * 1e3:.0f} ms); {verdict}")
+                    if not verdict.startswith("the fastest"):
+                        prof.dropped[f"{role}:{prec}"] = n
+                        break
         if prof.fastest(role) == prec:  # (a slower one is not kept: the engine's steps below reload the fastest)
             kept[role] = (prec, model)
         del model, timer
