@@ -140,10 +140,10 @@ def _best_other(prof: MachineProfile, role: str, prec: str, n: int) -> Optional[
     return min((r[i] for p, r in getattr(prof, role).items() if p != prec and r[i] is not None), default=None)
 
 
-def _at_the_largest(prof: MachineProfile, role: str, prec: str, largest: int, timer: ForwardTimer,
-                    turn: Turn) -> str:
-    """A precision found too slow at some size, timed once at ``largest`` (kept in its row): what it
-    was there, starting "the fastest" when no other precision was faster (then every size is measured)."""
+def _fastest_at_the_largest(prof: MachineProfile, role: str, prec: str, largest: int, timer: ForwardTimer,
+                            turn: Turn) -> tuple[bool, str]:
+    """A precision found too slow at some size, timed once at ``largest`` (kept in its row): whether no
+    other precision was faster there (then every size is measured), and what it was."""
     i = prof.ns.index(largest)
     row = getattr(prof, role)[prec]
     if row[i] is None:
@@ -152,9 +152,9 @@ def _at_the_largest(prof: MachineProfile, role: str, prec: str, largest: int, ti
     best = _best_other(prof, role, prec, largest)
     t = row[i]
     if best is None or t < best:
-        return f"the fastest at n={largest} ({t * 1e3:.0f} ms): every size measured"
-    return (f"n={largest}: {t * 1e3:.0f} ms, the best there {best * 1e3:.0f} ms: the sizes between not measured "
-            "(dropped)")
+        return True, f"the fastest at n={largest} ({t * 1e3:.0f} ms): every size measured"
+    return False, (f"n={largest}: {t * 1e3:.0f} ms, the best there {best * 1e3:.0f} ms: the sizes between not "
+                   "measured (dropped)")
 
 
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
@@ -207,9 +207,9 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                 best = _best_other(prof, role, prec, n)
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
                 if best is not None and t > prune_factor * best:
-                    verdict = _at_the_largest(prof, role, prec, largest, timer, turn)
+                    fastest, verdict = _fastest_at_the_largest(prof, role, prec, largest, timer, turn)
                     say(f"      > {prune_factor:g}x the best precision ({best * 1e3:.0f} ms); {verdict}")
-                    if not verdict.startswith("the fastest"):
+                    if not fastest:
                         prof.dropped[f"{role}:{prec}"] = n
                         break
         if prof.fastest(role) == prec:  # (a slower one is not kept: the engine's steps below reload the fastest)
