@@ -231,6 +231,22 @@ def test_the_counter_sees_a_host_read_and_ops_added_to_a_phase(pair, monkeypatch
     assert counts["draft"].ops > STEP_OPS_BUDGET and counts["draft"].host_reads == 0
 
 
+def test_a_flag_is_one_op_to_post_and_a_read_counted_apart_from_the_steps_read():
+    """``host.Flags``: a post is one dispatched copy, a read none; the counter sees a flag read, not a host read
+    (the step's one ``fetch`` stays its one host read)."""
+    from dyntree_core.decode.host import Flags
+
+    flags = Flags(3, DEVICE)
+    yes, no = torch.tensor([True], device=DEVICE), torch.tensor([False], device=DEVICE)
+    with OpCounter() as counter:
+        flags.post(1, yes)
+        flags.post(2, no)
+        got = flags.read(1), flags.read(2)
+        c = counter.take_step()["other"]
+    assert got == (True, False)
+    assert (c.ops, c.flag_reads, c.host_reads) == (2, 2, 0), c
+
+
 def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypatch):
     """A run borrows the pair's stepper (its KV buffers and compiled programs); the next run of the same
     bucket reuses it, a concurrent one gets its own, and ``PreparedPair.close`` releases them."""

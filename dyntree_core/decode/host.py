@@ -39,6 +39,7 @@ class Flags:
 
     def __init__(self, n: int, device: torch.device):
         cuda = device.type == "cuda"
+        self._device = device
         self._host = torch.zeros(n, dtype=torch.bool, pin_memory=cuda)
         self._slots = [self._host[i:i + 1] for i in range(n)]
         self._np = self._host.numpy()
@@ -48,7 +49,7 @@ class Flags:
         self._slots[i].copy_(t, non_blocking=True)
         event = self._events[i]
         if event is not None:
-            event.record()
+            event.record(torch.cuda.current_stream(self._device))
 
     def read(self, i: int) -> bool:
         op_count.on_flag_read()
