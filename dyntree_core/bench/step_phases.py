@@ -24,8 +24,8 @@ import argparse
 import json
 import statistics
 import sys
-from collections import Counter
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
