@@ -135,17 +135,19 @@ def count_ops(dec, prompts: list[list[int]], steps: int) -> tuple[dict[str, dict
     from ..decode.op_count import OpCounter, PhaseOps
 
     per_step: list[dict[str, PhaseOps]] = []
-    levels: list[tuple[int, int]] = []
+    trees = []
     with OpCounter() as counter:
         for i, ids in enumerate(prompts):
             for tr in dec.generate(ids, 10**6, seed=i):
                 counts = counter.take_step()
                 if tr.step > 0:
                     per_step.append(counts)
-                    levels.append((counts.get("draft", PhaseOps()).graphs,
-                                   int(tr.tree.depth.max()) if tr.tree is not None else 0))
+                    trees.append(tr.tree)
                 if tr.step + 1 >= max(steps, 2):
                     break
+    # (the trees' depths are read after counting: torch ops here would count as the next step's)
+    levels = [(counts.get("draft", PhaseOps()).graphs, int(tree.depth.max()) if tree is not None else 0)
+              for counts, tree in zip(per_step, trees)]
     phases = sorted({p for counts in per_step for p in counts}, key=lambda p: (p not in PHASES, PHASES.index(p)
                                                                                 if p in PHASES else 0, p))
     out: dict[str, dict[str, float]] = {}
