@@ -223,8 +223,9 @@ def test_the_counter_sees_a_host_read_and_ops_added_to_a_phase(pair, monkeypatch
     real_draft = graph_step.GraphStepper.draft
 
     def eager_mask(self, cached, generator=None, every_level=False):
-        real_draft(self, cached, generator, every_level)
+        forwards = real_draft(self, cached, generator, every_level)
         (self._d_cols < self.d_len)[None].expand(4, -1).clone()  # mask work moved out of the programs
+        return forwards
 
     monkeypatch.setattr(graph_step.GraphStepper, "draft", eager_mask)
     counts = step_counts(graph_decoder(pair, "chain"), 6)[0]
@@ -414,7 +415,7 @@ def _levels_and_steps(dec, n, stops_early: bool, lookahead: int, monkeypatch):
 
     def draft(self, cached, generator=None, every_level=False):
         self.lookahead = lookahead
-        real(self, cached, generator, every_level)
+        return real(self, cached, generator, every_level)
 
     monkeypatch.setattr(graph_step.GraphStepper, "draft", draft)
     dec.draft_every_level = not stops_early

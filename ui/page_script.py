@@ -35,6 +35,7 @@ FRAME_PACING_JS = """(() => {
   };
 })();""" % TRACKER_FRAME_MS
 
+
 class HeadScript:
     """ASGI middleware: every HTML page the app answers to a GET starts its ``<head>`` with ``script`` (other
     responses, and compressed ones, pass unchanged)."""

@@ -529,7 +529,7 @@ class SpeculativeDecoder:
         timer = StepTimer(self.device)
         cached = len(state.committed) - 1  # the root is the last committed token
         with timer.phase("draft"):
-            graph.draft(cached, generator, every_level=self.draft_every_level)
+            draft_forwards = graph.draft(cached, generator, every_level=self.draft_every_level)
         with timer.phase("target_forward"):
             graph.target_forward(cached)
         if graph.stochastic:
@@ -564,7 +564,7 @@ class SpeculativeDecoder:
                 proposed = self._provenance(tree, result, rows, state.step, lambda _node: read.p_draft_bonus)
         committed, reason = self._commit_tokens(state, proposed, None)
         return self._tree_trace(state.step, tree, result, committed, reason, list(range(tree.size)), "bfs",
-                                kernel_blocks=None, draft_source="model", draft_forwards=graph.levels_run), timer
+                                kernel_blocks=None, draft_source="model", draft_forwards=draft_forwards), timer
 
     def _device_drafting(self, d_cache) -> bool:
         """Whether this step drafts on the device: ``device_side`` is on, the step is greedy and

@@ -265,7 +265,6 @@ class GraphStepper:
         self.lookahead = 1 if dev.type == "cuda" else 0
         self._grows_at = [self.grows[level:level + 1] for level in range(d)]
         self._flags = host.Flags(d, dev)
-        self.levels_run = 0
         self._draft_root = self._program(self._draft_root_program, "draft_root")
         self._draft_level = self._program(self._draft_level_program, "draft_level")
         self._target_tree = self._program(self._target_tree_program, "target_tree")
@@ -362,9 +361,9 @@ class GraphStepper:
         return am, p
 
     # ------------------------------------------------------------------ tree step
-    def draft(self, cached: int, generator: Optional[torch.Generator] = None, every_level: bool = False) -> None:
-        """Grow the step's tree into the candidate slots (at most ``depth`` draft forwards; ``levels_run``
-        says how many ran). ``cached``: the committed tokens before the root (the host knows it; the
+    def draft(self, cached: int, generator: Optional[torch.Generator] = None, every_level: bool = False) -> int:
+        """Grow the step's tree into the candidate slots; returns the draft forwards it ran (at most
+        ``depth``, the root's included). ``cached``: the committed tokens before the root (the host knows it; the
         draft caches at most as many). T > 0: ``generator`` (on the device) draws each level's
         uniforms, one op per level.
 
@@ -382,18 +381,18 @@ class GraphStepper:
         last = self.env.depth - 1
         stops = self.stops_early and not every_level
         self._draft_root(span, noise(1))
-        self.levels_run = 1
         if stops and last > 0:
             self._flags.post(0, self._grows_at[0])
-        for level in self._levels[1:]:
-            at = self.levels_run  # == int(level)
+        forwards = 1
+        for at, level in enumerate(self._levels[1:], start=1):
             known = at - 1 - self.lookahead
             if stops and known >= 0 and not self._flags.read(known):
                 break
             self._draft_level(level, span, noise(self.env.n))
-            self.levels_run += 1
+            forwards += 1
             if stops and at < last:
                 self._flags.post(at, self._grows_at[at])
+        return forwards
 
     def target_forward(self, cached: int) -> None:
         """The tree's target forward; ``cached``: the tokens in the target's cache."""

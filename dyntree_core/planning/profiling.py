@@ -199,11 +199,11 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
             row = table.setdefault(prec, [None] * len(prof.ns))
             largest = max(sizes)
             for n in sizes:
-                if row[prof.ns.index(n)] is not None:
+                i = prof.ns.index(n)
+                if row[i] is not None:
                     continue  # (the largest size, timed ahead of its turn)
                 with turn():
-                    t = timer.best(n, 3 if n <= 4 else 2)
-                row[prof.ns.index(n)] = t
+                    t = row[i] = timer.best(n, 3 if n <= 4 else 2)
                 best = _best_other(prof, role, prec, n)
                 say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
                 if best is not None and t > prune_factor * best:
