@@ -69,6 +69,8 @@ def _check_resident(r):
     from dyntree_core.bench.resident import ResidentPlan
 
     plan = ResidentPlan.for_run(True)
+    kernels = r["forward_kernels"]["0.5B"]
+    assert [k["rows"] for k in kernels] == [1, 63] and all(k["modelled"] > 0 and k["math_sdpa"] == 0 for k in kernels)
     for t in r["targets"]:
         assert t["hf_generate_ms_per_token"] > 0 and t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0
         assert t["hf_static_ms_per_token"] > 0 and t["hf_static_warmup_s"] > 0

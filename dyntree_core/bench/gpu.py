@@ -360,6 +360,10 @@ def _resident_markdown(r: dict[str, Any]) -> list[str]:
     if not r.get("targets"):
         return []
     lines = ["", "## Resident (both models in device memory; median ms)", ""]
+    kernels = r.get("forward_kernels", {}).get("0.5B")
+    if kernels:
+        lines += ["Kernels per draft forward (modelled on the CPU by `LaunchCounter` / profiled on the device): "
+                  + ", ".join(f"{k['rows']} rows {k['modelled']} / {k.get('profiled', '-')}" for k in kernels), ""]
     for t in r["targets"]:
         lines += [f"**{t['name']}-shaped target**: transformers generate {t['hf_generate_ms_per_token']:.2f} ms/token, "
                   f"static cache {t['hf_static_ms_per_token']:.2f} (warm-up {t['hf_static_warmup_s']:.1f} s), "

@@ -23,7 +23,9 @@ commits ~1 token — the step times are the point) in one process:
 - ``ar_vs_hf_generate`` / ``ar_vs_hf_static``: our best autoregressive ms/token per kind over
   transformers' dynamic / static-cache ``generate``;
 - the floor: the target's weight bytes over the measured device-memory bandwidth (a ``clone`` of
-  a large buffer: read + write), the time one token must take to stream the weights once.
+  a large buffer: read + write), the time one token must take to stream the weights once;
+- ``forward_kernels``: the draft forward's kernels at 1 and 63 rows (a plain step's and a budget-64
+  level's), as the CPU's ``LaunchCounter`` models them and as CUDA's profiler counts them.
 
 ``--dry-run`` runs the same code at tiny shapes on the CPU (the kernel through Triton's
 interpreter): every number is measured, none means anything.
@@ -211,6 +213,34 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
     return out
 
 
+def forward_kernels(model, rows: int, span: int, dev: torch.device) -> dict[str, Any]:
+    """The kernels of one ``DenseForward`` of ``rows`` rows over a ``span``-slot masked buffer: as
+    ``decode.op_count.LaunchCounter`` models them (what the CPU tests hold to budgets) and, on CUDA, as
+    torch's profiler sees them (every GPU activity of the call, eager: the count a CUDA graph of it
+    replays). The two agreeing is what makes the CPU budgets a GPU property."""
+    from ..decode.dense_forward import DenseForward
+    from ..decode.op_count import LaunchCounter
+
+    f = DenseForward(model, span)
+    idx = torch.arange(rows, device=dev)
+    visible = torch.ones(rows, span, dtype=torch.bool, device=dev)
+    f(idx, idx, idx, visible, idx)  # warm: cuBLAS handles, allocator
+    with LaunchCounter() as launches:
+        f(idx, idx, idx, visible, idx)
+    out: dict[str, Any] = dict(rows=rows, span=span, modelled=launches.kernels, math_sdpa=launches.math_sdpa)
+    if dev.type == "cuda":
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        _sync(dev)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            f(idx, idx, idx, visible, idx)
+            _sync(dev)
+        out["profiled"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    del f
+    return out
+
+
 def _selected(plan: ResidentPlan, name: str, dev: torch.device, kinds: Optional[list[str]]) -> list[tuple[Any, str]]:
     return [(cfg, step) for cfg, step in resident_configs(plan, name, dev)
             if not kinds or step in kinds or (step == "graph" and cfg.method == "autoregressive")]
@@ -230,14 +260,22 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
         plan = dataclasses.replace(plan, targets=tuple(t for t in plan.targets if t in target_names))
     t_start = time.perf_counter()
     dtype = getattr(torch, plan.dtype)
-    bandwidth = memory_bandwidth(dev, plan.bandwidth_bytes)
-    log(f"resident: device-memory bandwidth {bandwidth['gbps']:.1f} GB/s (clone, read + write)")
-    draft = synthetic_qwen(*plan.shapes["0.5B"], plan.vocab, seed=1, dev=dev, sharpen=1.0).to(dtype)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, plan.vocab, (plan.prompt,), generator=gen).tolist()
     targets: list[dict[str, Any]] = []
     skipped: list[str] = []
     failed: list[dict[str, str]] = []
+    bandwidth = memory_bandwidth(dev, plan.bandwidth_bytes)
+    log(f"resident: device-memory bandwidth {bandwidth['gbps']:.1f} GB/s (clone, read + write)")
+    draft = synthetic_qwen(*plan.shapes["0.5B"], plan.vocab, seed=1, dev=dev, sharpen=1.0).to(dtype)
+    kernels: dict[str, Any] = {}
+    try:
+        kernels["0.5B"] = [forward_kernels(draft, r, 256, dev) for r in (1, 63)]
+        log("resident: kernels per draft forward (modelled / profiled): "
+            + ", ".join(f"{k['rows']} rows {k['modelled']} / {k.get('profiled', '-')}" for k in kernels["0.5B"]))
+    except Exception as e:  # noqa: BLE001 - recorded; the section's rows still run
+        failed.append(dict(row="forward kernels", error=f"{type(e).__name__}: {e}",
+                           traceback=traceback.format_exc(limit=12)))
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, plan.vocab, (plan.prompt,), generator=gen).tolist()
     for name in plan.targets:
         target = synthetic_qwen(*plan.shapes[name], plan.vocab, seed=2, dev=dev, sharpen=30.0).to(dtype)
         try:
@@ -308,4 +346,5 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
                 prompt_tokens=plan.prompt, steps=plan.steps, budgets=list(plan.budgets),
                 draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), plan.shapes["0.5B"])),
                 bandwidth=bandwidth, targets=targets, skipped=skipped, timings_meaningful=not dry_run,
+                forward_kernels=kernels,
                 note="random weights: ~1 token per step; step times and their split are the point")

@@ -116,6 +116,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("  per step (median): " + "; ".join(
                 f"{p} {c['ops']:g} ops {c['graphs']:g} graphs {c['host_reads']:g} reads"
                 + (f" {c['flag_reads']:g} flag reads" if c.get("flag_reads") else "")
+                + (f" ({c['graph_kernels']:g} CUDA kernels inside the graphs)" if c.get("graph_kernels") else "")
                 for p, c in row["ops"].items()) + f"  [graph steps: {row['graph_reason'] or 'on'}]", flush=True)
     record = {"bench": "step-phases", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv or sys.argv[1:],
               "machine_info": machine_info().to_dict(), "pair": args.pair, "method": args.method,
@@ -130,7 +131,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def count_ops(dec, prompts: list[list[int]], steps: int) -> tuple[dict[str, dict[str, float]], list[tuple[int, int]]]:
     """Per phase, the median over steps (the first step of each prompt left out: it also ends the
-    prefill) of ops, graph calls, host reads, ops on host data and flag reads (``decode.op_count.PhaseOps``);
+    prefill) of ops, graph calls, host reads, ops on host data, flag reads and the kernels inside the graphs
+    (``decode.op_count.PhaseOps``);
     and per step (the same steps) the draft's graph calls and the tree's depth."""
     from ..decode.op_count import OpCounter, PhaseOps
 
@@ -154,7 +156,7 @@ def count_ops(dec, prompts: list[list[int]], steps: int) -> tuple[dict[str, dict
     for p in phases:
         got = [counts.get(p, PhaseOps()) for counts in per_step]
         out[p] = {f: statistics.median(getattr(c, f) for c in got) for f in ("ops", "graphs", "host_reads", "host_ops",
-                                                                            "flag_reads")}
+                                                                            "flag_reads", "graph_kernels")}
     return out, levels
 
 

@@ -21,7 +21,8 @@ reads the device (``decode.dense_forward``, the drafting levels, verification an
   count recompiles (``torch._dynamo`` counters) without inductor's minutes of C++ compilation.
 
 Each program gets its own code object, so dynamo's per-function cache (and its recompile limit)
-holds only that program's buckets. ``decode.op_count`` counts a call as one graph, whatever runs in it.
+holds only that program's buckets. ``decode.op_count`` counts a call as one graph, whatever runs in it, and
+where the program runs its Python code (eager, emulated capture) the kernels CUDA would launch inside it.
 """
 
 from __future__ import annotations
@@ -151,9 +152,10 @@ class GraphFn:
 
     def __call__(self, *args):
         key = _signature(args) if self.mode.compiles else None
+        runs_python = self.mode.backend is None and self.mode.capture != "cuda"  # what op_count can see inside
         if key is not None and key not in self._seen:
             t0 = time.perf_counter()
-            with op_count.graph_call():
+            with op_count.graph_call(runs_python):
                 if self.mode.capture is not None:
                     out = _warm(self._fn, args, self._device if self.mode.capture == "cuda" else None)
                     self._graphs[key] = _Graph.capture(self._fn, args, self.mode.capture, self._pool)
@@ -166,7 +168,7 @@ class GraphFn:
             if self.on_compile is not None:
                 self.on_compile(event)
             return out
-        with op_count.graph_call():
+        with op_count.graph_call(runs_python):
             if key is not None and self.mode.capture is not None:
                 return self._graphs[key].replay(args)
             return self._run(*args)

@@ -7,6 +7,13 @@ first ``S`` slots (a span bucket the caller picks), and the rows whose logits ar
     h += o_proj(SDPA(rope(q_proj(n1(h))), K, V, mask))   K, V = the buffers after writing rope(k), v
     h += mlp(n2(h))
 
+Each step is one CUDA kernel where torch has a fused one: the norms are ``F.rms_norm`` (one fused kernel on
+CUDA, float32 inside; transformers' module runs 8 ops), and attention over a mask with grouped KV heads
+folds each KV head's query heads into its rows (``fold_gqa``) instead of asking SDPA for ``enable_gqa`` with a
+mask, which CUDA's fused kernels refuse: it runs the math path there (KV repeated, scores materialized, ~14
+kernels; transformers' ``use_gqa_in_sdpa`` states the same rule). ``decode.launch_count`` counts both on the
+CPU.
+
 Nothing in it depends on a Python value of the device's data, so ``torch.compile(fullgraph=True,
 dynamic=False)`` traces it whole for each row count (``decode.compiled.GraphFn``), and the same code
 runs eagerly on the CPU and for prefill chunks. The numbers are transformers' own up to float
@@ -200,18 +207,20 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         ``[1, q, hidden]`` hidden states after the last layer.
     """
     n = h.shape[1]
+    folded = None  # the mask for query rows folded per KV head (built by the first layer, shared by all)
     half = sin.shape[-1] // 2
     sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
     def rope(x: torch.Tensor) -> torch.Tensor:
         """x * cos + rotate_half(x) * sin, as x * cos + swap(x) * sin_signed with swap = cat(x2, x1) and
-        sin_signed = cat(-sin1, sin2): 3 ops (cat, mul, addcmul) instead of 5."""
-        return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin_signed)
+        sin_signed = cat(-sin1, sin2): 3 ops (cat, mul, addcmul) instead of 5. The result is contiguous (the
+        first operand sets the layout: cat's output), so ``fold_gqa`` views it without a copy."""
+        return torch.addcmul(torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin_signed, x, cos)
 
     for i, layer in enumerate(layers):
         attn = layer.self_attn
         d = attn.head_dim
-        x = layer.input_layernorm(h)
+        x = rms_norm(layer.input_layernorm, h)
         qkv, gate_up = fused[i] if fused is not None else (None, None)
         if qkv is not None:  # one matmul; q and k rotated together
             y = F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, n, d]
@@ -222,13 +231,55 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             k = rope(attn.k_proj(x).view(1, n, -1, d).transpose(1, 2))
             v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
         keys, values = write(i, k, v)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
-                                           enable_gqa=q.shape[1] != keys.shape[1])
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+        group = q.shape[1] // keys.shape[1]
+        if mask is not None and group > 1:
+            if folded is None:
+                folded = fold_gqa_mask(mask, group)
+            o = F.scaled_dot_product_attention(fold_gqa(q, group), keys, values, attn_mask=folded, scale=attn.scaling)
+            o = unfold_gqa(o, group)
+        else:
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
+                                               enable_gqa=group > 1).transpose(1, 2)
+        h = h + attn.o_proj(o.reshape(1, n, -1))
         mlp = layer.mlp
+        x = rms_norm(layer.post_attention_layernorm, h)
         if gate_up is not None:
-            gu = F.linear(layer.post_attention_layernorm(h), gate_up.weight)
+            gu = F.linear(x, gate_up.weight)
             h = h + mlp.down_proj(mlp.act_fn(gu[..., :gate_up.intermediate]) * gu[..., gate_up.intermediate:])
         else:
-            h = h + mlp(layer.post_attention_layernorm(h))
+            h = h + mlp(x)
     return h
+
+
+def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """``norm`` (transformers' Qwen2/Llama RMSNorm: ``weight``, ``variance_epsilon``) applied to ``x`` as one
+    ``F.rms_norm``: float32 inside, rounded once to ``x``'s dtype (transformers rounds the normalized value
+    before multiplying by the weight: the same numbers in float32, within one rounding in bf16/fp16). Any
+    other norm runs its own forward."""
+    eps = getattr(norm, "variance_epsilon", None)
+    weight = getattr(norm, "weight", None)
+    if eps is None or not isinstance(weight, torch.Tensor) or weight.dtype != x.dtype or weight.dim() != 1:
+        return norm(x)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def fold_gqa(q: torch.Tensor, group: int) -> torch.Tensor:
+    """Query heads as rows of their KV head: ``[B, H, n, d]`` -> ``[B, H / group, group * n, d]`` (query head
+    ``h`` reads KV head ``h // group``, as transformers' ``repeat_kv``). Row ``g * n + r`` of KV head ``j`` is
+    row ``r`` of query head ``j * group + g``. A view when ``q`` is contiguous."""
+    b, heads, n, d = q.shape
+    return q.reshape(b, heads // group, group * n, d)
+
+
+def unfold_gqa(o: torch.Tensor, group: int) -> torch.Tensor:
+    """``fold_gqa``'s attention output back in row-major head order: ``[B, H_kv, group * n, d]`` ->
+    ``[B, n, H, d]`` (one copy at most, as the unfolded ``transpose`` of SDPA's output)."""
+    b, kv_heads, rows, d = o.shape
+    n = rows // group
+    return o.view(b, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, kv_heads * group, d)
+
+
+def fold_gqa_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """The ``[B, 1, n, S]`` mask of ``fold_gqa``'s rows: ``[B, 1, group * n, S]`` (each row's mask repeated
+    per query head of the group)."""
+    return mask.repeat(1, 1, group, 1)

@@ -8,7 +8,11 @@ both are properties of the code that the CPU can count. ``OpCounter`` is a ``Tor
   (``decode.timer.StepTimer.phase`` reports phase changes here; ops outside a phase count as
   ``"other"``);
 * **graphs**: calls of a fixed-shape program (``decode.compiled.GraphFn``): one launch each on CUDA
-  (a CUDA-graph replay), whatever it runs inside, so its inner ops are not counted;
+  (a CUDA-graph replay), whatever it runs inside, so its inner ops are not counted as ``ops``;
+* **graph kernels**: what those programs run inside, as the kernels CUDA would launch in them
+  (``LaunchCounter``), counted where a program runs its Python code (the CPU's eager and emulated modes;
+  a CUDA replay runs none, so there it stays 0). Inside a CUDA graph each kernel still costs a few
+  microseconds of GPU time: the H200's 0.5B-shaped draft forward took ~4 ms for ~1,000 of them;
 * **flag reads**: ``decode.host.Flags.read`` calls: the host waits for one small copy queued behind
   the programs that made it while the programs launched after them run (a graph step's draft reads
   whether its tree still grows, one level behind the level running);
@@ -27,11 +31,14 @@ Ops after a step's ``fetch`` are counted apart (``host_ops``): on a GPU they run
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Iterator, Optional
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 #: aten ops that make a CUDA host wait (a scalar read, or an output size known only on the device)
@@ -50,10 +57,12 @@ class PhaseOps:
     host_reads: int = 0
     host_ops: int = 0
     flag_reads: int = 0
+    graph_kernels: int = 0
 
     def __add__(self, other: "PhaseOps") -> "PhaseOps":
         return PhaseOps(self.ops + other.ops, self.graphs + other.graphs, self.host_reads + other.host_reads,
-                        self.host_ops + other.host_ops, self.flag_reads + other.flag_reads)
+                        self.host_ops + other.host_ops, self.flag_reads + other.flag_reads,
+                        self.graph_kernels + other.graph_kernels)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -165,17 +174,133 @@ def on_flag_read() -> None:
 
 
 @contextmanager
-def graph_call() -> Iterator[None]:
-    """Run a fixed-shape program as one counted graph call (its inner ops are not counted)."""
+def graph_call(runs_python: bool = True) -> Iterator[None]:
+    """Run a fixed-shape program as one counted graph call: its inner ops are not the step's ``ops``;
+    where it runs its Python code (``runs_python``) they are counted as ``graph_kernels``."""
     global _active
     counter = _active
     if counter is None:
         yield
         return
-    counter._at().graphs += 1
+    at = counter._at()
+    at.graphs += 1
     with _disable_current_modes():
         _active = None  # conversions inside the graph are not the step's
         try:
-            yield
+            if runs_python:
+                with LaunchCounter() as inner:
+                    yield
+                at.graph_kernels += inner.kernels
+            else:
+                yield
         finally:
             _active = counter
+
+
+# ------------------------------------------------------------------ kernels a program launches on CUDA
+def _cuda_runs_math_sdpa(args, kwargs) -> bool:
+    """Whether CUDA's SDPA takes its unfused math path for this call: a mask together with grouped KV heads
+    (flash attention takes no mask, memory-efficient attention no ``enable_gqa``; transformers'
+    ``use_gqa_in_sdpa`` states the same rule), or a head dim over 256."""
+    q = args[0]
+    k = args[1] if len(args) > 1 else kwargs.get("key")
+    mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    gqa = bool(kwargs.get("enable_gqa", False)) and q.shape[-3] != k.shape[-3]
+    return (mask is not None and gqa) or q.shape[-1] > 256
+
+
+class LaunchCounter:
+    """The kernels a block of torch code launches on CUDA, counted on any device (the CPU included).
+
+    Every aten op that makes or writes data counts one (views, which launch nothing, are left out), with
+    two corrections where CUDA's kernels differ from what the CPU dispatches:
+
+    * ``F.rms_norm`` is one fused kernel on CUDA (torch >= 2.8) where the CPU runs its 8-op decomposition;
+    * ``F.scaled_dot_product_attention`` is one kernel (flash or memory-efficient attention) unless CUDA would
+      run its math path (``_cuda_runs_math_sdpa``), where it counts the ops of that path (torch's
+      ``_scaled_dot_product_attention_math``, run once more for the count; the CPU has one fused kernel for
+      both).
+
+    ``kernels`` is the total, ``by_op`` per aten op (``"rms_norm"``, ``"sdpa"``, ``"sdpa_math"`` for the
+    corrected calls), ``math_sdpa`` the calls CUDA would run unfused.
+
+        with LaunchCounter() as launches:
+            forward(...)
+        launches.kernels
+    """
+
+    def __init__(self) -> None:
+        self.by_op: Counter = Counter()
+        self.math_sdpa = 0
+        self._paused = 0
+        self._modes: list = []
+
+    @property
+    def kernels(self) -> int:
+        return sum(self.by_op.values())
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if not self._paused:
+            self.by_op[name] += n
+
+    def __enter__(self) -> "LaunchCounter":
+        self._modes = [_KernelDispatch(self), _FusedCalls(self)]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+        self._modes = []
+
+
+class _KernelDispatch(TorchDispatchMode):
+    def __init__(self, owner: LaunchCounter) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if not (func.is_view or name == "_unsafe_view"):
+            self.owner._count(name)
+        return func(*args, **(kwargs or {}))
+
+
+class _FusedCalls(TorchFunctionMode):
+    def __init__(self, owner: LaunchCounter) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        owner = self.owner
+        if func in (F.rms_norm, torch.rms_norm):
+            owner._count("rms_norm")
+            return self._uncounted(func, args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            if _cuda_runs_math_sdpa(args, kwargs) and not owner._paused:
+                owner.math_sdpa += 1
+                owner._count("sdpa_math", self._math_sdpa_kernels(*args, **kwargs))
+            else:
+                owner._count("sdpa")
+            return self._uncounted(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _uncounted(self, func, args, kwargs):
+        self.owner._paused += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.owner._paused -= 1
+
+    def _math_sdpa_kernels(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                           enable_gqa=False) -> int:
+        owner = self.owner
+        saved, owner.by_op = owner.by_op, Counter()
+        try:
+            torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                               None, scale=scale, enable_gqa=enable_gqa)
+            return owner.kernels
+        finally:
+            owner.by_op = saved
