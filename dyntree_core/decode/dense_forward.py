@@ -10,9 +10,10 @@ first ``S`` slots (a span bucket the caller picks), and the rows whose logits ar
 Each step is one CUDA kernel where torch has a fused one: the norms are ``F.rms_norm`` (one fused kernel on
 CUDA, float32 inside; transformers' module runs 8 ops), and attention over a mask with grouped KV heads
 folds each KV head's query heads into its rows (``fold_gqa``) instead of asking SDPA for ``enable_gqa`` with a
-mask, which CUDA's fused kernels refuse: it runs the math path there (KV repeated, scores materialized, ~14
-kernels; transformers' ``use_gqa_in_sdpa`` states the same rule). ``decode.launch_count`` counts both on the
-CPU.
+mask, which CUDA's fused kernels refuse: it runs the math path there (KV repeated, scores materialized, 13
+kernels; transformers' ``use_gqa_in_sdpa`` states the same rule); the residual sums are the o and down
+GEMMs' accumulators (``add_linear``); the rotary tables are gathered (``rope_tables``), not recomputed.
+``decode.op_count.LaunchCounter`` counts the kernels on the CPU: 15 per layer.
 
 Nothing in it depends on a Python value of the device's data, so ``torch.compile(fullgraph=True,
 dynamic=False)`` traces it whole for each row count (``decode.compiled.GraphFn``), and the same code
@@ -79,11 +80,12 @@ class DenseForward:
         self.layers = list(inner.layers)
         self.norm = inner.norm
         self.head = model.get_output_embeddings()
-        self.inv_freq = inner.rotary_emb.inv_freq.to(torch.float32)
-        self.rope_scale = float(inner.rotary_emb.attention_scaling)
         self.fused = [fuse_projections(layer) for layer in self.layers]
         self.kv = StaticKV.for_model(model, capacity)
         self.vocab_size = int(self.head.weight.shape[0])
+        dtype, dev = self.embed.weight.dtype, self.embed.weight.device
+        self.cos, self.sin_signed = rope_tables(inner.rotary_emb, capacity, dtype, dev)
+        self._visible_hidden = torch.tensor([0.0, float("-inf")], dtype=dtype, device=dev)
 
     @property
     def capacity(self) -> int:
@@ -99,7 +101,7 @@ class DenseForward:
 
         Args:
             tokens: ``[R]`` int64 token ids.
-            positions: ``[R]`` int64 position ids.
+            positions: ``[R]`` int64 position ids (``< C``: the rotary tables are made for the buffer's slots).
             slots: ``[R]`` int64 cache slots the rows' keys and values are written to (distinct).
             visible: ``[R, S]`` bool over the first ``S <= C`` slots (the attention's span: a bucket the
                 caller picks so a short run does not attend the whole buffer), True = the row may attend to
@@ -113,10 +115,8 @@ class DenseForward:
 
     def _forward(self, tokens, positions, slots, visible, rows):
         h = self.embed(tokens)[None]  # [1, R, hidden]
-        freqs = positions[:, None].to(torch.float32) * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(h.dtype)[None, None]  # [1, 1, R, d]
-        sin = (emb.sin() * self.rope_scale).to(h.dtype)[None, None]
+        cos = self.cos.index_select(0, positions)[None, None]  # [1, 1, R, d]
+        sin_signed = self.sin_signed.index_select(0, positions)[None, None]
         kv = self.kv
 
         span = visible.shape[1]
@@ -126,10 +126,25 @@ class DenseForward:
             kv.v[i].index_copy_(1, slots, v[0])
             return kv.k[i][None, :, :span], kv.v[i][None, :, :span]
 
-        mask = torch.where(visible, 0.0, float("-inf")).to(h.dtype)  # once, not converted by every layer's SDPA
-        h = decoder_layers(self.layers, h, cos, sin, mask[None, None], write, self.fused)
-        h = self.norm(h[0].index_select(0, rows))
+        # once, in the model's dtype (not converted by every layer's SDPA): one kernel
+        mask = torch.where(visible, self._visible_hidden[0], self._visible_hidden[1])
+        h = decoder_layers(self.layers, h, cos, sin_signed, mask[None, None], write, self.fused, sin_signed=True)
+        h = rms_norm(self.norm, h[0].index_select(0, rows))
         return self.head(h)
+
+
+def rope_tables(rotary, positions: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([P, d] cos, [P, d] sin_signed)`` of positions ``0 .. P-1`` in ``dtype``: transformers' rotary
+    numbers (float32 ``position * inv_freq``, times ``attention_scaling``, then cast), with the sine's first
+    half negated for ``decoder_layers``' 3-op rotation. Made once, so a forward gathers its rows' (one
+    kernel each) instead of computing them (~10 kernels)."""
+    inv_freq = rotary.inv_freq.to(device=device, dtype=torch.float32)
+    freqs = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scale = float(rotary.attention_scaling)
+    cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -192,7 +207,8 @@ def _backs(fused, mods) -> bool:
 
 def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
                    write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                   fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None) -> torch.Tensor:
+                   fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None, sin_signed: bool = False
+                   ) -> torch.Tensor:
     """Qwen2/Llama decoder layers with one op per step (transformers' numbers up to float rounding).
 
     Args:
@@ -203,19 +219,21 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         write: ``write(i, k, v)`` stores layer ``i``'s new rotated keys and values ``[1, H_kv, q, d]``
             and returns the ``[1, H_kv, kv, d]`` keys and values to attend over.
         fused: per layer, its ``fuse_projections`` (None: the modules' own projections, one matmul each).
+        sin_signed: ``sin`` already has its first half negated (``rope_tables``).
     Returns:
         ``[1, q, hidden]`` hidden states after the last layer.
     """
     n = h.shape[1]
     folded = None  # the mask for query rows folded per KV head (built by the first layer, shared by all)
     half = sin.shape[-1] // 2
-    sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    if not sin_signed:
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
     def rope(x: torch.Tensor) -> torch.Tensor:
         """x * cos + rotate_half(x) * sin, as x * cos + swap(x) * sin_signed with swap = cat(x2, x1) and
         sin_signed = cat(-sin1, sin2): 3 ops (cat, mul, addcmul) instead of 5. The result is contiguous (the
         first operand sets the layout: cat's output), so ``fold_gqa`` views it without a copy."""
-        return torch.addcmul(torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin_signed, x, cos)
+        return torch.addcmul(torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin, x, cos)
 
     for i, layer in enumerate(layers):
         attn = layer.self_attn
@@ -240,15 +258,23 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         else:
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                                enable_gqa=group > 1).transpose(1, 2)
-        h = h + attn.o_proj(o.reshape(1, n, -1))
+        h = add_linear(h, o.reshape(1, n, -1), attn.o_proj)
         mlp = layer.mlp
         x = rms_norm(layer.post_attention_layernorm, h)
         if gate_up is not None:
             gu = F.linear(x, gate_up.weight)
-            h = h + mlp.down_proj(mlp.act_fn(gu[..., :gate_up.intermediate]) * gu[..., gate_up.intermediate:])
+            h = add_linear(h, mlp.act_fn(gu[..., :gate_up.intermediate]) * gu[..., gate_up.intermediate:], mlp.down_proj)
         else:
             h = h + mlp(x)
     return h
+
+
+def add_linear(h: torch.Tensor, x: torch.Tensor, linear) -> torch.Tensor:
+    """``h + linear(x)`` for ``[1, n, *]`` ``h`` and ``x``: one GEMM with the residual as its accumulator
+    (``addmm``) for a bias-free dense ``nn.Linear``, where the sum costs a second kernel otherwise."""
+    if type(linear) is not torch.nn.Linear or linear.bias is not None or linear.weight.dtype != x.dtype:
+        return h + linear(x)
+    return torch.addmm(h[0], x[0], linear.weight.t())[None]
 
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
