@@ -212,8 +212,8 @@ def _cuda_runs_math_sdpa(args, kwargs) -> bool:
 class LaunchCounter:
     """The kernels a block of torch code launches on CUDA, counted on any device (the CPU included).
 
-    Every aten op that makes or writes data counts one (views, which launch nothing, are left out), with
-    two corrections where CUDA's kernels differ from what the CPU dispatches:
+    Every aten op that makes or writes data counts one (views and ``_NO_KERNEL``, which launch nothing, are
+    left out), with two corrections where CUDA's kernels differ from what the CPU dispatches:
 
     * ``F.rms_norm`` is one fused kernel on CUDA (torch >= 2.8) where the CPU runs its 8-op decomposition;
     * ``F.scaled_dot_product_attention`` is one kernel (flash or memory-efficient attention) unless CUDA would
@@ -255,6 +255,11 @@ class LaunchCounter:
         self._modes = []
 
 
+#: aten ops that launch no device kernel: a view of a fresh tensor, and the CPU scalar a Python number is
+#: wrapped in (``torch.where(c, x, 0.0)``: the kernel takes it as an argument)
+_NO_KERNEL = frozenset(("_unsafe_view", "scalar_tensor"))
+
+
 class _KernelDispatch(TorchDispatchMode):
     def __init__(self, owner: LaunchCounter) -> None:
         super().__init__()
@@ -262,7 +267,7 @@ class _KernelDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
-        if not (func.is_view or name == "_unsafe_view"):
+        if not (func.is_view or name in _NO_KERNEL):
             self.owner._count(name)
         return func(*args, **(kwargs or {}))
 
