@@ -76,6 +76,36 @@ def test_the_dense_forward_equals_transformers_for_prefill_steps_and_a_tree(pair
     assert (got - ref).abs().max() < 1e-5
 
 
+def test_the_dense_forward_stays_within_bf16_rounding_of_transformers():
+    """The dtype the GPU runs: grouped KV heads (the folded attention), fused norms rounded once, residuals
+    in the GEMMs. A bf16 Qwen2 shape's tree logits against transformers' own forward of the same model:
+    the difference is bf16 rounding (a few hundredths at logits of size ~10), not a wrong head or slot
+    (which moves logits by whole units)."""
+    from dyntree_core.bench.resident import synthetic_qwen
+
+    model = synthetic_qwen(64, 3, 4, 2, 128, 256, seed=5, dev=DEVICE).to(torch.bfloat16)
+    capacity, n = 64, len(PROMPT)
+    cache = new_cache(model, capacity)
+    causal_forward(model, cache, PROMPT, 0)
+    f = DenseForward(model, capacity)
+    pos = torch.arange(n, device=DEVICE)
+    f(torch.tensor(PROMPT, device=DEVICE), pos, pos, torch.arange(capacity, device=DEVICE)[None, :] <= pos[:, None],
+      pos)
+    tree = tree_from_parents([-1, 0, 0, 1, 1, 3], tokens=[4, 8, 3, 6, 2, 9])
+    anc = tree.ancestor_mask().to(DEVICE)
+    depth = tree.depth.to(DEVICE)
+    ref = masked_forward(model, cache, tree.tokens.to(DEVICE), n + depth,
+                         torch.cat([torch.ones(6, n, dtype=torch.bool, device=DEVICE), anc], dim=1)).float()
+    visible = torch.zeros(6, capacity, dtype=torch.bool, device=DEVICE)
+    visible[:, :n] = True
+    visible[:, n:n + 6] = anc
+    got = f(tree.tokens.to(DEVICE), n + depth, n + torch.arange(6, device=DEVICE), visible,
+            torch.arange(6, device=DEVICE)).float()
+    scale = ref.abs().max()
+    assert scale > 1 and (got - ref).abs().max() < 0.02 * scale, ((got - ref).abs().max(), scale)
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
 def test_dense_reason_names_what_the_forward_cannot_take(pair):
     import copy
 
