@@ -18,7 +18,10 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     """
     if temperature <= 0:
         raise ValueError("probs_from_logits needs temperature > 0 (use argmax for greedy)")
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if temperature == 1.0:  # (x / 1 is x: one kernel, the cast inside the softmax)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    else:
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         probs = top_p_filter(probs, top_p)
     return probs

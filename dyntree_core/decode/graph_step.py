@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..config import DecodeConfig
-from ..drafting.device import Candidates, ShapeSlots, shape_level, shape_start, topn_level, topn_start
+from ..drafting.device import Candidates, ShapeSlots, live_slots, shape_level, shape_start, topn_level, topn_start
 from ..sampling import probs_from_logits
 from ..tree import TokenTree
 from . import host
@@ -239,14 +239,13 @@ class GraphStepper:
         self._arange_b = torch.arange(n + 1, **i64)
         self._arange_path = torch.arange(d + 1, **i64)
         self._rows_d = torch.arange(env.draft_rows, **i64)
+        self._level_rows = 1 + (torch.arange(d, **i64)[:, None] - 1) * n + self._arange_n[None, :]  # [d, n]
         self._levels = [torch.tensor(level, **i64) for level in range(d)]
         self.shape = None if env.parents is None else ShapeSlots.build(env.parents, env.scores, dev)
         self._kmax = 1 if self.shape is None else self.shape.kmax
         f64 = dict(dtype=torch.float64, device=dev)
-        self.c = Candidates(*(self._static(t) for t in (
-            torch.zeros(n, **i64), torch.full((n,), _NEG, **f64), torch.full((n,), _NEG, **f64), torch.zeros(n, **f64),
-            torch.zeros(n, **i64),
-            torch.zeros(n, **i64), torch.zeros(n, **i64), torch.zeros(n, **i64), torch.zeros(n, **i64),
+        self.c = Candidates(*(self._static(t) for t in (  # (written whole by the root's program)
+            torch.zeros(6, n, **i64), torch.full((3, n), _NEG, **f64),
             torch.zeros(n, vocab, dtype=torch.float32, device=dev), torch.zeros((), **i64))))
         self.root_probs = self._static(torch.zeros(1, vocab, dtype=torch.float32, device=dev))
         self.anc_d = self._static(torch.zeros(env.draft_rows, env.draft_rows, dtype=torch.bool, device=dev))
@@ -458,22 +457,24 @@ class GraphStepper:
 
     def _draft_level_program(self, level: torch.Tensor, span: int, noise: Optional[torch.Tensor]):
         f, c, n = self.df, self.c, self.env.n
-        ids = 1 + (level - 1) * n + self._arange_n
-        live = (c.depth == level) & (c.w > _NEG)
-        anc = self.anc_d.index_select(0, torch.where(live, c.prow.clamp(min=0), 0)) & live[:, None]
+        ids = self._level_rows.index_select(0, level.view(1))[0]  # the level's draft rows, 1 + (level - 1) n + i
+        live = live_slots(c, level)
+        # (a live slot was drawn, so its parent's row prow is set: >= 0)
+        anc = self.anc_d.index_select(0, torch.where(live, c.prow, 0)) & live[:, None]
         anc = anc | (self._rows_d[None, :] == ids[:, None])  # each row sees itself (padding rows only that)
         self.anc_d.index_copy_(0, ids, anc)
         base = self.d_len
         keep = base + self.a_valid.long()
+        first = base + 1  # the draft cache's slot of row 0
         visible = (self._d_cols[:span] < keep)[None, :].expand(n, -1).clone()
-        visible.index_copy_(1, base + 1 + self._rows_d, anc)
-        logits = f(c.tok, (keep + level).expand(n), base + 1 + ids, visible, self._arange_n)
+        visible.index_copy_(1, first + self._rows_d, anc)
+        logits = f(c.tok, (keep + level).expand(n), first + ids, visible, self._arange_n)
         probs = probs_from_logits(logits, self.draft_temperature)
         if self.shape is None:
-            new = topn_level(c, probs, ids, level, noise)
+            new = topn_level(c, probs, ids, level, noise, live)
             self.grows.index_copy_(0, level.view(1), _grows(new, level + 1))
         else:
-            new = shape_level(c, probs, ids, level, self.shape, self._kmax, noise)
+            new = shape_level(c, probs, ids, level, self.shape, self._kmax, noise, live)
         _store(self.c, new)
 
     def _target_tree_program(self, span: int):
@@ -552,7 +553,7 @@ class GraphStepper:
 
 def _grows(c: Candidates, depth: torch.Tensor) -> torch.Tensor:
     """``[1]`` bool: some real slot of ``c`` is at ``depth`` (the next level has a node to forward)."""
-    return ((c.depth == depth) & (c.w > _NEG)).any().view(1)
+    return live_slots(c, depth).any().view(1)
 
 
 def _store(dst: Candidates, src: Candidates) -> None:

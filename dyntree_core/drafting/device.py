@@ -139,33 +139,75 @@ def chain_greedy(source: LevelSource, root_token: int, depth: int, device: torch
 
 class Candidates(NamedTuple):
     """DySpec's candidate set C on the device: ``n = budget - 1`` slots, the real ones (weight >
-    -inf) in (depth, creation) order. Every field is ``[n]`` unless said otherwise.
+    -inf) in (depth, creation) order. Stored as four tensors, so a level's merge chooses every
+    integer field with one gather and one ``where`` (and the floats with another) and a graph step
+    keeps C in four static buffers; the fields are row views (``[n]`` each unless said otherwise):
 
     Attributes:
-        tok: int64 token.
-        w: float64 weight (product of draft probabilities along the path; -inf: empty slot).
-        key: float64 the greedy's key of the draw that made the node: its weight at T = 0; at T > 0
-            Alg. 1's reach probability ``w(parent) (1 - sum of the earlier siblings' q)``, which
-            never depends on the token drawn (so the choice of draws does not bias the tree).
-        q: float64 draft probability of the token under its parent's row.
-        depth: int64 depth below the root (empty slots: deeper than any level).
-        cid: int64 creation id (root 0); pcid: the parent's.
-        prow: int64 source row of the parent; row: own source row once forwarded (-1 before).
+        ints: ``[6, n]`` int64, rows ``tok``, ``depth``, ``cid``, ``pcid``, ``prow``, ``row``.
+        reals: ``[3, n]`` float64, rows ``w``, ``key``, ``q``.
         rows: ``[n, V]`` float32 draft distribution at each forwarded candidate.
         next_cid: ``[]`` int64 the next creation id.
+
+    Fields:
+        tok: token. depth: depth below the root (empty slots: deeper than any level).
+        cid: creation id (root 0); pcid: the parent's.
+        prow: source row of the parent; row: own source row once forwarded (-1 before).
+        w: weight (product of draft probabilities along the path; -inf: empty slot).
+        key: the greedy's key of the draw that made the node: its weight at T = 0; at T > 0
+            Alg. 1's reach probability ``w(parent) (1 - sum of the earlier siblings' q)``, which
+            never depends on the token drawn (so the choice of draws does not bias the tree).
+        q: draft probability of the token under its parent's row.
     """
 
-    tok: torch.Tensor
-    w: torch.Tensor
-    key: torch.Tensor
-    q: torch.Tensor
-    depth: torch.Tensor
-    cid: torch.Tensor
-    pcid: torch.Tensor
-    prow: torch.Tensor
-    row: torch.Tensor
+    ints: torch.Tensor
+    reals: torch.Tensor
     rows: torch.Tensor
     next_cid: torch.Tensor
+
+    @classmethod
+    def of(cls, *, tok, depth, cid, pcid, prow, row, w, key, q, rows, next_cid) -> "Candidates":
+        return cls(torch.stack([tok, depth, cid, pcid, prow, row]), torch.stack([w, key, q]), rows, next_cid)
+
+    @property
+    def tok(self) -> torch.Tensor:
+        return self.ints[_TOK]
+
+    @property
+    def depth(self) -> torch.Tensor:
+        return self.ints[_DEPTH]
+
+    @property
+    def cid(self) -> torch.Tensor:
+        return self.ints[_CID]
+
+    @property
+    def pcid(self) -> torch.Tensor:
+        return self.ints[_PCID]
+
+    @property
+    def prow(self) -> torch.Tensor:
+        return self.ints[_PROW]
+
+    @property
+    def row(self) -> torch.Tensor:
+        return self.ints[_ROW]
+
+    @property
+    def w(self) -> torch.Tensor:
+        return self.reals[_W]
+
+    @property
+    def key(self) -> torch.Tensor:
+        return self.reals[_KEY]
+
+    @property
+    def q(self) -> torch.Tensor:
+        return self.reals[_Q]
+
+
+_TOK, _DEPTH, _CID, _PCID, _PROW, _ROW = range(6)
+_W, _KEY, _Q = range(3)
 
 
 def topn_start(root_probs: torch.Tensor, root_row: torch.Tensor, n: int, depth: int,
@@ -175,7 +217,7 @@ def topn_start(root_probs: torch.Tensor, root_row: torch.Tensor, n: int, depth: 
     device = root_probs.device
     i64 = dict(dtype=torch.long, device=device)
     f64 = dict(dtype=torch.float64, device=device)
-    empty = Candidates(
+    empty = Candidates.of(
         tok=torch.zeros(n, **i64), w=torch.full((n,), _NEG, **f64), key=torch.full((n,), _NEG, **f64),
         q=torch.zeros(n, **f64), depth=torch.full((n,), depth + 1, **i64), cid=torch.zeros(n, **i64), pcid=torch.zeros(n, **i64),
         prow=torch.full((n,), -1, **i64), row=torch.full((n,), -1, **i64),
@@ -187,7 +229,7 @@ def topn_start(root_probs: torch.Tensor, root_row: torch.Tensor, n: int, depth: 
 
 
 def topn_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor,
-               noise: Optional[torch.Tensor] = None) -> Candidates:
+               noise: Optional[torch.Tensor] = None, live: Optional[torch.Tensor] = None) -> Candidates:
     """C after forwarding its nodes at depth ``level`` (a ``[]`` int64 tensor, >= 1).
 
     Args:
@@ -196,16 +238,24 @@ def topn_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: tor
             depth ``level`` are ignored: they were forwarded as padding).
         row: ``[n]`` int64 source row of each slot's forward.
         noise: ``[n, V]`` uniforms at T > 0 (``_children``), None at T = 0.
+        live: ``[n]`` bool ``live_slots(c, level)`` when the caller has it (None: computed here).
     """
-    c, live = _forwarded(c, probs, row, level)
+    c, live = _forwarded(c, probs, row, level, live)
     return _merge(c, probs, row, live, c.w, c.cid, level, noise)
 
 
-def _forwarded(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor
-               ) -> tuple[Candidates, torch.Tensor]:
+def live_slots(c: Candidates, level: torch.Tensor) -> torch.Tensor:
+    """``[n]`` bool: the real candidates at depth ``level`` (the rows a level's forward is for)."""
+    return (c.depth == level) & (c.w > _NEG)
+
+
+def _forwarded(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor,
+               live: Optional[torch.Tensor] = None) -> tuple[Candidates, torch.Tensor]:
     """Record the rows of the candidates at depth ``level`` (the live rows of the level's forward)."""
-    live = (c.depth == level) & (c.w > _NEG)
-    return c._replace(row=torch.where(live, row, c.row), rows=torch.where(live[:, None], probs, c.rows)), live
+    if live is None:
+        live = live_slots(c, level)
+    ints = torch.cat([c.ints[:_ROW], torch.where(live, row, c.row)[None]])
+    return c._replace(ints=ints, rows=torch.where(live[:, None], probs, c.rows)), live
 
 
 def _merge(c: Candidates, probs: torch.Tensor, row: torch.Tensor, live: torch.Tensor, f_w: torch.Tensor,
@@ -224,27 +274,19 @@ def _merge(c: Candidates, probs: torch.Tensor, row: torch.Tensor, live: torch.Te
         kid_key = kid_w
     else:  # Alg. 1: the probability that the draw is reached, w(parent) (1 - mass of the earlier draws)
         kid_key = torch.where(real, f_w[:, None] * (1.0 - (torch.cumsum(kid_p, 1) - kid_p)), _NEG)
-    kid_w, kid_key = kid_w.reshape(-1), kid_key.reshape(-1)
-    pick = torch.sort(torch.sort(-torch.cat([c.key, kid_key]), stable=True).indices[:n]).values
+    kid_reals = torch.stack([kid_w.reshape(-1), kid_key.reshape(-1), kid_p.reshape(-1)])  # [3, m k], as reals
+    pick = torch.sort(torch.sort(-torch.cat([c.key, kid_reals[_KEY]]), stable=True).indices[:n]).values
     from_kid = pick >= n
     old = pick.clamp(max=n - 1)
     kid = (pick - n).clamp(min=0)
     parent_slot = kid // k
-
-    def choose(current: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        return torch.where(from_kid, new, current[old])
-
+    parents = torch.stack([f_cid, row]).index_select(1, parent_slot)  # [2, n]: the kid's pcid, prow
+    kid_ints = torch.cat([kid_tok.reshape(1, -1).index_select(1, kid), (level + 1).expand(1, n),
+                          (c.next_cid + kid)[None], parents, torch.full_like(kid, -1)[None]])  # as ints; row -1
     return Candidates(
-        tok=choose(c.tok, kid_tok.reshape(-1)[kid]),
-        w=choose(c.w, kid_w[kid]),
-        key=choose(c.key, kid_key[kid]),
-        q=choose(c.q, kid_p.reshape(-1)[kid]),
-        depth=choose(c.depth, (level + 1).expand_as(kid)),
-        cid=choose(c.cid, c.next_cid + kid),
-        pcid=choose(c.pcid, f_cid[parent_slot]),
-        prow=choose(c.prow, row[parent_slot]),
-        row=choose(c.row, torch.full_like(kid, -1)),
-        rows=c.rows[old],  # children's rows are filled when they are forwarded
+        ints=torch.where(from_kid, kid_ints, c.ints.index_select(1, old)),
+        reals=torch.where(from_kid, kid_reals.index_select(1, kid), c.reals.index_select(1, old)),
+        rows=c.rows.index_select(0, old),  # children's rows are filled when they are forwarded
         next_cid=c.next_cid + m * k,
     )
 
@@ -294,7 +336,7 @@ def shape_start(root_probs: torch.Tensor, root_row: torch.Tensor, shape: ShapeSl
     n = shape.parent.shape[0]
     device = root_probs.device
     ids = torch.arange(1, n + 1, dtype=torch.long, device=device)
-    c = Candidates(
+    c = Candidates.of(
         tok=torch.zeros(n, dtype=torch.long, device=device), w=torch.full((n,), _NEG, dtype=torch.float64, device=device),
         key=torch.full((n,), _NEG, dtype=torch.float64, device=device), q=torch.zeros(n, dtype=torch.float64, device=device), depth=shape.depth, cid=ids, pcid=shape.parent + 1,
         prow=torch.full((n,), -1, dtype=torch.long, device=device), row=torch.full((n,), -1, dtype=torch.long, device=device),
@@ -305,10 +347,10 @@ def shape_start(root_probs: torch.Tensor, root_row: torch.Tensor, shape: ShapeSl
 
 
 def shape_level(c: Candidates, probs: torch.Tensor, row: torch.Tensor, level: torch.Tensor, shape: ShapeSlots,
-                kmax: int, noise: Optional[torch.Tensor] = None) -> Candidates:
+                kmax: int, noise: Optional[torch.Tensor] = None, live: Optional[torch.Tensor] = None) -> Candidates:
     """The shape's slots after forwarding its nodes at depth ``level`` (``[]`` int64, >= 1); ``probs``
-    ``[n, V]``, ``row`` ``[n]`` and ``noise`` as in ``topn_level``."""
-    c, _ = _forwarded(c, probs, row, level)
+    ``[n, V]``, ``row`` ``[n]``, ``noise`` and ``live`` as in ``topn_level``."""
+    c, _ = _forwarded(c, probs, row, level, live)
     return _draw(c, probs, row, shape.parent.clamp(min=0), level, shape, kmax, noise)
 
 
@@ -324,8 +366,9 @@ def _draw(c: Candidates, probs: torch.Tensor, row: torch.Tensor, src: torch.Tens
     drawn = (shape.depth == level + 1) & (q > 0) & (parent_w > _NEG)
     value = torch.where(torch.isnan(shape.score), parent_w * q, shape.score)
     w = torch.where(drawn, value, c.w)
-    return c._replace(tok=torch.where(drawn, tok, c.tok), q=torch.where(drawn, q, c.q), w=w, key=w,
-                      prow=torch.where(drawn, row[src], c.prow))
+    ints = torch.stack([torch.where(drawn, tok, c.tok), c.depth, c.cid, c.pcid, torch.where(drawn, row[src], c.prow),
+                        c.row])
+    return c._replace(ints=ints, reals=torch.stack([w, w, torch.where(drawn, q, c.q)]))
 
 
 def topn_greedy(source: LevelSource, root_token: int, budget: int, depth: int, device: torch.device) -> DeviceTree:
@@ -337,7 +380,7 @@ def topn_greedy(source: LevelSource, root_token: int, budget: int, depth: int, d
                                          torch.full((1,), -1, dtype=torch.long, device=device), live, 0)
     c = topn_start(root_probs, root_row, n, depth)
     for level in range(1, depth):
-        live = (c.depth == level) & (c.w > _NEG)
+        live = live_slots(c, level)
         probs, row = source.expand(c.tok, c.prow, live, level)
         c = topn_level(c, probs, row, torch.tensor(level, device=device))
     return _assemble(root_token, root_probs[0], root_row, c.tok, c.w, c.q, c.cid, c.pcid, c.row, c.rows,
