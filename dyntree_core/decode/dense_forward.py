@@ -12,8 +12,9 @@ CUDA, float32 inside; transformers' module runs 8 ops), and attention over a mas
 folds each KV head's query heads into its rows (``fold_gqa``) instead of asking SDPA for ``enable_gqa`` with a
 mask, which CUDA's fused kernels refuse: it runs the math path there (KV repeated, scores materialized, 13
 kernels; transformers' ``use_gqa_in_sdpa`` states the same rule); the residual sums are the o and down
-GEMMs' accumulators (``add_linear``); the rotary tables are gathered (``rope_tables``), not recomputed.
-``decode.op_count.LaunchCounter`` counts the kernels on the CPU: 15 per layer.
+GEMMs' accumulators (``add_linear``); q, k and v take one rotation (the values by the identity) and the
+keys and values one cache write; the rotary tables are gathered (``rope_tables``), not recomputed.
+``decode.op_count.LaunchCounter`` counts the kernels on the CPU: 14 per layer.
 
 Nothing in it depends on a Python value of the device's data, so ``torch.compile(fullgraph=True,
 dynamic=False)`` traces it whole for each row count (``decode.compiled.GraphFn``), and the same code
@@ -84,8 +85,12 @@ class DenseForward:
         self.kv = StaticKV.for_model(model, capacity)
         self.vocab_size = int(self.head.weight.shape[0])
         dtype, dev = self.embed.weight.dtype, self.embed.weight.device
-        self.cos, self.sin_signed = rope_tables(inner.rotary_emb, capacity, dtype, dev)
+        self.rope = torch.stack(rope_tables(inner.rotary_emb, capacity, dtype, dev), dim=1)  # [C, cos | sin_signed, d]
         self._visible_hidden = torch.tensor([0.0, float("-inf")], dtype=dtype, device=dev)
+        qkv = self.fused[0][0]
+        self._heads_rotated = qkv.heads + qkv.kv_heads  # q and k; the values' heads take the identity (cos 1, sin 0)
+        self._identity = torch.tensor([1.0, 0.0], dtype=dtype, device=dev)[:, None, None, None].expand(
+            2, qkv.kv_heads, 1, self.rope.shape[2])  # [cos | sin, H_kv, 1, d]
 
     @property
     def capacity(self) -> int:
@@ -93,7 +98,7 @@ class DenseForward:
 
     @property
     def device(self) -> torch.device:
-        return self.kv.k.device
+        return self.kv.kv.device
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
                  rows: torch.Tensor) -> torch.Tensor:
@@ -115,20 +120,23 @@ class DenseForward:
 
     def _forward(self, tokens, positions, slots, visible, rows):
         h = self.embed(tokens)[None]  # [1, R, hidden]
-        cos = self.cos.index_select(0, positions)[None, None]  # [1, 1, R, d]
-        sin_signed = self.sin_signed.index_select(0, positions)[None, None]
-        kv = self.kv
-
+        r = tokens.shape[0]
+        # [cos | sin, H + 2 H_kv, R, d]: the rows' tables for the q and k heads, the identity for the value heads
+        tables = self.rope.index_select(0, positions).transpose(0, 1)[:, None].expand(-1, self._heads_rotated, -1, -1)
+        tables = torch.cat([tables, self._identity.expand(-1, -1, r, -1)], dim=1)
+        cos, sin_signed = tables[0][None], tables[1][None]
+        buf = self.kv.kv
+        kv_heads = self.kv.kv_heads
         span = visible.shape[1]
 
-        def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            kv.k[i].index_copy_(1, slots, k[0])
-            kv.v[i].index_copy_(1, slots, v[0])
-            return kv.k[i][None, :, :span], kv.v[i][None, :, :span]
+        def write(i: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            buf[i].index_copy_(1, slots, kv[0])
+            return buf[i][None, :kv_heads, :span], buf[i][None, kv_heads:, :span]
 
         # once, in the model's dtype (not converted by every layer's SDPA): one kernel
         mask = torch.where(visible, self._visible_hidden[0], self._visible_hidden[1])
-        h = decoder_layers(self.layers, h, cos, sin_signed, mask[None, None], write, self.fused, sin_signed=True)
+        h = decoder_layers(self.layers, h, cos, sin_signed, mask[None, None], write, self.fused, sin_signed=True,
+                           kv_together=True)
         h = rms_norm(self.norm, h[0].index_select(0, rows))
         return self.head(h)
 
@@ -207,8 +215,8 @@ def _backs(fused, mods) -> bool:
 
 def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
                    write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                   fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None, sin_signed: bool = False
-                   ) -> torch.Tensor:
+                   fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None, sin_signed: bool = False,
+                   kv_together: bool = False) -> torch.Tensor:
     """Qwen2/Llama decoder layers with one op per step (transformers' numbers up to float rounding).
 
     Args:
@@ -220,6 +228,9 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             and returns the ``[1, H_kv, kv, d]`` keys and values to attend over.
         fused: per layer, its ``fuse_projections`` (None: the modules' own projections, one matmul each).
         sin_signed: ``sin`` already has its first half negated (``rope_tables``).
+        kv_together: (with ``fused``) ``cos``/``sin`` are ``[1, H + 2 H_kv, q, d]``, the identity on the value
+            heads, so one rotation of the q/k/v output leaves the rotated keys and the values side by side,
+            and ``write(i, kv)`` takes them as one ``[1, 2 H_kv, q, d]`` tensor (one cache write).
     Returns:
         ``[1, q, hidden]`` hidden states after the last layer.
     """
@@ -240,15 +251,20 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         d = attn.head_dim
         x = rms_norm(layer.input_layernorm, h)
         qkv, gate_up = fused[i] if fused is not None else (None, None)
-        if qkv is not None:  # one matmul; q and k rotated together
-            y = F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, n, d]
-            qk = rope(y[:, :qkv.heads + qkv.kv_heads])
-            q, k, v = qk[:, :qkv.heads], qk[:, qkv.heads:], y[:, qkv.heads + qkv.kv_heads:]
+        if qkv is not None and kv_together:  # one matmul, one rotation, one cache write
+            y = rope(F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2))  # [1, H + 2 H_kv, n, d]
+            q = y[:, :qkv.heads]
+            keys, values = write(i, y[:, qkv.heads:])
         else:
-            q = rope(attn.q_proj(x).view(1, n, -1, d).transpose(1, 2))
-            k = rope(attn.k_proj(x).view(1, n, -1, d).transpose(1, 2))
-            v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
-        keys, values = write(i, k, v)
+            if qkv is not None:  # one matmul; q and k rotated together
+                y = F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, n, d]
+                qk = rope(y[:, :qkv.heads + qkv.kv_heads])
+                q, k, v = qk[:, :qkv.heads], qk[:, qkv.heads:], y[:, qkv.heads + qkv.kv_heads:]
+            else:
+                q = rope(attn.q_proj(x).view(1, n, -1, d).transpose(1, 2))
+                k = rope(attn.k_proj(x).view(1, n, -1, d).transpose(1, 2))
+                v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
+            keys, values = write(i, k, v)
         group = q.shape[1] // keys.shape[1]
         if mask is not None and group > 1:
             if folded is None:
