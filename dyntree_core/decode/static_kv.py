@@ -33,16 +33,6 @@ class StaticKV:
     def kv_heads(self) -> int:
         return int(self.kv.shape[1]) // 2
 
-    @property
-    def k(self) -> torch.Tensor:
-        """``[layers, H_kv, C, D]`` keys (a view)."""
-        return self.kv[:, :self.kv_heads]
-
-    @property
-    def v(self) -> torch.Tensor:
-        """``[layers, H_kv, C, D]`` values (a view)."""
-        return self.kv[:, self.kv_heads:]
-
     @classmethod
     def for_model(cls, model, capacity: int) -> "StaticKV":
         cfg = model.config.get_text_config(decoder=True)

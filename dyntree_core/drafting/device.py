@@ -169,43 +169,18 @@ class Candidates(NamedTuple):
     def of(cls, *, tok, depth, cid, pcid, prow, row, w, key, q, rows, next_cid) -> "Candidates":
         return cls(torch.stack([tok, depth, cid, pcid, prow, row]), torch.stack([w, key, q]), rows, next_cid)
 
-    @property
-    def tok(self) -> torch.Tensor:
-        return self.ints[_TOK]
-
-    @property
-    def depth(self) -> torch.Tensor:
-        return self.ints[_DEPTH]
-
-    @property
-    def cid(self) -> torch.Tensor:
-        return self.ints[_CID]
-
-    @property
-    def pcid(self) -> torch.Tensor:
-        return self.ints[_PCID]
-
-    @property
-    def prow(self) -> torch.Tensor:
-        return self.ints[_PROW]
-
-    @property
-    def row(self) -> torch.Tensor:
-        return self.ints[_ROW]
-
-    @property
-    def w(self) -> torch.Tensor:
-        return self.reals[_W]
-
-    @property
-    def key(self) -> torch.Tensor:
-        return self.reals[_KEY]
-
-    @property
-    def q(self) -> torch.Tensor:
-        return self.reals[_Q]
+    tok = property(lambda self: self.ints[_TOK])
+    depth = property(lambda self: self.ints[_DEPTH])
+    cid = property(lambda self: self.ints[_CID])
+    pcid = property(lambda self: self.ints[_PCID])
+    prow = property(lambda self: self.ints[_PROW])
+    row = property(lambda self: self.ints[_ROW])
+    w = property(lambda self: self.reals[_W])
+    key = property(lambda self: self.reals[_KEY])
+    q = property(lambda self: self.reals[_Q])
 
 
+#: the rows of ``Candidates.ints`` and ``Candidates.reals`` (the order of ``Candidates.of``)
 _TOK, _DEPTH, _CID, _PCID, _PROW, _ROW = range(6)
 _W, _KEY, _Q = range(3)
 
