@@ -145,6 +145,25 @@ def test_every_program_compiles_whole_and_never_recompiles_within_a_bucket(pair,
     assert len(events) == len(programs)  # (a new bucket would have been reported)
 
 
+@pytest.mark.parametrize("verifier", ("token_level", "point_mass"))
+def test_sampled_steps_compile_whole_and_never_recompile_within_a_bucket(pair, verifier):
+    """T > 0 with the verification on the device: the same five programs, fullgraph=True, and 30 more steps
+    add no graph."""
+    dec = graph_decoder(pair, "dyspec_greedy", CompileMode.check(), temperature=0.8, verifier=verifier)
+    events = []
+    dec.on_compile = events.append
+    before = counters["stats"]["unique_graphs"]
+    steps = len(list(dec.generate(PROMPT, 4, seed=1)))
+    compiled = counters["stats"]["unique_graphs"] - before
+    assert {e.program for e in events} == {"draft_root", "draft_level", "target_tree", "verify", "commit"}
+    assert compiled == 5
+    seed = 2
+    while steps < 30:
+        steps += len(list(dec.generate(PROMPT, 40, seed=seed)))
+        seed += 1
+    assert counters["stats"]["unique_graphs"] - before == compiled and len(events) == 5
+
+
 @pytest.mark.parametrize("method", TREE_METHODS)
 @pytest.mark.parametrize("budget,depth", [(16, 4), (7, 6), (40, 3)])
 def test_graph_steps_give_plain_decodings_tokens(pair, method, budget, depth):
@@ -228,6 +247,29 @@ def test_a_tree_step_launches_its_levels_plus_3_graphs_and_reads_once_at_any_bud
                 assert draft.flag_reads == max(0, levels - 1 - lookahead) + (levels < depth), counts
             else:
                 assert levels == depth and draft.ops == draft.flag_reads == 0, counts
+
+
+@pytest.mark.parametrize("verifier", ("token_level", "point_mass"))
+def test_a_sampled_tree_step_verifies_on_the_device_and_reads_bytes_independent_of_the_vocabulary(pair, verifier):
+    """T > 0 with a device verifier: the programs of a greedy step, one eager op more (the verification's
+    uniforms, as each level draws its own), one read — of the same bytes at vocabularies 64 and 512, where
+    the Traversal step (verified on the host) reads the draft and target rows of every slot, 2 B V floats."""
+    draft512, target512 = tiny_pair(seed=3, vocab=512)
+    big = (draft512.to(DEVICE), target512.to(DEVICE))
+    read = {}
+    for name, models, verify in (("v64", pair, verifier), ("v512", big, verifier), ("traversal", big, "traversal")):
+        dec = graph_decoder(models, "dyspec_greedy", budget=12, depth=4, temperature=0.8, verifier=verify)
+        steps = step_counts(dec)
+        for counts in steps:
+            device = total(counts, DEVICE_PHASES)
+            draft = counts["draft"]
+            on_device = verify != "traversal"  # (Traversal has no verify program: the host verifies)
+            assert device.host_reads == STEP_READS_BUDGET and device.graphs == draft.graphs + 2 + on_device, counts
+            if on_device:
+                assert device.ops - draft.ops == 1 and counts["verify"].ops == 1, counts
+        read[name] = {total(counts, DEVICE_PHASES).read_bytes for counts in steps}
+    assert read["v64"] == read["v512"] and len(read["v64"]) == 1, read
+    assert min(read["traversal"]) >= 2 * 12 * 512 * 4 > 4 * max(read["v512"]), read
 
 
 def test_a_plain_step_is_one_graph_and_one_read(pair):

@@ -1,6 +1,7 @@
 """Losslessness of graph steps at T > 0 (``decode.graph_step``): siblings drawn without replacement on
 the device (Gumbel top-k over uniforms from the run's device generator), DySpec's reach-probability
-keys, the host verifier on the read rows, the commit on the device. The engine's first two sampled
+keys, token-level and point-mass verification on the device (``verify.device``; Traversal on the host
+from the read rows), the commit on the device. The engine's first two sampled
 tokens follow the exact target distribution, on the flat tiny pair of ``test_sampling_e2e``.
 
 Each chi-square test has the suite's false-alarm rate ``ALPHA`` and the fewest samples that catch any
@@ -32,6 +33,7 @@ def graph_factory(pair, **cfg):
 CASES = [
     dict(method="dyspec_greedy", verifier="token_level", temperature=1.0, budget=6, depth=2),
     dict(method="dyspec_greedy", verifier="traversal", temperature=0.6, budget=6, depth=2),
+    dict(method="dyspec_greedy", verifier="point_mass", temperature=1.0, budget=6, depth=2),
     dict(method="sequoia", verifier="token_level", temperature=1.0, budget=6, depth=2),
     dict(method="chain", verifier="token_level", temperature=0.6, draft_temperature=1.3, depth=2),
     dict(method="dyspec_greedy", verifier="token_level", temperature=1.0, top_p=0.8, budget=6, depth=2),

@@ -115,6 +115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                       f"{dict(sorted(Counter(d for _, d in row['draft_graphs_and_depth']).items()))})", flush=True)
             print("  per step (median): " + "; ".join(
                 f"{p} {c['ops']:g} ops {c['graphs']:g} graphs {c['host_reads']:g} reads"
+                + (f" ({_bytes(c['read_bytes'])})" if c.get("read_bytes") else "")
                 + (f" {c['flag_reads']:g} flag reads" if c.get("flag_reads") else "")
                 + (f" ({c['graph_kernels']:g} CUDA kernels inside the graphs)" if c.get("graph_kernels") else "")
                 for p, c in row["ops"].items()) + f"  [graph steps: {row['graph_reason'] or 'on'}]", flush=True)
@@ -156,8 +157,13 @@ def count_ops(dec, prompts: list[list[int]], steps: int) -> tuple[dict[str, dict
     for p in phases:
         got = [counts.get(p, PhaseOps()) for counts in per_step]
         out[p] = {f: statistics.median(getattr(c, f) for c in got) for f in ("ops", "graphs", "host_reads", "host_ops",
-                                                                            "flag_reads", "graph_kernels")}
+                                                                            "flag_reads", "graph_kernels",
+                                                                            "read_bytes")}
     return out, levels
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB" if n >= 1e3 else f"{n:g} B"
 
 
 if __name__ == "__main__":

@@ -265,9 +265,10 @@ class SpeculativeDecoder:
         mode = self.compile_mode or CompileMode.for_device(self.device)
         capacity = capacity_bucket(tokens)
         draft_t = cfg.effective_draft_temperature
-        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode),
+        verifier = self.verifier_name
+        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode, verifier),
                                  lambda: GraphStepper(self.draft, self.target, env, capacity, cfg.temperature, cfg.top_p,
-                                                      mode, draft_t))
+                                                      mode, draft_t, verifier))
 
     def graph_reason(self) -> Optional[str]:
         """Why this decoder's steps do not run as fixed-shape programs (None: they do)."""
@@ -524,15 +525,17 @@ class SpeculativeDecoder:
     def _graph_tree_step(self, state: _Step, graph, verifier, rng, generator) -> tuple[StepTrace, StepTimer]:
         """A tree step as fixed-shape programs (``graph_step``): draft, target forward, verification and
         commit, one read. T = 0: verified on the device; the host verifier re-walks the read numbers for
-        the trace's decisions and must find the device's path. T > 0: the host verifier decides on the
-        read rows (drafted without replacement on the device with ``generator``) and tells the device."""
+        the trace's decisions and must find the device's path. T > 0 (siblings drawn without replacement
+        on the device with ``generator``): token-level and point-mass verification run on the device with
+        uniforms from ``generator`` and the host rebuilds the verifier's result from the read numbers
+        (``verify.device.walk_result``); Traversal decides on the host from the read rows and tells the device."""
         timer = StepTimer(self.device)
         cached = len(state.committed) - 1  # the root is the last committed token
         with timer.phase("draft"):
             draft_forwards = graph.draft(cached, generator, every_level=self.draft_every_level)
         with timer.phase("target_forward"):
             graph.target_forward(cached)
-        if graph.stochastic:
+        if not graph.device_verifies:
             with timer.phase("verify"):
                 read = graph.read()  # the step's one device read
                 tree, node_of = read.token_tree()
@@ -543,6 +546,19 @@ class SpeculativeDecoder:
                 proposed = self._provenance(tree, result, rows, state.step)
             with timer.phase("kv_compaction"):
                 graph.commit()
+        elif graph.stochastic:
+            from ..verify.device import walk_result
+
+            with timer.phase("verify"):
+                graph.verify(generator)
+            with timer.phase("kv_compaction"):
+                graph.commit()
+            with timer.phase("verify"):
+                read = graph.read()  # the step's one device read
+                tree, node_of = read.token_tree()
+                result = walk_result(read.walk, tree, node_of)
+                proposed = self._provenance(tree, result, None, state.step, lambda _node: read.p_draft_bonus,
+                                            p_target_bonus=read.p_target_bonus)
         else:
             with timer.phase("verify"):
                 graph.verify()
@@ -656,10 +672,12 @@ class SpeculativeDecoder:
         )
 
     def _provenance(self, tree: TokenTree, result, target_rows, step: int,
-                    p_draft_bonus: Optional[Callable[[int], float]] = None) -> list[TokenProvenance]:
+                    p_draft_bonus: Optional[Callable[[int], float]] = None,
+                    p_target_bonus: Optional[float] = None) -> list[TokenProvenance]:
         """The accepted tokens and the bonus token with their probabilities; ``p_draft_bonus(node)``
         gives the draft probability of the bonus token at ``node`` when the tree does not carry
-        its draft distributions (a device-side step read it with the rest)."""
+        its draft distributions (a device-side step read it with the rest), ``p_target_bonus`` the target's
+        when there are no ``target_rows`` (a step verified on the device)."""
         out: list[TokenProvenance] = []
         tokens = tree.tokens.tolist()
         depth = tree.depth.tolist()
@@ -692,7 +710,8 @@ class SpeculativeDecoder:
                 node=-1,
                 kind="bonus",
                 p_draft=p_draft,
-                p_target=float(target_rows.token_probs(torch.tensor([last]), torch.tensor([bonus]))[0]),
+                p_target=(float(target_rows.token_probs(torch.tensor([last]), torch.tensor([bonus]))[0])
+                          if p_target_bonus is None else float(p_target_bonus)),
             )
         )
         return out

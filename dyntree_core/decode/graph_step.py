@@ -42,11 +42,14 @@ from ..config import DecodeConfig
 from ..drafting.device import Candidates, ShapeSlots, live_slots, shape_level, shape_start, topn_level, topn_start
 from ..sampling import probs_from_logits
 from ..tree import TokenTree
+from ..verify.device import (DEVICE_VERIFIERS, DRAWN, RESIDUAL, WALK_ROWS, WalkRead, point_mass_walk, sibling_table,
+                             token_level_bonus, token_level_walk)
 from . import host
 from .compiled import CompileEvent, CompileMode, GraphFn
 from .dense_forward import DenseForward, dense_reason
 
 _NEG = float("-inf")
+_STEP_TAIL = 8  # step_out past the path's depth + 1 slots: len, bonus, p_draft, last, p, u, p_target
 MIN_CAPACITY = 512
 MIN_SPAN = 256
 
@@ -139,10 +142,12 @@ class StepRead:
         sampled: ``topk`` (T = 0) or ``swor`` (T > 0: siblings drawn without replacement, in draw order).
         argmax, p_node, p_argmax: T = 0: ``[B]`` the target's argmax at each node, the target
             probability of each node's token under its parent, of each node's argmax.
-        path: T = 0: accepted nodes (root first); bonus: the token after them; p_draft_bonus: the
-            draft's probability of the bonus token at the last accepted node (NaN: never forwarded).
-        draft_rows, target_probs: T > 0: ``[B, V]`` the draft distribution at each node (rows of
-            nodes never forwarded unspecified) and the target's (temperature and top-p applied).
+        path: verified on the device: accepted nodes (root first); bonus: the token after them;
+            p_draft_bonus: the draft's probability of the bonus token at the last accepted node (NaN:
+            never forwarded); p_target_bonus: the target's.
+        walk: T > 0, verified on the device: the verification's numbers (``verify.device.walk_result``).
+        draft_rows, target_probs: T > 0, verified on the host: ``[B, V]`` the draft distribution at each
+            node (rows of nodes never forwarded unspecified) and the target's (temperature and top-p applied).
     """
 
     tokens: np.ndarray
@@ -160,6 +165,8 @@ class StepRead:
     path: list[int] = field(default_factory=list)
     bonus: int = -1
     p_draft_bonus: float = math.nan
+    p_target_bonus: float = math.nan
+    walk: Optional[WalkRead] = None
     draft_rows: Optional[np.ndarray] = None
     target_probs: Optional[np.ndarray] = None
 
@@ -201,15 +208,21 @@ class GraphStepper:
             distribution, tree steps return the target rows of every node).
         draft_temperature: the draft's (T > 0 tree steps draw siblings without replacement from it).
         mode: how the programs run (``CompileMode.for_device`` by default).
+        verifier: T > 0: ``token_level`` and ``point_mass`` verify on the device (``verify.device``);
+            another (``traversal``) verifies on the host from the read rows (``read``, ``set_outcome``).
     """
 
     def __init__(self, draft, target, envelope: Optional[Envelope], capacity: int, temperature: float = 0.0,
-                 top_p: float = 1.0, mode: Optional[CompileMode] = None, draft_temperature: float = 1.0):
+                 top_p: float = 1.0, mode: Optional[CompileMode] = None, draft_temperature: float = 1.0,
+                 verifier: str = "token_level"):
         self.in_use = False
         self.env = envelope
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.draft_temperature = float(draft_temperature)
         self.stochastic = self.temperature > 0.0
+        self.verifier = verifier if self.stochastic else "greedy"
+        #: the step's verification runs on the device (T = 0 always; T > 0 for ``DEVICE_VERIFIERS``)
+        self.device_verifies = not self.stochastic or verifier in DEVICE_VERIFIERS
         # room past the committed tokens: the tree's rows, and the accepted path's commit
         rows = 1 if envelope is None else max(envelope.budget, envelope.depth + 1)
         self.tf = DenseForward(target, capacity + rows + 1)
@@ -243,6 +256,7 @@ class GraphStepper:
         self._levels = [torch.tensor(level, **i64) for level in range(d)]
         self.shape = None if env.parents is None else ShapeSlots.build(env.parents, env.scores, dev)
         self._kmax = 1 if self.shape is None else self.shape.kmax
+        self._siblings = n if self.shape is None else self._kmax  # the most children a node can have
         f64 = dict(dtype=torch.float64, device=dev)
         self.c = Candidates(*(self._static(t) for t in (  # (written whole by the root's program)
             torch.zeros(6, n, **i64), torch.full((3, n), _NEG, **f64),
@@ -254,10 +268,13 @@ class GraphStepper:
         self.anc_t = self._static(torch.zeros(b, b, dtype=torch.bool, device=dev))
         self.target_out = self._static(torch.zeros(3, b, dtype=torch.float32, device=dev))  # argmax, p_node, p_argmax
         self.cand_out = self._static(torch.zeros(3, n, dtype=torch.float64, device=dev))  # q, weight, cid
-        # T > 0: every node's target distribution, read for the host's verifier
+        # T > 0: every node's target distribution (verified on the device, or read for the host's verifier)
         self.target_probs = self._static(torch.zeros(b if self.stochastic else 1, self.tf.vocab_size,
                                                      dtype=torch.float32, device=dev))
-        self.step_out = self._static(torch.zeros(d + 5, dtype=torch.float64, device=dev))  # path, len, bonus, p, last
+        self.walk_out = self._static(torch.zeros(WALK_ROWS if self.stochastic else 1, b, dtype=torch.float64,
+                                                 device=dev))
+        # path, len, bonus, p_draft(bonus), last, p(bonus) where drawn, its uniform, p_target(bonus)
+        self.step_out = self._static(torch.zeros(d + _STEP_TAIL, dtype=torch.float64, device=dev))
         # DySpec: grows[l] = after level l some slot is at depth l + 1 (level l + 1 has work)
         self.grows = self._static(torch.zeros(d, dtype=torch.bool, device=dev))
         self.stops_early = self.shape is None  # (a static shape's depth is its shape's)
@@ -397,25 +414,38 @@ class GraphStepper:
         """The tree's target forward; ``cached``: the tokens in the target's cache."""
         self._target_tree(span_bucket(cached + max(self.env.budget, self.env.depth + 1), self.tf.capacity))
 
-    def verify(self) -> None:
-        self._verify()
+    def verify(self, generator: Optional[torch.Generator] = None) -> None:
+        """The step's verification on the device (``device_verifies``); T > 0: ``generator`` (on the
+        device) draws its uniforms, one op."""
+        if not self.device_verifies:
+            raise RuntimeError(f"the {self.verifier} verifier runs on the host: read(), then set_outcome()")
+        if self.stochastic:
+            self._verify(torch.rand(self.env.budget + 1, dtype=torch.float64, generator=generator, device=self.device))
+        else:
+            self._verify(None)
 
     def commit(self) -> None:
         self._commit()
 
     def read(self) -> StepRead:
-        """The step's one host read: at T = 0 the device's verification, at T > 0 the draft rows and
-        target rows the host's verifier reads (``set_outcome`` then gives the device its decision)."""
-        if self.stochastic:
+        """The step's one host read: the device's verification (``device_verifies``), or at T > 0 the
+        draft rows and target rows the host's verifier reads (``set_outcome`` then gives the device its
+        decision)."""
+        if not self.device_verifies:
             tree, c, root, rows, target = host.fetch(self.tree, self.cand_out, self.root_probs, self.c.rows,
                                                      self.target_probs)
             return self._step_read(tree, c, draft_rows=np.concatenate([root, rows]), target_probs=target)
-        tree, target, c, out = host.fetch(self.tree, self.target_out, self.cand_out, self.step_out)
+        tree, c, out, per_node = host.fetch(self.tree, self.cand_out, self.step_out,
+                                            self.walk_out if self.stochastic else self.target_out)
         d = self.env.depth
         n_path = int(out[d + 1])
-        return self._step_read(tree, c, argmax=target[0].astype(np.int64), p_node=target[1].astype(np.float64),
-                               p_argmax=target[2].astype(np.float64), path=[int(x) for x in out[:n_path]],
-                               bonus=int(out[d + 2]), p_draft_bonus=float(out[d + 3]))
+        path, bonus = [int(x) for x in out[:n_path]], int(out[d + 2])
+        kw = dict(path=path, bonus=bonus, p_draft_bonus=float(out[d + 3]), p_target_bonus=float(out[d + 7]))
+        if self.stochastic:
+            walk = WalkRead(self.verifier, per_node, path, bonus, p_bonus=float(out[d + 5]), u_bonus=float(out[d + 6]))
+            return self._step_read(tree, c, walk=walk, **kw)
+        return self._step_read(tree, c, argmax=per_node[0].astype(np.int64), p_node=per_node[1].astype(np.float64),
+                               p_argmax=per_node[2].astype(np.float64), **kw)
 
     def _step_read(self, tree: np.ndarray, c: np.ndarray, **kw) -> StepRead:
         parents = tree[1].copy()
@@ -429,7 +459,7 @@ class GraphStepper:
         """T > 0: the host verifier's accepted path (slots, root first) and bonus token, for ``commit``
         (a host -> device copy; no read)."""
         d = self.env.depth
-        out = np.zeros(d + 5)
+        out = np.zeros(d + _STEP_TAIL)
         out[:len(path)] = path
         out[d + 1], out[d + 2], out[d + 3], out[d + 4] = len(path), bonus, math.nan, path[-1]
         self.step_out.copy_(torch.from_numpy(out), non_blocking=True)
@@ -509,12 +539,23 @@ class GraphStepper:
         p_am = torch.exp(logits.gather(1, am[:, None])[:, 0] - lse)
         self.target_out.copy_(torch.stack([am.float(), p_node, p_am]))
 
-    def _verify_program(self):
+    def _verify_program(self, u: Optional[torch.Tensor]):
+        """T = 0: the greedy walk; T > 0: ``verify.device``'s walk with ``u`` ``[B + 1]`` uniforms."""
         env = self.env
+        b = env.budget
         tokens, parents, depth, valid = self.tree[0], self.tree[1], self.tree[2], self.tree[3].bool()
-        am = self.target_out[0].long()
         is_root = self._arange_b == 0
-        match = valid & (tokens == am.index_select(0, parents))
+        if self.stochastic:
+            draft = torch.cat([self.root_probs, self.c.rows])  # [B, V] the rows each slot's children came from
+            kids = sibling_table(parents, valid, torch.cat([self._zero, self.c.cid]), self._siblings)
+            if self.verifier == "token_level":
+                walk, tests = token_level_walk(self.target_probs, draft, tokens, parents, kids, u[:b])
+            else:
+                walk = point_mass_walk(self.target_probs, tokens, parents, kids, u[:b])
+            match = valid & (walk.chosen.index_select(0, parents) == self._arange_b)
+        else:
+            am = self.target_out[0].long()
+            match = valid & (tokens == am.index_select(0, parents))
         acc = is_root
         for _ in range(env.depth):
             acc = acc | (match & acc.index_select(0, parents))
@@ -522,13 +563,26 @@ class GraphStepper:
         on_path = self.anc_t.index_select(0, last)[0]  # (a 0-dim index would read the device)
         at = (depth[None, :] == self._arange_path[:, None]) & on_path[None, :]
         path = (at.long() * self._arange_b[None, :]).sum(1)  # [depth + 1] node at each depth (0 past the end)
-        bonus = am.index_select(0, last)
+        if not self.stochastic:
+            bonus = am.index_select(0, last)
+            drawn = torch.full((2,), math.nan, dtype=torch.float64, device=self.device)  # p(bonus), its uniform
+        elif self.verifier == "token_level":
+            bonus, p_bonus = token_level_bonus(self.target_probs, draft, tests, kids, last, u[b:])
+            drawn = torch.cat([p_bonus, u[b:]])
+        else:
+            bonus = walk.out[DRAWN].index_select(0, last).long()
+            drawn = torch.cat([walk.out[RESIDUAL].index_select(0, last), u.index_select(0, last)])
+        if self.stochastic:
+            self.walk_out.copy_(walk.out)
+            p_target = self.target_probs.index_select(0, last)[0].index_select(0, bonus).double()
+        else:
+            p_target = self.target_out[2].index_select(0, last).double()
         row = self.tree[4].index_select(0, last)
         root_p = self.root_probs[0].index_select(0, bonus)
         node_p = self.c.rows.index_select(0, (last - 1).clamp(min=0))[0].index_select(0, bonus)
         p_draft = torch.where(row >= 0, torch.where(last == 0, root_p, node_p).double(), float("nan"))
         self.step_out.copy_(torch.cat([path.double(), on_path.sum().double().view(1), bonus.double(), p_draft,
-                                       last.double()]))
+                                       last.double(), drawn, p_target]))
 
     def _commit_program(self):
         d = self.env.depth

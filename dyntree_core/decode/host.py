@@ -20,7 +20,7 @@ from . import op_count
 
 def fetch(*tensors: torch.Tensor) -> list[np.ndarray]:
     """Host copies of ``tensors`` (any devices) as numpy arrays, with one wait for the device."""
-    op_count.on_fetch()  # one read; what follows is host data
+    op_count.on_fetch(sum(t.numel() * t.element_size() for t in tensors))  # one read; what follows is host data
     out = [t.detach().to("cpu", non_blocking=True) for t in tensors]
     devices = {t.device for t in tensors if t.device.type == "cuda"}
     for dev in devices:
