@@ -79,13 +79,15 @@ def _check_resident(r):
             assert math.isclose(ratio, t["ar_ms_per_token"][kind] / t["hf_generate_ms_per_token"])
             assert math.isclose(t["ar_vs_hf_static"][kind], t["ar_ms_per_token"][kind] / t["hf_static_ms_per_token"])
         assert t["ar_vs_hf_generate_best"] == min(t["ar_vs_hf_generate"].values())
-        got = {(x["method"], x.get("budget"), x["attention"], x["step"]) for x in t["rows"]}
-        want = {(m, None, "torch", "graph") for m in ("autoregressive", "chain")}
-        want |= {(m, None, "triton", "host") for m in ("autoregressive", "chain")}
-        want |= {("dyspec_greedy", b, "torch", step) for b in plan.budgets for step in ("graph", "graph_every_level")}
-        want |= {("dyspec_greedy", b, "triton", "host") for b in plan.budgets}
-        want |= {("autoregressive", None, "torch", "host"), ("dyspec_greedy", plan.ab_budget, "torch", "host"),
-                 ("dyspec_greedy", plan.ab_budget, "torch", "device_side")}  # inductor's rows: CUDA only
+        got = {(x["method"], x.get("budget"), x["attention"], x["step"], x.get("temperature", 0)) for x in t["rows"]}
+        want = {(m, None, "torch", "graph", 0) for m in ("autoregressive", "chain")}
+        want |= {(m, None, "triton", "host", 0) for m in ("autoregressive", "chain")}
+        want |= {("dyspec_greedy", b, "torch", step, 0) for b in plan.budgets for step in ("graph", "graph_every_level")}
+        want |= {("dyspec_greedy", b, "triton", "host", 0) for b in plan.budgets}
+        want |= {("autoregressive", None, "torch", "host", 0), ("dyspec_greedy", plan.ab_budget, "torch", "host", 0),
+                 ("dyspec_greedy", plan.ab_budget, "torch", "device_side", 0)}  # inductor's rows: CUDA only
+        # the A/B of T > 0 verification on the device and on the host from the read rows
+        want |= {("dyspec_greedy", plan.ab_budget, "torch", step, 1.0) for step in ("graph", "graph_host_verify")}
         assert got == want
         for x in t["rows"]:
             assert x["step_ms"] > 0 and x["tokens_per_step"] >= 1 and x["phases_ms"]["target_forward"] > 0
@@ -95,7 +97,7 @@ def _check_resident(r):
                 assert x["phases_ms"]["draft"] > 0 and x["tree_size"] > 1 and x["draft_forwards"] >= 1
         every = {x["budget"]: x["draft_forwards"] for x in t["rows"] if x["step"] == "graph_every_level"}
         stops = {x["budget"]: x["draft_forwards"] for x in t["rows"]
-                 if x["step"] == "graph" and x["method"] == "dyspec_greedy"}
+                 if x["step"] == "graph" and x["method"] == "dyspec_greedy" and "temperature" not in x}
         assert every == {b: 8 for b in plan.budgets} and all(stops[b] < 8 for b in plan.budgets), (every, stops)
 
 

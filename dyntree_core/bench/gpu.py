@@ -371,13 +371,14 @@ def _resident_markdown(r: dict[str, Any]) -> list[str]:
                   f"{r['bandwidth']['gbps']:.3g} GB/s); ours per token (ar_vs_hf_generate, ar_vs_hf_static, ar_vs_floor): "
                   + ", ".join(f"{a} {t['ar_ms_per_token'][a]:.2f} ms = {v:.2f}x, {t['ar_vs_hf_static'][a]:.2f}x, "
                               f"{t['ar_vs_floor'][a]:.2f}x" for a, v in t["ar_vs_hf_generate"].items()), "",
-                  "| method | budget | attention | step | ms/step | x AR step | tokens/step | compile s | draft forwards "
+                  "| method | budget | T | attention | step | ms/step | x AR step | tokens/step | compile s | draft forwards "
                   "| draft | tree build | mask | target fwd | verify | kv |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in t["rows"]:
             ph = x["phases_ms"]
             cell = lambda k: f"{ph[k]:.2f}" if k in ph else "-"  # noqa: E731
-            lines.append(f"| {x['method']} | {x.get('budget', '-')} | {x['attention']} | {x['step']} | {x['step_ms']:.2f} | "
+            lines.append(f"| {x['method']} | {x.get('budget', '-')} | {x.get('temperature', 0):g} | {x['attention']} | "
+                         f"{x['step']} | {x['step_ms']:.2f} | "
                          f"{x.get('step_vs_ar_step', math.nan):.2f} | {x['tokens_per_step']:.2f} | {x['compile_s']:.1f} | "
                          f"{x.get('draft_forwards', '-')} | {cell('draft')} | {cell('tree_build')} | {cell('mask')} | {cell('target_forward')} | "
                          f"{cell('verify')} | {cell('kv_compaction')} |")
@@ -422,8 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resident-seconds", type=float, default=140.0,
                    help="time budget of the resident section (later rows are listed as skipped)")
     p.add_argument("--resident-targets", nargs="+", choices=("1.5B", "7B"), help="only these targets")
-    p.add_argument("--resident-kinds", nargs="+", choices=("graph", "graph_every_level", "graph_inductor", "host",
-                                                           "device_side"),
+    p.add_argument("--resident-kinds", nargs="+", choices=("graph", "graph_every_level", "graph_inductor",
+                                                           "graph_host_verify", "host", "device_side"),
                    help="only these step kinds (plain decoding's graph row always runs: the reference)")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers' generate rows out")
     return p

@@ -15,7 +15,9 @@ commits ~1 token — the step times are the point) in one process:
   ``draft_forwards`` per step), ``graph_every_level`` = the same with every draft level of the
   envelope forwarded (what a tree as deep as the envelope pays: the synthetic draft's trees are one
   level deep), ``graph_inductor`` = the same programs compiled
-  by inductor with ``mode="reduce-overhead"``, ``host`` = the eager step with host drafting and
+  by inductor with ``mode="reduce-overhead"``, ``graph_host_verify`` = a ``graph`` step at T > 0 whose
+  token-level verification runs on the host from the read draft and target rows (the A/B of the
+  device's verification: the sampled budget-64 rows run both), ``host`` = the eager step with host drafting and
   verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
   forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
   eager kinds (the device-side drafting regression) and inductor's plain step; Triton rows run on the
@@ -50,6 +52,8 @@ QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "7B": (3584, 28, 28, 4, 18944),
 }
 QWEN_VOCAB = 151936
+#: step kinds that run as fixed-shape programs (``decode.graph_step``)
+GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify")
 #: the dry run's stand-ins (same roles, tiny)
 TINY_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "0.5B": (64, 2, 4, 2, 128),
@@ -157,8 +161,9 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
     from ..decode.compiled import CompileMode
 
     dec = SpeculativeDecoder(draft, target, cfg)
-    dec.graph_steps = step in ("graph", "graph_inductor", "graph_every_level")
+    dec.graph_steps = step in GRAPH_KINDS
     dec.draft_every_level = step == "graph_every_level"
+    dec.device_verify = step != "graph_host_verify"
     dec.device_side = step == "device_side"
     if step == "graph_inductor":
         dec.compile_mode = CompileMode.inductor(dec.device)
@@ -192,9 +197,9 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
     def chain(attention: str) -> Any:
         return DecodeConfig(method="chain", depth=4, attention=attention, **base)
 
-    def tree(attention: str, budget: int) -> Any:
+    def tree(attention: str, budget: int, temperature: float = 0.0) -> Any:
         return DecodeConfig(method="dyspec_greedy", budget=budget, depth=8, attention=attention, node_order="dfs",
-                            **base)
+                            **(base | dict(temperature=temperature)))
 
     order = sorted(plan.budgets, key=lambda b: (b != plan.ab_budget, -b))  # the A/B budget, then the largest
     out: list[tuple[Any, str]] = []
@@ -205,6 +210,8 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
         out += [(tree("torch", b), "graph_every_level") for b in order]
         out += [(ar("torch"), "host"), (tree("torch", plan.ab_budget), "host"),
                 (tree("torch", plan.ab_budget), "device_side")]
+        # T = 1, token level: verified on the device, and on the host from the read rows (2 B V floats)
+        out += [(tree("torch", plan.ab_budget, 1.0), "graph"), (tree("torch", plan.ab_budget, 1.0), "graph_host_verify")]
         if not plan.dry_run:  # inductor's fused kernels (a CUDA compile: the dry run leaves it out)
             out += [(tree("torch", plan.ab_budget), "graph_inductor"), (ar("torch"), "graph_inductor")]
     else:
@@ -311,6 +318,8 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
                 knobs = dict(budget=cfg.budget) if cfg.method == "dyspec_greedy" else {}
                 if cfg.method != "autoregressive":
                     knobs["depth"] = cfg.depth
+                if cfg.temperature > 0:
+                    knobs["temperature"] = cfg.temperature
                 rows.append(dict(method=cfg.method, **knobs, attention=cfg.attention, **r))
                 if save is not None:
                     save(dict(partial=True, bandwidth=bandwidth, targets=targets, skipped=skipped, failed=failed,
@@ -321,7 +330,8 @@ def resident(dev: torch.device, seconds: float, dry_run: bool, log=print,
                     + (f" (compiled in {r['compile_s']:.1f} s)" if r["compile_s"] else ""))
             ar_rows = {(r["attention"], r["step"]): r for r in rows if r["method"] == "autoregressive"}
             for r in rows:
-                ar_row = ar_rows.get((r["attention"], r["step"])) or ar_rows.get((r["attention"], "host"))
+                ar_row = (ar_rows.get((r["attention"], r["step"]))
+                          or ar_rows.get((r["attention"], "graph" if r["step"] in GRAPH_KINDS else "host")))
                 if ar_row is not None:
                     r["step_vs_ar_step"] = r["step_ms"] / ar_row["step_ms"]
             ar = {f"{a} {k}": r["step_ms"] / r["tokens_per_step"] for (a, k), r in ar_rows.items()}

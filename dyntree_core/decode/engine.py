@@ -148,6 +148,9 @@ class SpeculativeDecoder:
         #: graph steps forward every draft level of the envelope, as they did before DySpec's stop at its
         #: tree's depth (``GraphStepper.draft``): same trees; the A/B of ``bench gpu`` and the tests
         self.draft_every_level = False
+        #: T > 0 graph steps verify token level and point mass on the device (``verify.device``); False: on
+        #: the host from the read rows, as Traversal does (the A/B of ``bench gpu``)
+        self.device_verify = True
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -265,10 +268,10 @@ class SpeculativeDecoder:
         mode = self.compile_mode or CompileMode.for_device(self.device)
         capacity = capacity_bucket(tokens)
         draft_t = cfg.effective_draft_temperature
-        verifier = self.verifier_name
-        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode, verifier),
+        verifier, on_device = self.verifier_name, self.device_verify
+        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode, verifier, on_device),
                                  lambda: GraphStepper(self.draft, self.target, env, capacity, cfg.temperature, cfg.top_p,
-                                                      mode, draft_t, verifier))
+                                                      mode, draft_t, verifier, on_device))
 
     def graph_reason(self) -> Optional[str]:
         """Why this decoder's steps do not run as fixed-shape programs (None: they do)."""

@@ -210,11 +210,12 @@ class GraphStepper:
         mode: how the programs run (``CompileMode.for_device`` by default).
         verifier: T > 0: ``token_level`` and ``point_mass`` verify on the device (``verify.device``);
             another (``traversal``) verifies on the host from the read rows (``read``, ``set_outcome``).
+        device_verify: False: every verifier verifies on the host at T > 0 (an A/B switch).
     """
 
     def __init__(self, draft, target, envelope: Optional[Envelope], capacity: int, temperature: float = 0.0,
                  top_p: float = 1.0, mode: Optional[CompileMode] = None, draft_temperature: float = 1.0,
-                 verifier: str = "token_level"):
+                 verifier: str = "token_level", device_verify: bool = True):
         self.in_use = False
         self.env = envelope
         self.temperature, self.top_p = float(temperature), float(top_p)
@@ -222,7 +223,7 @@ class GraphStepper:
         self.stochastic = self.temperature > 0.0
         self.verifier = verifier if self.stochastic else "greedy"
         #: the step's verification runs on the device (T = 0 always; T > 0 for ``DEVICE_VERIFIERS``)
-        self.device_verifies = not self.stochastic or verifier in DEVICE_VERIFIERS
+        self.device_verifies = not self.stochastic or (device_verify and verifier in DEVICE_VERIFIERS)
         # room past the committed tokens: the tree's rows, and the accepted path's commit
         rows = 1 if envelope is None else max(envelope.budget, envelope.depth + 1)
         self.tf = DenseForward(target, capacity + rows + 1)
