@@ -5,6 +5,9 @@ plain decoding's, and a step launches a fixed number of graphs with one host rea
 On the CPU the programs are traced by dynamo's ``eager`` backend (``CompileMode.check``): what fails there
 (a graph break, a host read, a data-dependent shape) fails the same way under inductor on a GPU."""
 
+import re
+from collections import Counter
+
 import pytest
 import torch
 from conftest import DEVICE
@@ -270,6 +273,34 @@ def test_a_sampled_tree_step_verifies_on_the_device_and_reads_bytes_independent_
         read[name] = {total(counts, DEVICE_PHASES).read_bytes for counts in steps}
     assert read["v64"] == read["v512"] and len(read["v64"]) == 1, read
     assert min(read["traversal"]) >= 2 * 12 * 512 * 4 > 4 * max(read["v512"]), read
+
+
+@pytest.mark.parametrize("verifier", ("token_level", "point_mass"))
+def test_a_sampled_steps_decisions_lead_to_its_path_and_show_in_the_walkthrough(pair, verifier):
+    """The trace a device-verified step leaves (``verify.device.walk_result``) is what the page shows: the
+    decisions end with the bonus token, their accepted tests are the accepted path, every rejection carries
+    the updated residual's top tokens, and the walkthrough lists one row per decision."""
+    from ui.tokens import TokenTexts
+    from ui.walkthrough import walkthrough_html
+
+    class Names:
+        decode = staticmethod(lambda ids, **kw: "".join(f"<t{i}>" for i in ids))
+
+    texts = TokenTexts(Names())
+    dec = graph_decoder(pair, "dyspec_greedy", budget=12, depth=4, temperature=0.8, verifier=verifier)
+    kinds = Counter()
+    for tr in dec.generate(PROMPT, 24, seed=3):
+        ds = tr.decisions
+        assert ds[-1].kind == "bonus" and ds[-1].token == tr.bonus_token == tr.committed[-1].token_id
+        assert [d.node for d in ds if d.accepted and d.kind != "bonus"] == tr.accepted_nodes[1:]
+        assert all(0 <= d.u < 1 and 0 <= d.accept_prob <= 1 and 0 < d.p_target <= 1 + 1e-6 for d in ds
+                   if d.kind != "child" or d.accepted), ds
+        assert all(d.residual_top for d in ds if d.kind == "child" and not d.accepted)
+        assert len(re.findall(r"<tr>", walkthrough_html(tr, texts, None))) == len(ds) + 1
+        for sel in range(len(ds)):
+            assert f"Decision {sel + 1} of {len(ds)}" in walkthrough_html(tr, texts, sel)
+        kinds.update(d.kind if d.accepted else "rejected" for d in ds)
+    assert kinds["bonus"] >= 5 and (kinds["rejected"] >= 3 if verifier == "token_level" else kinds["sample"] >= 3), kinds
 
 
 def test_a_plain_step_is_one_graph_and_one_read(pair):
