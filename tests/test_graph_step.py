@@ -23,7 +23,7 @@ from dyntree_core.testing import tiny_pair
 from dyntree_core.tree import tree_from_parents
 
 PROMPT = [5, 9, 2, 7, 1]
-TREE_METHODS = ("chain", "dyspec_greedy", "sequoia")
+TREE_METHODS = ("chain", "dyspec_greedy", "sequoia", "specinfer")
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +123,10 @@ def test_dense_reason_names_what_the_forward_cannot_take(pair):
     assert "stop_confidence" in graph_reason(DecodeConfig(method="chain", stop_confidence=0.3), draft, draft,
                                              offloaded=False)
     assert "streams from host memory" in graph_reason(DecodeConfig(method="chain"), draft, draft, offloaded=True)
-    for method in ("autoregressive", "chain", "dyspec_greedy", "sequoia"):
+    for method in ("autoregressive",) + TREE_METHODS:
         assert graph_reason(DecodeConfig(method=method, temperature=0.5), draft, draft, offloaded=False) is None
-    assert Envelope.of(DecodeConfig(method="specinfer")) is None
+    assert Envelope.of(DecodeConfig(method="opt_tree")) is None
+    assert Envelope.of(DecodeConfig(method="specinfer", width=2, depth=3)).parents == (-1, 0, 0, 1, 2, 3, 4)
     assert Envelope.of(DecodeConfig(method="chain", depth=5)).parents == (-1, 0, 1, 2, 3, 4)
 
 
@@ -175,19 +176,21 @@ def test_graph_steps_give_plain_decodings_tokens(pair, method, budget, depth):
     assert [c.token_id for tr in traces for c in tr.committed] == plain_ids(pair, 48)
     assert sum(len(tr.accepted_nodes) for tr in traces) > len(traces)  # trees were accepted, not only bonus tokens
     for tr in traces:
-        assert tr.tree.size <= dec.config.budget and tr.node_order == "bfs"
+        assert tr.tree.size <= Envelope.of(dec.config).budget and tr.node_order == "bfs"
         assert tr.node_status[0] == "root" and all(tr.node_status[i] == "accepted" for i in tr.accepted_nodes[1:])
 
 
-def test_graph_steps_keep_the_host_paths_trees_and_provenance(pair):
-    """The graph step's tree and probabilities are the host drafter's (DySpec greedy at T = 0)."""
+@pytest.mark.parametrize("method", ("dyspec_greedy", "specinfer"))
+def test_graph_steps_keep_the_host_paths_trees_and_provenance(pair, method):
+    """The graph step's tree and probabilities are the host drafter's at T = 0 (DySpec greedy; SpecInfer's
+    k x L: the root's top k, then each chain's argmax)."""
     from test_device_drafting import assert_same_tree
 
     draft, target = pair
-    cfg = DecodeConfig(method="dyspec_greedy", budget=12, depth=3, attention="torch", trace_block_counts=False,
-                       device=DEVICE.type)
+    knobs = dict(budget=12, depth=3, width=3)
+    cfg = DecodeConfig(method=method, attention="torch", trace_block_counts=False, device=DEVICE.type, **knobs)
     host = list(SpeculativeDecoder(draft, target, cfg).generate(PROMPT, 24))
-    graph = list(graph_decoder(pair, "dyspec_greedy", budget=12, depth=3).generate(PROMPT, 24))
+    graph = list(graph_decoder(pair, method, **knobs).generate(PROMPT, 24))
     assert len(host) == len(graph)
     for a, b in zip(host, graph):
         assert_same_tree(a.tree, b.tree, rel=1e-5)
@@ -572,7 +575,7 @@ def test_a_flat_drafts_tree_costs_two_draft_levels_at_depth_8(monkeypatch):
 #: CUDA kernels a draft level's program runs beyond its draft forward (``op_count.LaunchCounter``): the
 #: level's visibility rows, its draws and the merge into the candidate set (DySpec), or the shape's draws
 #: (chain, Sequoia); the same at every budget (the tree's size lives in the shapes)
-LEVEL_KERNELS = {"dyspec_greedy": 69.75, "chain": 57.75, "sequoia": 57.75}
+LEVEL_KERNELS = {"dyspec_greedy": 69.75, "chain": 57.75, "sequoia": 57.75, "specinfer": 57.75}
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="a CUDA replay runs no Python: the kernels are counted on the CPU")

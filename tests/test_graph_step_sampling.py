@@ -35,6 +35,8 @@ CASES = [
     dict(method="dyspec_greedy", verifier="traversal", temperature=0.6, budget=6, depth=2),
     dict(method="dyspec_greedy", verifier="point_mass", temperature=1.0, budget=6, depth=2),
     dict(method="sequoia", verifier="token_level", temperature=1.0, budget=6, depth=2),
+    # SpecInfer's k chains: the root's k tokens drawn without replacement on the device (i.i.d. on the host)
+    dict(method="specinfer", verifier="token_level", temperature=1.0, width=3, depth=2),
     dict(method="chain", verifier="token_level", temperature=0.6, draft_temperature=1.3, depth=2),
     dict(method="dyspec_greedy", verifier="token_level", temperature=1.0, top_p=0.8, budget=6, depth=2),
     # depth 4: most trees stop at depth 2 (3 draft levels of 4 run, ``GraphStepper.draft``; checked once:

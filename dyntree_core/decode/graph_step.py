@@ -59,7 +59,7 @@ class Envelope:
     """The fixed shape of a method's greedy trees.
 
     Attributes:
-        method: ``chain``, ``dyspec_greedy`` or ``sequoia``.
+        method: ``chain``, ``dyspec_greedy``, ``sequoia`` or ``specinfer``.
         n: candidate slots (tree nodes without the root).
         depth: drafted levels below the root.
         parents: a static shape's parent list (root first, breadth-first), None for DySpec.
@@ -88,6 +88,10 @@ class Envelope:
             return cls("dyspec_greedy", cfg.budget - 1, cfg.depth)
         if cfg.method == "chain" and cfg.stop_confidence is None:
             return cls("chain", cfg.depth, cfg.depth, tuple(range(-1, cfg.depth)))
+        if cfg.method == "specinfer":  # k chains of L below the root, numbered level by level as the host's
+            k, depth = cfg.width, cfg.depth
+            chains = [1 + (level - 1) * k + i for level in range(1, depth) for i in range(k)]
+            return cls("specinfer", k * depth, depth, tuple([-1] + [0] * k + chains))
         if cfg.method == "sequoia":
             from ..drafting.sequoia import SequoiaDrafter
 
@@ -128,7 +132,8 @@ def graph_reason(cfg: DecodeConfig, draft, target, offloaded: bool) -> Optional[
     if cfg.method == "autoregressive":
         return None
     if Envelope.of(cfg) is None:
-        return f"method {cfg.method!r} has no fixed envelope here (chain without stop_confidence, dyspec_greedy, sequoia)"
+        return (f"method {cfg.method!r} has no fixed envelope here (chain without stop_confidence, dyspec_greedy, "
+                "sequoia, specinfer)")
     reason = dense_reason(draft)
     return None if reason is None else f"draft: {reason}"
 
