@@ -28,8 +28,10 @@ def test_dry_run_runs_every_section(tmp_path, capsys):
     assert {r["order"] for r in ident} == {"bfs", "dfs", "hpd"} and all(r["kernel_ran"] for r in ident)
     assert any(r["case"].startswith("real-shape") for r in ident)
     dec = res["sections"]["decode_step"]["result"]["rows"]
-    assert [r["budget"] for r in dec] == list(gpu.Plan.for_run(True).decode_budgets)
+    budgets = list(gpu.Plan.for_run(True).decode_budgets)
+    assert [(r["budget"], r["drafting"]) for r in dec] == [(b, "programs") for b in budgets] + [(budgets[0], "eager")]
     assert all(r["kernel_blocks"] is not None and r["target_forward_seconds"] > 0 for r in dec)
+    assert all(r["step_vs_target_forward"] >= 1 and r["draft_forwards"] >= 1 for r in dec)
     assert res["sections"]["offload"]["result"]["runs"]
     for name, sec in res["sections"].items():  # every section released what it registered
         r = sec["resources"]

@@ -245,26 +245,32 @@ def decode_step(plan: Plan, dev: torch.device) -> dict[str, Any]:
                                     offload_options=dict(host_layers=cycled_host_layers(layout, shape.layers, buffers),
                                                          slots=2, resident_layers=0))
         prompt = torch.randint(0, vocab, (128,), generator=torch.Generator().manual_seed(0)).tolist()
-        for budget in plan.decode_budgets:
+        # every budget with the draft on its programs, then the first with the eager drafter: the A/B
+        for budget, programs in [(b, True) for b in plan.decode_budgets] + [(plan.decode_budgets[0], False)]:
             cfg = DecodeConfig(**{**base.__dict__, "budget": budget})
             dec = SpeculativeDecoder.on_pair(pair, cfg)
+            dec.graph_steps = programs  # (the CUDA default; the dry run asks for it on the CPU)
+            drafting = "programs" if dec.draft_graph_reason() is None else "eager"
             traces = list(dec.generate(prompt, plan.decode_steps + 1))[1:]  # the first step is a warm-up
             if not traces:
                 continue
             med = {p: statistics.median(getattr(t.timings, p) for t in traces) for p in PHASES}
             step = statistics.median(t.step_seconds for t in traces)
             outside = step - med["draft"] - med["target_forward"]
-            rows.append(dict(budget=budget, tree_size=statistics.median(t.tree_size for t in traces),
+            rows.append(dict(budget=budget, drafting=drafting, draft_reason=dec.draft_graph_reason(),
+                             tree_size=statistics.median(t.tree_size for t in traces),
                              steps=len(traces), step_seconds=step, **{f"{p}_seconds": v for p, v in med.items()},
+                             step_vs_target_forward=step / med["target_forward"] if med["target_forward"] > 0 else math.nan,
+                             draft_forwards=statistics.median(t.draft_forwards for t in traces),
                              outside_forwards_share=outside / step if step > 0 else math.nan,
                              kernel_blocks=traces[-1].kernel_blocks, order_blocks=traces[-1].order_blocks))
-            _log(f"decode step budget {budget}: {step:.3f} s (target {med['target_forward']:.3f}, "
+            _log(f"decode step budget {budget} ({drafting} draft): {step:.3f} s (target {med['target_forward']:.3f}, "
                  f"draft {med['draft']:.3f}, outside {outside:.3f})")
     finally:  # the offload's registrations, then the layer buffers' (ours: the pair only borrowed them)
         if pair is not None:
             pair.close()
         close_buffers(buffers)
-    return dict(ok=len(rows) == len(plan.decode_budgets), dtype=dtype_name, target_shape=shape.as_dict(),
+    return dict(ok=len(rows) == len(plan.decode_budgets) + 1, dtype=dtype_name, target_shape=shape.as_dict(),
                 draft_shape=dict(zip(("hidden", "layers", "heads", "kv_heads", "ffn"), dshape), vocab=vocab),
                 layer_bytes=layout.nbytes, rows=rows, timings_meaningful=not plan.dry_run,
                 note="random weights accept ~nothing: every step commits ~1 token; the timings are the point")
@@ -333,10 +339,11 @@ def _markdown(res: dict[str, Any]) -> str:
     dec = res["sections"].get("decode_step", {}).get("result", {})
     if dec.get("rows"):
         lines += ["", "## Decode step (median seconds per phase)", "",
-                  "| budget | nodes | step | draft | target fwd | offload wait | verify | outside share |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| budget | draft on | nodes | step | x target fwd | draft | target fwd | offload wait | verify | outside share |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in dec["rows"]:
-            lines.append(f"| {r['budget']} | {r['tree_size']:.0f} | {r['step_seconds']:.3f} | {r['draft_seconds']:.3f} | "
+            lines.append(f"| {r['budget']} | {r.get('drafting', '-')} | {r['tree_size']:.0f} | {r['step_seconds']:.3f} | "
+                         f"{r.get('step_vs_target_forward', math.nan):.3f} | {r['draft_seconds']:.3f} | "
                          f"{r['target_forward_seconds']:.3f} | {r['offload_transfer_seconds']:.3f} | "
                          f"{r['verify_seconds']:.4f} | {100 * r['outside_forwards_share']:.1f}% |")
     lines += _resident_markdown(res["sections"].get("resident", {}).get("result", {}))
@@ -402,7 +409,8 @@ def _summary(name: str, r: dict[str, Any]) -> str:
     if name == "offload":
         return f"{sum('seconds' in x for x in r['runs'])} forward points, exit {r['exit_code']}"
     if name == "decode_step":
-        return ", ".join(f"b{x['budget']}: {x['step_seconds']:.2f} s" for x in r["rows"])
+        return ", ".join(f"b{x['budget']} ({x.get('drafting', '?')} draft): {x['step_seconds']:.2f} s "
+                         f"= {x.get('step_vs_target_forward', math.nan):.2f}x target fwd" for x in r["rows"])
     if name == "resident":
         return "; ".join(f"{t['name']}: AR {min(t['ar_ms_per_token'].values()):.1f} ms/token vs transformers "
                          f"{t['hf_generate_ms_per_token']:.1f} ({t['ar_vs_hf_generate_best']:.2f}x), static "

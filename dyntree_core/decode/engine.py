@@ -257,9 +257,10 @@ class SpeculativeDecoder:
         return lambda chunk, start: causal_forward(model, cache, chunk, start, logits_rows=[len(chunk) - 1],
                                                    attn_kwargs=self.attn_kwargs)
 
-    def _stepper(self, tokens: int):
+    def _stepper(self, tokens: int, draft_only: bool = False):
         """The pair's graph stepper for this configuration and a run of ``tokens`` committed tokens
-        (capacities in buckets, so runs of similar lengths share compiled programs)."""
+        (capacities in buckets, so runs of similar lengths share compiled programs); ``draft_only``: the
+        draft's programs only (``draft_graph_reason``)."""
         from .compiled import CompileMode
         from .graph_step import Envelope, GraphStepper, capacity_bucket
 
@@ -269,8 +270,10 @@ class SpeculativeDecoder:
         capacity = capacity_bucket(tokens)
         draft_t = cfg.effective_draft_temperature
         verifier, on_device = self.verifier_name, self.device_verify
-        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode, verifier, on_device),
-                                 lambda: GraphStepper(self.draft, self.target, env, capacity, cfg.temperature, cfg.top_p,
+        target = None if draft_only else self.target
+        return self.pair.stepper(("graph", env, capacity, cfg.temperature, cfg.top_p, draft_t, mode, verifier, on_device,
+                                  draft_only),
+                                 lambda: GraphStepper(self.draft, target, env, capacity, cfg.temperature, cfg.top_p,
                                                       mode, draft_t, verifier, on_device))
 
     def graph_reason(self) -> Optional[str]:
@@ -282,6 +285,22 @@ class SpeculativeDecoder:
         if self.on_verify is not None:
             return "an on_verify consumer reads the target's logits"
         return graph_reason(self.config, self.draft, self.target, self.offload is not None)
+
+    def draft_graph_reason(self) -> Optional[str]:
+        """Why a step whose target runs eagerly (it streams from host memory) cannot draft with the draft's
+        fixed-shape programs (None: it does: ``GraphStepper`` without a target, a few graph replays per step
+        where the eager draft forwards each level through transformers)."""
+        from .dense_forward import dense_reason
+        from .graph_step import Envelope
+
+        if not self.graph_steps:
+            return "graph steps are off"
+        if self.offload is None:
+            return "the target is resident (the whole step runs as programs, or eagerly: graph_reason)"
+        if self.config.method == "autoregressive" or Envelope.of(self.config) is None:
+            return f"method {self.config.method!r} has no fixed envelope"
+        reason = dense_reason(self.draft)
+        return None if reason is None else f"draft: {reason}"
 
     def _run(self, prompt: list[int], max_new_tokens: int, stop_event,
              seed: int) -> Iterator[StepTrace | PrefillProgress]:
@@ -306,6 +325,13 @@ class SpeculativeDecoder:
         if reason is not None and self.graph_steps:
             _log_once(f"steps run eagerly: {reason}")
         device_gen = None
+        gdraft = None  # the draft's programs, for an eagerly forwarded target
+        if reason is not None and not is_ar and self.draft_graph_reason() is None:
+            gdraft = self._stepper(min(len(prompt) + max_new_tokens, self.max_context), draft_only=True)
+            if not cfg.greedy:
+                device_gen = torch.Generator(device=self.device).manual_seed(seed)
+            gdraft.begin(self.on_compile)
+            _log_once("the draft runs as fixed-shape programs; the target (streamed) eagerly")
         if reason is None:
             graph = self._stepper(min(len(prompt) + max_new_tokens, self.max_context))
             if not is_ar and not cfg.greedy:  # T > 0 drafting draws its uniforms on the device
@@ -324,18 +350,21 @@ class SpeculativeDecoder:
             if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
                 tree_cap = max(tree_cap, 1 + (cfg.depth - 1) * (cfg.budget - 1), cfg.depth)
             d_cache = (new_cache(self.draft, capacity + tree_cap)
-                       if not is_ar and method_spec(cfg.method).uses_draft_model else None)
+                       if not is_ar and method_spec(cfg.method).uses_draft_model and gdraft is None else None)
             feeds = [self._hf_feed(self.target, t_cache)] + ([self._hf_feed(self.draft, d_cache)]
                                                              if d_cache is not None else [])
+            if gdraft is not None:
+                feeds.append(lambda chunk, start: gdraft.prefill("draft", chunk, start))
         try:
             if len(prompt) > 1:
                 for progress in self._prefill(feeds, prompt, stop_event):
                     yield progress
                     if progress.stopped:
                         return  # stopped during the prefill: no step was decoded
-            if graph is not None:
-                graph.start(prompt)
-                todo = graph.to_compile()
+            stepper = graph if graph is not None else gdraft
+            if stepper is not None:
+                stepper.start(prompt)
+                todo = stepper.to_compile()
                 if todo:
                     n = len(prompt) - 1
                     yield PrefillProgress(n * len(feeds), n * len(feeds), time.perf_counter() - t_start,
@@ -353,7 +382,8 @@ class SpeculativeDecoder:
                 elif is_ar or state.plain:
                     trace, timer = self._ar_step(state, t_cache, rng, drafter)
                 else:
-                    trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng)
+                    trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng, gdraft,
+                                                   device_gen)
                     trace.fallback = self._fall_back(state, trace)
                 if stop_event is not None and stop_event.is_set() and trace.finish_reason is None:
                     trace.finish_reason = "stopped"
@@ -370,8 +400,9 @@ class SpeculativeDecoder:
                 if trace.finished:
                     return
         finally:
-            if graph is not None:
-                graph.end()  # the stepper is free for the pair's next run
+            for stepper in (graph, gdraft):
+                if stepper is not None:
+                    stepper.end()  # the stepper is free for the pair's next run
 
     def _truncate(self, committed: list[TokenProvenance], remaining: int, context_left: int):
         out: list[TokenProvenance] = []
@@ -451,24 +482,36 @@ class SpeculativeDecoder:
                          bonus_token=token, committed=committed, finish_reason=reason), timer
 
     # ------------------------------------------------------------------ tree step
-    def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng) -> tuple[StepTrace, StepTimer]:
+    def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng, gdraft=None,
+                   device_gen=None) -> tuple[StepTrace, StepTimer]:
         """draft -> node order and attention metadata -> target forward -> verify -> drafter
         feedback -> commit (tokens and both caches); the trace is built after the step.
 
         With ``device_side`` (greedy dyspec_greedy and chain) the tree is grown on the device
         (``drafting.device``), laid out there, and the host reads the step once
-        (``device_step.read_greedy_step``) before verifying."""
+        (``device_step.read_greedy_step``) before verifying. With ``gdraft`` (a draft-only ``GraphStepper``:
+        ``draft_graph_reason``) the draft's programs grow the tree (T > 0: their uniforms from
+        ``device_gen``), one read brings it (and at T > 0 its draft rows), and the accepted path is kept in
+        the draft's cache by its commit program."""
         cfg = self.config
         timer = StepTimer(self.device)
         cache_len = cache_length(t_cache)
         on_device = self._device_drafting(d_cache)
         with timer.phase("draft"):
-            source = self._draft_source(state, d_cache)
-            if on_device:
-                drafted = self._draft_on_device(source, state.committed[-1])
+            if gdraft is not None:
+                draft_forwards = gdraft.draft(len(state.committed) - 1, device_gen)
+                read_tree = gdraft.read_tree()
+                drafted, _ = read_tree.token_tree()
+                slot_of_node = np.flatnonzero(read_tree.valid)
             else:
-                drafted = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
-        timer.split("draft", "tree_build", source.forward_seconds)
+                source = self._draft_source(state, d_cache)
+                if on_device:
+                    drafted = self._draft_on_device(source, state.committed[-1])
+                else:
+                    drafted = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
+        if gdraft is None:
+            timer.split("draft", "tree_build", source.forward_seconds)
+            draft_forwards = source.forward_calls
         with timer.phase("mask"):
             fwd = self._forward_layout(drafted, drafted.levels if on_device else drafted.num_levels, cache_len,
                                        len(state.committed))
@@ -498,7 +541,10 @@ class SpeculativeDecoder:
         with timer.phase("kv_compaction"):
             committed, reason = self._commit_tokens(state, proposed, drafter)
             compact(t_cache, cache_len, [cache_len + slot[i] for i in path])
-            if on_device:
+            if gdraft is not None:
+                gdraft.set_outcome([int(slot_of_node[i]) for i in path], int(result.bonus_token))
+                gdraft.commit()
+            elif on_device:
                 state.draft_cached = source.commit_rows([read.source_rows[i] for i in path])
             else:
                 src_ids = tree.source_ids().tolist()
@@ -506,7 +552,7 @@ class SpeculativeDecoder:
         return self._tree_trace(state.step, tree, result, committed, reason, perm, self.config.node_order,
                                 kernel_blocks=fwd.meta.blocks.num_nonzero if fwd.meta is not None else None,
                                 draft_source=drafter.last_stats.source if drafter.last_stats is not None else "model",
-                                draft_forwards=source.forward_calls), timer
+                                draft_forwards=draft_forwards), timer
 
     # ------------------------------------------------------------------ graph steps
     def _graph_ar_step(self, state: _Step, graph, rng: np.random.Generator) -> tuple[StepTrace, StepTimer]:

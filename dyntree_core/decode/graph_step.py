@@ -216,6 +216,10 @@ class GraphStepper:
         verifier: T > 0: ``token_level`` and ``point_mass`` verify on the device (``verify.device``);
             another (``traversal``) verifies on the host from the read rows (``read``, ``set_outcome``).
         device_verify: False: every verifier verifies on the host at T > 0 (an A/B switch).
+
+    ``target`` None: **the draft's programs only** (``draft``, ``read_tree``, ``set_outcome``, ``commit``),
+    for a target the host forwards and verifies itself (one streamed from host memory: the draft, resident,
+    then costs a few graph replays instead of the eager forwards of each level).
     """
 
     def __init__(self, draft, target, envelope: Optional[Envelope], capacity: int, temperature: float = 0.0,
@@ -231,24 +235,28 @@ class GraphStepper:
         self.device_verifies = not self.stochastic or (device_verify and verifier in DEVICE_VERIFIERS)
         # room past the committed tokens: the tree's rows, and the accepted path's commit
         rows = 1 if envelope is None else max(envelope.budget, envelope.depth + 1)
-        self.tf = DenseForward(target, capacity + rows + 1)
-        dev = self.tf.device
+        if target is None and envelope is None:
+            raise ValueError("a draft-only stepper needs an envelope")
+        self.tf = None if target is None else DenseForward(target, capacity + rows + 1)
+        self.df: Optional[DenseForward] = None
+        if envelope is not None:
+            self.df = DenseForward(draft, capacity + 2 + envelope.draft_rows)
+        dev = self.tf.device if self.tf is not None else self.df.device
         self.device = dev
         self.mode = mode if mode is not None else CompileMode.for_device(dev)
         i64 = dict(dtype=torch.long, device=dev)
         self.t_len = self._static(torch.zeros((), **i64))
         self.root = self._static(torch.zeros(1, **i64))
-        self._t_cols = torch.arange(self.tf.capacity, **i64)  # sliced to a span: [:span] is a view
         self._zero = torch.zeros(1, **i64)
         self.programs: list[GraphFn] = []
         self._pool = torch.cuda.graph_pool_handle() if self.mode.capture == "cuda" else None
-        self._ar = self._program(self._ar_program, "ar")
-        self.df: Optional[DenseForward] = None
+        if self.tf is not None:
+            self._t_cols = torch.arange(self.tf.capacity, **i64)  # sliced to a span: [:span] is a view
+            self._ar = self._program(self._ar_program, "ar")
         if envelope is None:
             return
         env = envelope
         n, d = env.n, env.depth
-        self.df = DenseForward(draft, capacity + 2 + env.draft_rows)
         vocab = self.df.vocab_size
         self.d_len = self._static(torch.zeros((), **i64))
         self.a_tok = self._static(torch.zeros(1, **i64))
@@ -275,8 +283,8 @@ class GraphStepper:
         self.target_out = self._static(torch.zeros(3, b, dtype=torch.float32, device=dev))  # argmax, p_node, p_argmax
         self.cand_out = self._static(torch.zeros(3, n, dtype=torch.float64, device=dev))  # q, weight, cid
         # T > 0: every node's target distribution (verified on the device, or read for the host's verifier)
-        self.target_probs = self._static(torch.zeros(b if self.stochastic else 1, self.tf.vocab_size,
-                                                     dtype=torch.float32, device=dev))
+        self.target_probs = self._static(torch.zeros(b if self.stochastic and self.tf is not None else 1,
+                                                     vocab, dtype=torch.float32, device=dev))
         self.walk_out = self._static(torch.zeros(WALK_ROWS if self.stochastic else 1, b, dtype=torch.float64,
                                                  device=dev))
         # path, len, bonus, p_draft(bonus), last, p(bonus) where drawn, its uniform, p_target(bonus)
@@ -289,8 +297,11 @@ class GraphStepper:
         self._flags = host.Flags(d, dev)
         self._draft_root = self._program(self._draft_root_program, "draft_root")
         self._draft_level = self._program(self._draft_level_program, "draft_level")
-        self._target_tree = self._program(self._target_tree_program, "target_tree")
-        self._verify = self._program(self._verify_program, "verify")
+        if self.tf is None:
+            self._tree = self._program(self._tree_program, "tree")
+        else:
+            self._target_tree = self._program(self._target_tree_program, "target_tree")
+            self._verify = self._program(self._verify_program, "verify")
         self._commit = self._program(self._commit_program, "commit")
 
     # ------------------------------------------------------------------ set-up
@@ -301,6 +312,11 @@ class GraphStepper:
         self.in_use = True
         for program in self.programs:
             program.on_compile = on_compile
+
+    @property
+    def draft_only(self) -> bool:
+        """The draft's programs only (see the class docstring)."""
+        return self.tf is None
 
     def to_compile(self) -> list[str]:
         """The programs the next step compiles (a new bucket under a compiling mode), by name."""
@@ -332,6 +348,16 @@ class GraphStepper:
         g = GraphFn(fn, name, self.mode, pool=self._pool, device=self.device)
         self.programs.append(g)
         return g
+
+    def read_tree(self) -> StepRead:
+        """Draft-only: the drafted tree, with the draft rows at T > 0 (the host verifier reads them), in one
+        read (``set_outcome`` then ``commit`` keep the accepted path in the draft's cache)."""
+        self._tree()
+        if not self.stochastic:
+            tree, c = host.fetch(self.tree, self.cand_out)
+            return self._step_read(tree, c)
+        tree, c, root, rows = host.fetch(self.tree, self.cand_out, self.root_probs, self.c.rows)
+        return self._step_read(tree, c, draft_rows=np.concatenate([root, rows]))
 
     def prefill(self, role: str, tokens: list[int], start: int) -> None:
         """Feed ``tokens`` at positions ``start...`` to ``role``'s (``target``/``draft``) cache, eagerly
@@ -513,17 +539,29 @@ class GraphStepper:
             new = shape_level(c, probs, ids, level, self.shape, self._kmax, noise, live)
         _store(self.c, new)
 
-    def _target_tree_program(self, span: int):
-        c, env = self.c, self.env
-        dev = self.device
-        b = env.n + 1
-        true = torch.ones(1, dtype=torch.bool, device=dev)
+    def _tree_arrays(self) -> tuple[torch.Tensor, ...]:
+        """The padded tree from the candidate slots: ``(tokens, parents, depth, valid, row)``, ``[B]`` each
+        (slot 0 the root, its own parent here; an empty slot hangs off the root)."""
+        c = self.c
+        true = torch.ones(1, dtype=torch.bool, device=self.device)
         valid = torch.cat([true, c.w > _NEG])
         tokens = torch.cat([self.root, c.tok])
         depth = torch.cat([self._zero, c.depth])
         all_cid = torch.cat([self._zero, c.cid])
         parent = torch.argmax((c.pcid[:, None] == all_cid[None, :]).to(torch.int8), dim=1)
-        parents = torch.cat([self._zero, torch.where(valid[1:], parent, 0)])  # the root is its own parent here
+        parents = torch.cat([self._zero, torch.where(valid[1:], parent, 0)])
+        return tokens, parents, depth, valid, torch.cat([self._zero, c.row])
+
+    def _tree_program(self):
+        """Draft-only: the tree and the candidates' numbers for the read."""
+        tokens, parents, depth, valid, row = self._tree_arrays()
+        self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
+        self.cand_out.copy_(torch.stack([self.c.q, self.c.w, self.c.cid.double()]))
+
+    def _target_tree_program(self, span: int):
+        c, env = self.c, self.env
+        b = env.n + 1
+        tokens, parents, depth, valid, row = self._tree_arrays()
         anc = self._arange_b[:, None] == self._arange_b[None, :]
         for _ in range(env.depth):
             anc = anc | anc.index_select(0, parents)
@@ -532,7 +570,6 @@ class GraphStepper:
         visible = (self._t_cols[:span] < t_len)[None, :].expand(b, -1).clone()
         visible.index_copy_(1, slots, anc)
         logits = self.tf(tokens, t_len + depth.clamp(max=env.depth), slots, visible, self._arange_b).float()
-        row = torch.cat([self._zero, c.row])
         self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
         self.anc_t.copy_(anc)
         self.cand_out.copy_(torch.stack([c.q, c.w, c.cid.double()]))
@@ -596,9 +633,10 @@ class GraphStepper:
         n_path = self.step_out[d + 1].long()
         bonus = self.step_out[d + 2].long()
         last = self.step_out[d + 4].long()
-        t_len = self.t_len
-        self.tf.kv.keep_path(t_len + path, t_len + self._arange_path)
-        self.t_len.add_(n_path)
+        if self.tf is not None:
+            t_len = self.t_len
+            self.tf.kv.keep_path(t_len + path, t_len + self._arange_path)
+            self.t_len.add_(n_path)
         row = self.tree[4].index_select(0, path)
         forwarded = (row >= 0) & (self._arange_path < n_path)
         base = self.d_len
