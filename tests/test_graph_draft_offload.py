@@ -51,6 +51,11 @@ def test_the_draft_programs_give_the_host_drafters_trees_and_plain_decodings_tok
     for a, b in zip(host, graph):
         assert_same_tree(a.tree, b.tree, rel=1e-5)
         assert [c.token_id for c in a.committed] == [c.token_id for c in b.committed]
+        for x, y in zip(a.committed, b.committed):
+            assert y.p_target == pytest.approx(x.p_target, rel=1e-4)
+            # the host drafter forwards a node only when its heap pops it; the programs forward every slot
+            # above the last level, so they may know a bonus token's draft probability the host does not
+            assert x.p_draft != x.p_draft or y.p_draft == pytest.approx(x.p_draft, rel=1e-4)
         assert b.draft_forwards <= Envelope.of(dec.config).depth
 
 

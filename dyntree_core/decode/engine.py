@@ -532,6 +532,8 @@ class SpeculativeDecoder:
                 target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p,
                                         row_of_node=fwd.slot)
                 p_draft_bonus = None
+                if gdraft is not None and tree.draft_probs is None:  # T = 0: the rows stayed on the device
+                    p_draft_bonus = lambda node: gdraft.draft_prob(int(slot_of_node[node]), int(result.bonus_token))  # noqa: E731
             result = verifier.verify(tree, target_rows, rng)
             proposed = self._provenance(tree, result, target_rows, state.step, p_draft_bonus)
         if self.on_verify is not None:

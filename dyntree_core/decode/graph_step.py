@@ -359,6 +359,13 @@ class GraphStepper:
         tree, c, root, rows = host.fetch(self.tree, self.cand_out, self.root_probs, self.c.rows)
         return self._step_read(tree, c, draft_rows=np.concatenate([root, rows]))
 
+    def draft_prob(self, slot: int, token: int) -> float:
+        """Draft-only, after ``read_tree``: the draft's probability of ``token`` at ``slot`` (NaN: the slot was
+        never forwarded), one small read (the bonus token's provenance at T = 0, whose tree carries no rows)."""
+        rows = self.root_probs[0] if slot == 0 else self.c.rows[slot - 1]
+        p, row = host.fetch(rows[token:token + 1], self.tree[4, slot:slot + 1])
+        return float(p[0]) if row[0] >= 0 else math.nan
+
     def prefill(self, role: str, tokens: list[int], start: int) -> None:
         """Feed ``tokens`` at positions ``start...`` to ``role``'s (``target``/``draft``) cache, eagerly
         (prefill chunks vary in length; they are not graph programs)."""
