@@ -289,6 +289,7 @@ class GraphStepper:
                                                  device=dev))
         # path, len, bonus, p_draft(bonus), last, p(bonus) where drawn, its uniform, p_target(bonus)
         self.step_out = self._static(torch.zeros(d + _STEP_TAIL, dtype=torch.float64, device=dev))
+        self._no_draw = torch.full((3,), math.nan, dtype=torch.float64, device=dev)  # T = 0's last three
         # DySpec: grows[l] = after level l some slot is at depth l + 1 (level l + 1 has work)
         self.grows = self._static(torch.zeros(d, dtype=torch.bool, device=dev))
         self.stops_early = self.shape is None  # (a static shape's depth is its shape's)
@@ -479,7 +480,11 @@ class GraphStepper:
         d = self.env.depth
         n_path = int(out[d + 1])
         path, bonus = [int(x) for x in out[:n_path]], int(out[d + 2])
-        kw = dict(path=path, bonus=bonus, p_draft_bonus=float(out[d + 3]), p_target_bonus=float(out[d + 7]))
+        kw = dict(path=path, bonus=bonus, p_draft_bonus=float(out[d + 3]))
+        if self.stochastic:
+            kw["p_target_bonus"] = float(out[d + 7])
+        else:
+            kw["p_target_bonus"] = float(per_node[2][int(out[d + 4])])  # p_argmax at the last accepted node
         if self.stochastic:
             walk = WalkRead(self.verifier, per_node, path, bonus, p_bonus=float(out[d + 5]), u_bonus=float(out[d + 6]))
             return self._step_read(tree, c, walk=walk, **kw)
@@ -615,7 +620,7 @@ class GraphStepper:
         path = (at.long() * self._arange_b[None, :]).sum(1)  # [depth + 1] node at each depth (0 past the end)
         if not self.stochastic:
             bonus = am.index_select(0, last)
-            drawn = torch.full((2,), math.nan, dtype=torch.float64, device=self.device)  # p(bonus), its uniform
+            drawn = self._no_draw  # (the host has p_target(bonus) from target_out: p_argmax at the last node)
         elif self.verifier == "token_level":
             bonus, p_bonus = token_level_bonus(self.target_probs, draft, tests, kids, last, u[b:])
             drawn = torch.cat([p_bonus, u[b:]])
@@ -624,15 +629,13 @@ class GraphStepper:
             drawn = torch.cat([walk.out[RESIDUAL].index_select(0, last), u.index_select(0, last)])
         if self.stochastic:
             self.walk_out.copy_(walk.out)
-            p_target = self.target_probs.index_select(0, last)[0].index_select(0, bonus).double()
-        else:
-            p_target = self.target_out[2].index_select(0, last).double()
+            drawn = torch.cat([drawn, self.target_probs.index_select(0, last)[0].index_select(0, bonus).double()])
         row = self.tree[4].index_select(0, last)
         root_p = self.root_probs[0].index_select(0, bonus)
         node_p = self.c.rows.index_select(0, (last - 1).clamp(min=0))[0].index_select(0, bonus)
         p_draft = torch.where(row >= 0, torch.where(last == 0, root_p, node_p).double(), float("nan"))
         self.step_out.copy_(torch.cat([path.double(), on_path.sum().double().view(1), bonus.double(), p_draft,
-                                       last.double(), drawn, p_target]))
+                                       last.double(), drawn]))
 
     def _commit_program(self):
         d = self.env.depth
