@@ -3,10 +3,11 @@
 long; its draft, forwarded eagerly level by level through transformers, added ~20% to it on the H200
 (decode_step b64: 0.62 s of draft over a 2.45 s target forward). Here the draft is a few graph replays, one
 read of the tree, and one commit program. On the CPU the layer streamer runs with the host as its device
-(``allow_cpu_offload``): every property but the time is checked."""
+(``allow_cpu_offload``): every property but the time is checked; on a GPU the same tests run with page-locked
+layers and captured CUDA graphs (the χ² test stays on the CPU: it borrows ``test_sampling_e2e``'s pair)."""
 
 import pytest
-import torch
+from conftest import DEVICE
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.decode.graph_step import Envelope
@@ -26,8 +27,8 @@ def offloaded(method, models=None, **kw):
     """A decoder on an offloaded stand-in pair, graph steps asked for (the CUDA default)."""
     draft, target = models if models is not None else tiny_pair(seed=3, layers=3)
     cfg = DecodeConfig(method=method, offload_target=True, attention="torch", trace_block_counts=False,
-                       **({"budget": 12, "depth": 4, "width": 3} | kw))
-    pair = PreparedPair.prepare(draft, target, cfg, allow_cpu_offload=True)
+                       device=DEVICE.type, **({"budget": 12, "depth": 4, "width": 3} | kw))
+    pair = PreparedPair.prepare(draft, target, cfg, allow_cpu_offload=DEVICE.type == "cpu")
     dec = SpeculativeDecoder.on_pair(pair, cfg)
     dec.graph_steps = True
     return dec, pair
@@ -35,7 +36,8 @@ def offloaded(method, models=None, **kw):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_the_draft_programs_give_the_host_drafters_trees_and_plain_decodings_tokens(method):
-    plain = SpeculativeDecoder(*tiny_pair(seed=3, layers=3), DecodeConfig(method="autoregressive")).generate_ids(PROMPT, 30)
+    plain = SpeculativeDecoder(*(m.to(DEVICE) for m in tiny_pair(seed=3, layers=3)),
+                               DecodeConfig(method="autoregressive", device=DEVICE.type)).generate_ids(PROMPT, 30)
     dec, pair = offloaded(method)
     try:
         assert "streams from host memory" in dec.graph_reason() and dec.draft_graph_reason() is None
@@ -72,8 +74,10 @@ def test_the_draft_phase_is_its_graphs_and_one_read(method):
                     continue
                 draft = counts["draft"]
                 assert draft.graphs == tr.draft_forwards + 1 and draft.host_reads == 1, counts
-                # (the read is the step's first: what follows it runs on host data, counted apart)
-                assert draft.ops == (min(tr.draft_forwards, dec.config.depth - 1) if method == "dyspec_greedy" else 0), counts
+                # (the read is the step's first: what follows it runs on host data, counted apart; DySpec posts a
+                # flag per level but the last, and on CUDA reads each one level late: GraphStepper.lookahead)
+                posts = min(tr.draft_forwards, dec.config.depth - 1) if method == "dyspec_greedy" else 0
+                assert draft.ops == posts, counts
                 assert counts["kv_compaction"].graphs == 1, counts
     finally:
         pair.close()
@@ -86,7 +90,7 @@ def test_sampled_steps_with_the_draft_programs_sample_the_target(pair, exact):  
     pair, its target streamed)."""
     draft, target = pair
     cfg = DecodeConfig(method="dyspec_greedy", verifier="token_level", temperature=1.0, budget=6, depth=2,
-                       offload_target=True, attention="torch", trace_block_counts=False)
+                       offload_target=True, attention="torch", trace_block_counts=False, device="cpu")
     prepared = PreparedPair.prepare(draft, target, cfg, allow_cpu_offload=True)
 
     def make():
