@@ -1,8 +1,16 @@
 """OpenMP worker threads are released by whoever started them: a thread's turn on the models (``ModelLock``) and
-a Gradio handler (``Controller.bound``) leave none behind (``dyntree_core.openmp_team``)."""
+a Gradio handler (``Controller.bound``) leave none behind (``dyntree_core.openmp_team``).
+
+The counts are of one probe thread's own team: the probe takes a name no other thread has and its OpenMP workers
+inherit it (Linux copies a thread's name to the threads it creates), so threads that other tests left in this
+process starting or ending meanwhile do not move them (counting the whole process did: a CI run once saw the
+same count during a team as before it)."""
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import os
 import threading
 
 import pytest
@@ -31,15 +39,37 @@ def parallel_work() -> None:
         x.add_(1.0)
 
 
+_PR_SET_NAME = 15
+_probes = itertools.count()
+
+
+def own_team() -> int:
+    """Threads of this process named as the calling thread: itself and the OpenMP workers it started."""
+    try:
+        name = open("/proc/thread-self/comm").read()
+    except OSError:
+        return 0
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read() == name
+        except OSError:  # (a thread that ended meanwhile)
+            pass
+    return n
+
+
 def threads_on(work) -> tuple[int, int, int]:
-    """The process's thread count before, during (right after ``work()`` ran) and after ``work`` on a fresh
-    thread; ``work(during)`` receives a callback that records the count."""
+    """The probe thread's team (``own_team``) before, during (right after ``work()`` ran) and after ``work`` on a
+    fresh, uniquely named thread; ``work(during)`` receives a callback that records the count."""
     counts: dict[str, int] = {}
+    name = f"omp-probe-{next(_probes)}".encode()  # (at most 15 bytes)
 
     def body() -> None:
-        counts["before"] = process_threads()
-        work(lambda: counts.setdefault("during", process_threads()))
-        counts["after"] = process_threads()
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name, 0, 0, 0)
+        counts["before"] = own_team()
+        work(lambda: counts.setdefault("during", own_team()))
+        counts["after"] = own_team()
 
     t = threading.Thread(target=body)
     t.start()
@@ -54,7 +84,7 @@ def test_a_thread_keeps_its_openmp_workers_until_it_releases_them() -> None:
         assert release_thread_team()
 
     before, during, after = threads_on(work)
-    assert during >= before + TEAM - 1  # the team started, and stayed after its regions
+    assert before == 1 and during == before + TEAM - 1  # the team started, and stayed after its regions
     assert after == before
 
 
@@ -71,7 +101,7 @@ def test_a_turn_on_the_models_leaves_no_openmp_workers_behind() -> None:
             parallel_work()
 
     before, during, after = threads_on(in_turns)
-    assert during > before
+    assert before == 1 and during == before + TEAM - 1
     assert after == before
 
 
@@ -86,12 +116,12 @@ def test_a_gradio_handler_leaves_no_openmp_workers_behind() -> None:
 
     def draw(state, n):
         parallel_work()
-        seen.append(process_threads())
+        seen.append(own_team())
         return n
 
     def stream(state, n):
         parallel_work()
-        seen.append(process_threads())
+        seen.append(own_team())
         yield n
 
     class Request:
@@ -103,5 +133,5 @@ def test_a_gradio_handler_leaves_no_openmp_workers_behind() -> None:
         during()
 
     before, _, after = threads_on(work)
-    assert all(n > before for n in seen)
+    assert before == 1 and seen == [before + TEAM - 1] * 2
     assert after == before
