@@ -297,7 +297,7 @@ class SpeculativeDecoder:
             return "graph steps are off"
         if self.offload is None:
             return "the target is resident (the whole step runs as programs, or eagerly: graph_reason)"
-        if self.config.method == "autoregressive" or Envelope.of(self.config) is None:
+        if Envelope.of(self.config) is None:  # (plain decoding has none)
             return f"method {self.config.method!r} has no fixed envelope"
         reason = dense_reason(self.draft)
         return None if reason is None else f"draft: {reason}"
@@ -532,9 +532,9 @@ class SpeculativeDecoder:
                 target_rows = LogitRows(logits, 0.0 if cfg.greedy else cfg.temperature, cfg.top_p,
                                         row_of_node=fwd.slot)
                 p_draft_bonus = None
-                if gdraft is not None and tree.draft_probs is None:  # T = 0: the rows stayed on the device
-                    p_draft_bonus = lambda node: gdraft.draft_prob(int(slot_of_node[node]), int(result.bonus_token))  # noqa: E731
             result = verifier.verify(tree, target_rows, rng)
+            if gdraft is not None and tree.draft_probs is None:  # T = 0: the draft's rows stayed on the device
+                p_draft_bonus = lambda node: gdraft.draft_prob(int(slot_of_node[node]), int(result.bonus_token))  # noqa: E731
             proposed = self._provenance(tree, result, target_rows, state.step, p_draft_bonus)
         if self.on_verify is not None:
             self.on_verify(tree, target_rows, result)

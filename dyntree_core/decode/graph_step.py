@@ -314,11 +314,6 @@ class GraphStepper:
         for program in self.programs:
             program.on_compile = on_compile
 
-    @property
-    def draft_only(self) -> bool:
-        """The draft's programs only (see the class docstring)."""
-        return self.tf is None
-
     def to_compile(self) -> list[str]:
         """The programs the next step compiles (a new bucket under a compiling mode), by name."""
         if not self.mode.compiles:
@@ -482,14 +477,11 @@ class GraphStepper:
         path, bonus = [int(x) for x in out[:n_path]], int(out[d + 2])
         kw = dict(path=path, bonus=bonus, p_draft_bonus=float(out[d + 3]))
         if self.stochastic:
-            kw["p_target_bonus"] = float(out[d + 7])
-        else:
-            kw["p_target_bonus"] = float(per_node[2][int(out[d + 4])])  # p_argmax at the last accepted node
-        if self.stochastic:
             walk = WalkRead(self.verifier, per_node, path, bonus, p_bonus=float(out[d + 5]), u_bonus=float(out[d + 6]))
-            return self._step_read(tree, c, walk=walk, **kw)
+            return self._step_read(tree, c, walk=walk, p_target_bonus=float(out[d + 7]), **kw)
         return self._step_read(tree, c, argmax=per_node[0].astype(np.int64), p_node=per_node[1].astype(np.float64),
-                               p_argmax=per_node[2].astype(np.float64), **kw)
+                               p_argmax=per_node[2].astype(np.float64),
+                               p_target_bonus=float(per_node[2][int(out[d + 4])]), **kw)  # p_argmax at the last node
 
     def _step_read(self, tree: np.ndarray, c: np.ndarray, **kw) -> StepRead:
         parents = tree[1].copy()
@@ -564,16 +556,21 @@ class GraphStepper:
         parents = torch.cat([self._zero, torch.where(valid[1:], parent, 0)])
         return tokens, parents, depth, valid, torch.cat([self._zero, c.row])
 
-    def _tree_program(self):
-        """Draft-only: the tree and the candidates' numbers for the read."""
-        tokens, parents, depth, valid, row = self._tree_arrays()
+    def _write_tree(self) -> tuple[torch.Tensor, ...]:
+        """``_tree_arrays`` written to the read's buffers (the tree, the candidates' numbers); returns them."""
+        tokens, parents, depth, valid, row = arrays = self._tree_arrays()
         self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
         self.cand_out.copy_(torch.stack([self.c.q, self.c.w, self.c.cid.double()]))
+        return arrays
+
+    def _tree_program(self):
+        """Draft-only: the tree for the read."""
+        self._write_tree()
 
     def _target_tree_program(self, span: int):
-        c, env = self.c, self.env
+        env = self.env
         b = env.n + 1
-        tokens, parents, depth, valid, row = self._tree_arrays()
+        tokens, parents, depth, valid, _ = self._write_tree()
         anc = self._arange_b[:, None] == self._arange_b[None, :]
         for _ in range(env.depth):
             anc = anc | anc.index_select(0, parents)
@@ -582,9 +579,7 @@ class GraphStepper:
         visible = (self._t_cols[:span] < t_len)[None, :].expand(b, -1).clone()
         visible.index_copy_(1, slots, anc)
         logits = self.tf(tokens, t_len + depth.clamp(max=env.depth), slots, visible, self._arange_b).float()
-        self.tree.copy_(torch.stack([tokens, parents, depth, valid.long(), row]))
         self.anc_t.copy_(anc)
-        self.cand_out.copy_(torch.stack([c.q, c.w, c.cid.double()]))
         if self.stochastic:
             self.target_probs.copy_(probs_from_logits(logits, self.temperature, self.top_p))
             return

@@ -231,11 +231,13 @@ class Outcome:
         self.tested[node] = True
 
     def decide(self, kind: DecisionKind, node: int, token: int, p_target: float, q: float, accept_prob: float,
-               accepted: bool, drew: bool = True) -> None:
-        """Append one decision; ``u`` is the source's latest uniform when ``drew``."""
-        u = getattr(self._source, "last_u", None) if drew else None
+               accepted: bool, drew: bool = True, u: Optional[float] = None,
+               residual_top: tuple[tuple[int, float], ...] = ()) -> None:
+        """Append one decision; its uniform is ``u``, or (None) the source's latest when ``drew``."""
+        if u is None and drew:
+            u = getattr(self._source, "last_u", None)
         self.decisions.append(VerifyDecision(kind, int(node), int(token), float(p_target), float(q),
-                                             float(accept_prob), u, drew, bool(accepted)))
+                                             float(accept_prob), u, drew, bool(accepted), residual_top))
 
     def after_rejection(self, residual: np.ndarray) -> None:
         """Attach the updated residual's top tokens to the latest decision (the rejection)."""

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..tree import TokenTree
-from .base import VerifyDecision, VerifyResult
+from .base import VerifyResult
 from .common import Outcome
 
 #: residual masses at or below this count as empty (see the module docstring)
@@ -206,11 +206,12 @@ def token_level_walk(target: torch.Tensor, draft: torch.Tensor, tokens: torch.Te
     u_kid = torch.cat([u, u.new_ones(1)]).index_select(0, kids.view(-1)).view(kids.shape)
     chosen = first_accepted((u_kid < tests.accept) & kid_ok, kids)
     # each child slot's own test: its parent's tests at its column
-    slot, _ = _slot_columns(kids)
+    slot, col = _slot_columns(kids)
     per_slot = torch.stack([tests.residual, tests.draft, tests.accept]).view(3, -1)
     own = torch.zeros(3, b + 1, dtype=torch.float64, device=dev).index_copy_(1, slot, per_slot)[:, :b]
     # the residual after each child slot's rejection (row of the slot's parent, its rank + 1 rejected)
-    rows = residual_rows(target, draft, tests, parents, _rank(kids, b) + 1)
+    rank = torch.zeros(b + 1, dtype=torch.long, device=dev).index_copy_(0, slot, col)[:b]  # (root, padding: 0)
+    rows = residual_rows(target, draft, tests, parents, rank + 1)
     top_p, top_tok = torch.topk(rows, min(TOP, rows.shape[1]), dim=1)
     top_p = top_p / rows.sum(1, keepdim=True)
     if top_p.shape[1] < TOP:  # a vocabulary of fewer tokens: the missing places have probability 0
@@ -259,12 +260,6 @@ def _slot_columns(kids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return kids.reshape(-1), torch.arange(k, device=kids.device).repeat(kids.shape[0])
 
 
-def _rank(kids: torch.Tensor, b: int) -> torch.Tensor:
-    """``[B]`` each slot's rank among its siblings (0 for the root and padding)."""
-    slot, col = _slot_columns(kids)
-    return torch.zeros(b + 1, dtype=torch.long, device=kids.device).index_copy_(0, slot, col)[:b]
-
-
 @dataclass
 class WalkRead:
     """A device verification as read by the host (numpy, slot order).
@@ -304,9 +299,9 @@ def walk_result(read: WalkRead, tree: TokenTree, node_of: np.ndarray) -> VerifyR
                 outcome.record(child, float(out[ACCEPT, slot_of[child]]))
             y, p_y, u = int(out[DRAWN, s]), float(out[RESIDUAL, s]), float(out[U, s])
             if nxt is None:
-                _decide(outcome, "bonus", node, y, p_y, math.nan, 1.0, True, u)
+                outcome.decide("bonus", node, y, p_y, math.nan, 1.0, True, u=u)
             else:
-                _decide(outcome, "sample", nxt, y, p_y, math.nan, p_y, True, u)
+                outcome.decide("sample", nxt, y, p_y, math.nan, p_y, True, u=u)
             continue
         for child in children[node]:
             c = int(slot_of[child])
@@ -315,16 +310,10 @@ def walk_result(read: WalkRead, tree: TokenTree, node_of: np.ndarray) -> VerifyR
             accepted = child == nxt
             top = () if accepted else tuple(
                 (int(t), float(p)) for t, p in zip(out[TOP_TOK:TOP_TOK + TOP, c], out[TOP_P:TOP_P + TOP, c]) if p > 0)
-            _decide(outcome, "child", child, tokens[child], float(out[RESIDUAL, c]), float(out[DRAFT, c]), a,
-                    accepted, float(out[U, c]), top)
+            outcome.decide("child", child, tokens[child], float(out[RESIDUAL, c]), float(out[DRAFT, c]), a, accepted,
+                           u=float(out[U, c]), residual_top=top)
             if accepted:
                 break
     if read.verifier == "token_level":
-        _decide(outcome, "bonus", path[-1], read.bonus, read.p_bonus, math.nan, 1.0, True, read.u_bonus)
+        outcome.decide("bonus", path[-1], read.bonus, read.p_bonus, math.nan, 1.0, True, u=read.u_bonus)
     return outcome.result(path, read.bonus, p_target)
-
-
-def _decide(outcome: Outcome, kind, node: int, token: int, p: float, q: float, a: float, accepted: bool, u: float,
-            top: tuple = ()) -> None:
-    outcome.decisions.append(VerifyDecision(kind, int(node), int(token), float(p), float(q), float(a), float(u),
-                                            True, bool(accepted), top))
