@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.dyntree-installed
 
-.PHONY: setup browser models run test bench peers clean
+.PHONY: setup browser simde models run test bench peers clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,13 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "WARNING: could not install chromium; browser test and PNG/SVG export will fail"; }
 
+# Debian's libsimde-dev (headers only): the tests run the AVX-512 VNNI kernels' C code on CPUs without AVX-512.
+simde:
+	@test -f /usr/include/simde/x86/avx512.h || { \
+	  echo "installing Debian libsimde-dev (tests of the AVX-512 VNNI kernels on any x86 CPU)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsimde-dev >/dev/null) \
+	  || echo "WARNING: could not install libsimde-dev; the VNNI kernel tests will skip on CPUs without AVX-512"; }
+
 models: setup
 	$(PY) -m dyntree_core fetch
 	$(PY) -m dyntree_core kernels
@@ -34,7 +41,7 @@ models: setup
 run: setup browser models
 	$(PY) app.py
 
-test: setup browser models
+test: setup browser simde models
 	@bash scripts/run_tests.sh
 
 bench: setup models

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 #: CPU flags recorded (the subset present is kept, in this order)
 CPU_FLAGS: tuple[str, ...] = (
-    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
     "amx_tile", "amx_bf16", "amx_int8", "avx_vnni",
 )
 

@@ -133,8 +133,8 @@ def test_native_kernels_can_be_turned_off_and_then_every_layer_stays_on_torch(mo
         reset_native_kernels()
 
 
-def _table(timings: dict) -> kt.KernelTable:
-    return kt.KernelTable("k", {}, torch.__version__, "d", None, [1, 4, 16, 64], timings)
+def _table(timings: dict, ms: tuple[int, ...] = (1, 4, 16, 64)) -> kt.KernelTable:
+    return kt.KernelTable("k", {}, torch.__version__, "d", None, list(ms), timings)
 
 
 def test_plan_takes_torchs_kernel_when_it_wins_at_one_row_and_dequant_mm_from_where_it_keeps_winning():
@@ -227,22 +227,49 @@ def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(mon
 
     def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
         calls.append((tuple(ms), tuple(candidates), stat))
-        fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}
-        return {c: {str(m): fast[c] * m for m in ms} for c in candidates}
+        fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}  # no VNNI here
+        return {c: {str(m): fast[c] * m if c in fast else None for m in ms} for c in candidates}
 
     monkeypatch.setattr(kt, "measure_shape", fake)
     got = kt.measure_for_plan(kt.LayerShape("Q4_K", 8, 256), (1, 4, 16))
     assert calls == [((1,), kt.RUNTIME_CANDIDATES, "min")]  # int8 activations won at one row: nothing more
     assert got["native_q8"] == {"1": 1.0, "4": None, "16": None}
-    assert _table({"Q4_K [8, 256]": got}).plan_for(kt.LayerShape("Q4_K", 8, 256)).int8_activations
+    plan = _table({"Q4_K [8, 256]": got}).plan_for(kt.LayerShape("Q4_K", 8, 256))
+    assert plan.int8_activations and plan.vnni_min_rows == 0
+
+
+def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(monkeypatch):
+    """Where the VNNI row kernels ran, both int8 kernels are timed at every M and the plan switches to VNNI from
+    the smallest M from which it wins at every larger one (here: slower at 1 row, faster from 4)."""
+    calls = []
+
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+        calls.append((tuple(ms), tuple(candidates)))
+        per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.5}
+        return {c: {str(m): (1.1 if c == "native_q8_vnni" and m == 1 else per_row[c] * m) for m in ms}
+                for c in candidates}
+
+    monkeypatch.setattr(kt, "measure_shape", fake)
+    shape = kt.LayerShape("Q4_K", 8, 256)
+    got = kt.measure_for_plan(shape, (1, 4, 16))
+    assert calls == [((1,), kt.RUNTIME_CANDIDATES), ((4, 16), ("native_q8", "native_q8_vnni"))]
+    plan = _table({shape.label: got}, (1, 4, 16)).plan_for(shape)
+    assert plan.int8_activations and plan.vnni_min_rows == 4 and "VNNI from 4 rows" in plan.why
+    got["native_q8_vnni"]["16"] = 99.0  # slower at the largest M: never switch
+    assert _table({shape.label: got}, (1, 4, 16)).plan_for(shape).vnni_min_rows == 0
+    got["native_q8_vnni"] = {"1": 0.9, "4": 2.0, "16": 8.0}  # faster everywhere: from one row
+    assert _table({shape.label: got}, (1, 4, 16)).plan_for(shape).vnni_min_rows == 1
 
 
 def test_measure_shape_times_every_candidate(nk):
     got = kt.measure_shape(kt.LayerShape("Q4_K", 16, 256), ms=(1, 3))
     assert set(got) == set(kt.RUNTIME_CANDIDATES)
-    assert all(v is not None and v > 0 for c in got.values() for v in c.values())
-    q8_0 = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1,))
-    assert all(q8_0[c]["1"] > 0 for c in kt.RUNTIME_CANDIDATES)
+    here = [c for c in kt.RUNTIME_CANDIDATES if c != "native_q8_vnni" or nk.vnni]  # VNNI: only where it runs
+    assert all(v is not None and v > 0 for c in here for v in got[c].values())
+    assert all(v is None for c in set(kt.RUNTIME_CANDIDATES) - set(here) for v in got[c].values())
+    q8_0 = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1,))  # no VNNI kernel for Q8_0
+    assert all(q8_0[c]["1"] > 0 for c in kt.RUNTIME_CANDIDATES if c != "native_q8_vnni")
+    assert q8_0["native_q8_vnni"]["1"] is None
 
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels

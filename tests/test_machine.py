@@ -48,7 +48,7 @@ xsaveerptr arat npt nrip_save umip rdpid
 def test_parse_xeon_amx():
     model, flags = parse_cpuinfo(XEON_AMX)
     assert model == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
-    assert flags == ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+    assert flags == ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                      "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")
     assert cpu_class(flags) == "amx"
 

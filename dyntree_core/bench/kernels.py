@@ -319,6 +319,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     record: dict = {"bench": "kernels", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
                     "machine_info": mi.to_dict(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                     "native": nk.digest if nk else None, "native_unavailable": native_unavailable_reason(),
+                    "vnni": bool(nk and nk.vnni), "vnni_unavailable": nk.vnni_reason if nk else None,
                     "table_identity": kt.table_identity(), "torchao": torchao_status(), "rows": args.rows,
                     "shapes": {}, "plans": {}}
 
@@ -348,7 +349,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for s in sorted(shapes, key=lambda s: (s.type_name, s.n, s.k)):
         plan = table.plan_for(s)
         record["plans"][s.label] = {"kind": plan.kind, "mm_min_rows": plan.mm_min_rows, "why": plan.why,
-                                    "int8_activations": plan.int8_activations, "winners": table.winners(s.label),
+                                    "int8_activations": plan.int8_activations, "vnni_min_rows": plan.vnni_min_rows,
+                                    "winners": table.winners(s.label),
                                     "runtime_table_ms": table.timings[s.label]}
     save()
     if args.overhead:
@@ -378,7 +380,8 @@ def print_tables(record: dict, out=None) -> None:
     for label, entry in record["shapes"].items():
         plan = record["plans"][label]
         print(f"\n{label} ({', '.join(entry['roles'])}): runs {plan['kind']}"
-              + (f", dequant+GEMM from {plan['mm_min_rows']} rows" if plan["mm_min_rows"] else ""), file=out)
+              + (f", dequant+GEMM from {plan['mm_min_rows']} rows" if plan["mm_min_rows"] else "")
+              + (f", AVX-512 VNNI from {plan['vnni_min_rows']} rows" if plan.get("vnni_min_rows") else ""), file=out)
         print("| kernel | " + " | ".join(f"M={m}" for m in rows) + " |", file=out)
         print("|---" * (len(rows) + 1) + "|", file=out)
         for cand, ms in entry["ms"].items():

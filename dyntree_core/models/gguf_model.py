@@ -223,6 +223,7 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
         layer = GGMLLinear(type_name, blocks, int(k), sd.pop(f"{mod}.bias", None),
                            int8_activations=plan.int8_activations)
         layer.mm_min_rows = plan.mm_min_rows
+        layer.vnni_min_rows = plan.vnni_min_rows
         set_submodule(model, mod, layer)
     for key in [k for k in sd if k.endswith(".packed")]:
         mod = key.removesuffix(".packed")
@@ -278,6 +279,7 @@ def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
 
     layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias, int8_activations=plan.int8_activations)
     layer.mm_min_rows = plan.mm_min_rows
+    layer.vnni_min_rows = plan.vnni_min_rows
     return layer
 
 

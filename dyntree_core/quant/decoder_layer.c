@@ -26,8 +26,8 @@
 
 int dyntree_ggml_matmul(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                         int64_t ldy, int64_t M, int64_t N, int64_t K);
-int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
-                           int64_t ldy, int64_t M, int64_t N, int64_t K);
+int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
+                            int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows);
 
 enum { P_Q, P_K, P_V, P_O, P_GATE_UP, P_DOWN, N_PROJ };
 
@@ -41,6 +41,7 @@ typedef struct {
     float scale;                /* attention scale (1/sqrt(hd) unless the config says otherwise) */
     int32_t int8_act;           /* 1: int8 activations (dyntree_ggml_matmul_q8), 0: float32 */
     int32_t hidden, heads, kv_heads, head_dim, inter;
+    int32_t vnni_rows[N_PROJ]; /* int8 products: AVX-512 VNNI row kernels from this many rows (0: never) */
 } layer_desc;
 
 /* e^x for 8 floats (Cephes expf: x = k ln2 + r, |r| <= ln2/2, degree-6 polynomial; x clamped to +-88.37) */
@@ -146,8 +147,9 @@ static void attend(const float *q, const float *kb, const float *vb, int64_t kv_
 }
 
 static int product(const layer_desc *L, int p, const float *x, int64_t n, int64_t N, int64_t K, float *y) {
-    return (L->int8_act ? dyntree_ggml_matmul_q8 : dyntree_ggml_matmul)(L->type[p], x, K, L->w[p], L->bias[p], y,
-                                                                         N, n, N, K);
+    if (L->int8_act)
+        return dyntree_ggml_matmul_q8v(L->type[p], x, K, L->w[p], L->bias[p], y, N, n, N, K, L->vnni_rows[p]);
+    return dyntree_ggml_matmul(L->type[p], x, K, L->w[p], L->bias[p], y, N, n, N, K);
 }
 
 /* floats of ``work`` dyntree_decoder_layer needs for n new rows over kv_len keys */

@@ -20,6 +20,7 @@ class FusedGateUp(nn.Module):
         self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels,
                                   g.int8_activations)
         self.gate_up.mm_min_rows = g.mm_min_rows
+        self.gate_up.vnni_min_rows = g.vnni_min_rows
         self.down_proj = mlp.down_proj
         self.act_fn = mlp.act_fn
 

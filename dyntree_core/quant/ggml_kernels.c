@@ -16,14 +16,9 @@
 #include <stdlib.h>
 
 #include "avx2_sum.h"
+#include "q8_blocks.h"
 
 enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8 };
-
-static inline float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 /* 8 unsigned bytes -> 8 floats */
 static inline __m256 u8x8(const uint8_t *p) {
@@ -381,28 +376,6 @@ static void quantize_row_q8k(const float *x, int64_t K, int8_t *q, float *d, int
  * in registers (a fixed-size array indexed by the unrolled loop, not a variable-length one). */
 #define ROWS_KERNEL static inline __attribute__((always_inline))
 
-/* [d, dmin, 0, 0]: a Q4_K block's two fp16 scales at p */
-static inline __m128 f16x2(const uint8_t *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
-}
-
-/* the 8 six-bit scales and mins of a Q4_K block (12 bytes at sc12) as 16 int16: scales 0..7, then mins 0..7.
- * Bytes 0..3 hold scales 0..3 in their low 6 bits and the top 2 bits of scales 4..7 above; bytes 4..7 the same
- * for mins; bytes 8..11 the low 4 bits of scales 4..7 (low nibble) and mins 4..7 (high nibble). One byte
- * shuffle gathers every value's low bits, a second its top two bits. Reads 16 bytes (the quants follow). */
-static inline __m256i q4k_scales_mins(const uint8_t *sc12) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)sc12);
-    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    const __m128i low = _mm_or_si128(
-        _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-        _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-    const __m128i top = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)); /* (byte >> 6) << 4 */
-    return _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
-}
-
 /* int16 lane a of the low 128-bit half broadcast over that half, lane b of the high half over the high half */
 static inline __m256i bcast16(__m256i v, int a, int b) {
     const __m128i ca = _mm_set1_epi16((int16_t)((2 * a) | ((2 * a + 1) << 8)));
@@ -575,10 +548,34 @@ Q32_Q8_ROWS(1)
 Q32_Q8_ROWS(2)
 Q32_Q8_ROWS(4)
 
+#ifndef DYNTREE_NO_VNNI
+/* ggml_vnni.c: the same row kernels on AVX-512 VNNI, bit-identical results */
+int dyntree_vnni_supported(void);
+void dyntree_q4k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *bs, int64_t K, float *out);
+void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *bs, int64_t K, float *out);
+#endif
+
+/* products that took the VNNI row kernels since load (tests see which path ran) */
+static int64_t vnni_products;
+
+int64_t dyntree_ggml_vnni_products(void) { return __atomic_load_n(&vnni_products, __ATOMIC_RELAXED); }
+
+/* 1 when this build has the AVX-512 VNNI row kernels and the CPU runs them */
+int dyntree_ggml_vnni(void) {
+#ifdef DYNTREE_NO_VNNI
+    return 0;
+#else
+    return dyntree_vnni_supported();
+#endif
+}
+
 /* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized to int8 per 256 values (Q4_K, Q6_K weights) or per 32
- * (Q5_0, Q8_0) */
-int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
-                           int64_t ldy, int64_t M, int64_t N, int64_t K) {
+ * (Q5_0, Q8_0). From vnni_min_rows rows on (0: never) Q4_K and Q6_K run the AVX-512 VNNI row kernels where the
+ * CPU has them (dyntree_ggml_vnni): the same outputs, bit for bit. */
+int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
+                            int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
     int be, bb;
     const int kq = type == T_Q4_K || type == T_Q6_K; /* activations per 256 (Q8_K), else per 32 (Q8_0) */
     if (block_info(type, &be, &bb) || K % (kq ? 256 : 32)) return -1;
@@ -600,6 +597,13 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
     if (type == T_Q4_K) /* Q4_K's sub-blocks are 32 values: the sums per 16 paired, in place */
         for (int64_t i = 0; i < M * (K / 32); i++) bs[i] = (int16_t)(bs[2 * i] + bs[2 * i + 1]);
     const int64_t ldb = type == T_Q4_K ? K / 32 : K / 16;
+#ifdef DYNTREE_NO_VNNI
+    const int vnni = 0;
+    (void)vnni_min_rows;
+#else
+    const int vnni = kq && vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
+    if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
+#endif
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * row_bytes;
@@ -614,7 +618,11 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
             const int8_t *qm = q8 + m0 * K;
             const float *dm = d8 + m0 * nd;
             const int16_t *bm = bs + m0 * ldb;
-            if (!kq) {
+            if (vnni) {
+#ifndef DYNTREE_NO_VNNI
+                (type == T_Q4_K ? dyntree_q4k_q8_rows_vnni : dyntree_q6k_q8_rows_vnni)(R, wr, nb, qm, dm, bm, K, out);
+#endif
+            } else if (!kq) {
                 if (R == 4) q32_q8_rows_4(type, bb, wr, nb, qm, dm, K, out);
                 else if (R == 2) q32_q8_rows_2(type, bb, wr, nb, qm, dm, K, out);
                 else q32_q8_rows_1(type, bb, wr, nb, qm, dm, K, out);
@@ -641,4 +649,9 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
     free(d8);
     free(bs);
     return 0;
+}
+
+int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
+                           int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    return dyntree_ggml_matmul_q8v(type, x, ldx, w, bias, y, ldy, M, N, K, 0);
 }

@@ -12,7 +12,8 @@ Two ways to run it, both from the same bytes (no extra memory kept):
   torch's float32 GEMM (``torch.mm``); wins once enough rows share each dequantized weight.
 
 ``mm_min_rows`` (from the kernel table) picks ``dequant_mm`` from that many input rows on (0: never; always 0
-with ``int8_activations``, so every M rounds the same way). Without ``int8_activations`` both use the float32
+with ``int8_activations``, so every M rounds the same way). ``vnni_min_rows`` (int8 activations, Q4_K/Q6_K) runs
+the AVX-512 VNNI row kernels from that many rows on where the kernels have them: the same outputs, bit for bit. Without ``int8_activations`` both use the float32
 weight the gguf package's dequantization gives, so they agree with each other and with the float32 model up to
 the order of float32 sums.
 """
@@ -76,18 +77,35 @@ class GGMLLinear(nn.Module):
             raise ValueError(f"int8 activations are for {', '.join(INT8_ACTIVATION_TYPES)}, not {type_name}")
         self.int8_activations = bool(int8_activations)
         self.mm_min_rows = 0
+        self._vnni_min_rows = 0
         self._bind()
 
+    @property
+    def vnni_min_rows(self) -> int:
+        """From how many rows the int8 products take the VNNI row kernels (0: never; the kernel table sets it)."""
+        return self._vnni_min_rows
+
+    @vnni_min_rows.setter
+    def vnni_min_rows(self, rows: int) -> None:
+        self._vnni_min_rows = max(0, int(rows))
+        self._bind()
+
+    @property
+    def effective_vnni_rows(self) -> int:
+        """``vnni_min_rows`` where it can take effect here (int8 activations, VNNI kernels loaded), else 0."""
+        return self._vnni_min_rows if self.int8_activations and self.kernels.vnni else 0
+
     def _bind(self) -> None:
-        """The C entry point and type id the fast path of ``forward`` calls directly."""
+        """The C entry point, type id and trailing arguments the fast path of ``forward`` calls directly."""
         lib = self.kernels.lib
-        self._entry = lib.dyntree_ggml_matmul_q8 if self.int8_activations else lib.dyntree_ggml_matmul
+        self._entry = lib.dyntree_ggml_matmul_q8v if self.int8_activations else lib.dyntree_ggml_matmul
+        self._extra = (self.effective_vnni_rows,) if self.int8_activations else ()
         self._type_id = BLOCKS[self.type_name][0]
 
     def __getstate__(self):  # copies and pickles: the ctypes library is this process's, found again on load
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
-        state["kernels"] = state["_entry"] = None
+        state["kernels"] = state["_entry"] = state["_extra"] = None
         return state
 
     def __setstate__(self, state):
@@ -103,7 +121,7 @@ class GGMLLinear(nn.Module):
     def rows(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 ``[M, K]`` -> ``[M, N]`` on the row kernel."""
         return self.kernels.matmul(self.type_name, x2, self.blocks, self.out_features, self.in_features, self.bias,
-                                   self.int8_activations)
+                                   self.int8_activations, self.effective_vnni_rows)
 
     def dequant_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 ``[M, K]`` -> ``[M, N]``: chunks of the weight dequantized into a shared buffer, then GEMMs."""
@@ -127,7 +145,7 @@ class GGMLLinear(nn.Module):
                 y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
                 bias = self.bias
                 if self._entry(self._type_id, x.data_ptr(), k, self.blocks.data_ptr(),
-                               None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k):
+                               None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k, *self._extra):
                     raise ValueError(f"{self.type_name} kernel refused [{m}, {k}] x [{n}, {k}]")
                 return y
         x2 = x.reshape(-1, self.in_features)
@@ -145,4 +163,5 @@ class GGMLLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks, "
-                + ("int8 activations" if self.int8_activations else f"dequant_mm from {self.mm_min_rows or 'never'} rows"))
+                + ((f"int8 activations, VNNI from {self.effective_vnni_rows or 'never'} rows" if self.int8_activations
+                    else f"dequant_mm from {self.mm_min_rows or 'never'} rows")))

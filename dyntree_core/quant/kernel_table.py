@@ -6,11 +6,14 @@ For a layer shape (GGML type, N, K) and M input rows the runtime candidates are:
   and zeros; ``Int8Linear`` for the other types: per-channel int8 requantized from the exact weight);
 * ``native_rows``: ``GGMLLinear``'s row kernel on the file's own blocks (``native``);
 * ``native_dequant_mm``: ``GGMLLinear`` dequantizing chunks of the weight to float32 for torch's GEMM;
-* ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K; llama.cpp's arithmetic).
+* ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K; llama.cpp's arithmetic);
+* ``native_q8_vnni``: the same on AVX-512 VNNI (Q4_K/Q6_K, where the CPU has it and the kernels passed their
+  load-time bit-identity check): the same outputs, bit for bit, so it may take any row count.
 
 ``plan_for(shape)`` turns the timings into a layer by the fastest at one row (torch's kernel only when it wins
 by more than ``NATIVE_LAYER_MARGIN``), keeping one arithmetic at every M: ``aten`` (today's
-``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8 activations at every M),
+``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8 activations at every M, on the VNNI row kernels from ``vnni_min_rows``:
+the smallest measured M from which they beat the AVX2 ones at every larger measured M),
 or ``native_rows`` (``GGMLLinear`` in float32, with ``mm_min_rows``: the smallest
 measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M; the two agree
 to float32 rounding).
@@ -35,8 +38,9 @@ import torch
 
 from .. import measured
 from .native import BLOCKS, native_kernels, native_unavailable_reason
+from .native import synthetic_blocks as native_synthetic_blocks
 
-TABLE_VERSION = 3  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan)
+TABLE_VERSION = 4  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni
 DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
 #: torch's kernel takes a shape only when it beats the fastest GGML kernel by more than this fraction: a decoder
 #: layer whose projections are all ``GGMLLinear`` runs as one C call (``quant.native_layer``), which saved
@@ -44,7 +48,9 @@ DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
 #: torch's int8 kernel won the draft's gate/up shape by 4% (0.187 vs 0.196 ms): all-GGML draft t(1) 20.7 ms,
 #: mixed 38.0 ms
 NATIVE_LAYER_MARGIN = 0.25
-RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8")
+RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8", "native_q8_vnni")
+#: GGML types with VNNI row kernels
+VNNI_TYPES: tuple[str, ...] = ("Q4_K", "Q6_K")
 #: a candidate slower than this (ms) at some M is not timed at larger M
 SLOW_MS = 3000.0
 
@@ -71,28 +77,19 @@ class LayerShape:
 @dataclass(frozen=True)
 class LayerPlan:
     """What a layer of one shape runs: ``kind`` ``aten`` or ``ggml``; for ``ggml`` the row count from which it
-    dequantizes for torch's GEMM (0: never) and whether it quantizes activations to int8."""
+    dequantizes for torch's GEMM (0: never), whether it quantizes activations to int8 and, if so, the row count
+    from which it runs the VNNI row kernels (0: never)."""
 
     kind: str
     mm_min_rows: int = 0
     why: str = ""
     int8_activations: bool = False
+    vnni_min_rows: int = 0
 
 
 def synthetic_blocks(shape: LayerShape, seed: int = 0) -> torch.Tensor:
-    """uint8 ``[N, row_bytes]`` of random GGML blocks with small finite fp16 scales (timing needs no real
-    values; a NaN or denormal scale would)."""
-    from .ggml_linear import row_bytes
-
-    _, elems, nbytes = BLOCKS[shape.type_name]
-    gen = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (shape.n, row_bytes(shape.type_name, shape.k)), dtype=torch.uint8, generator=gen)
-    blocks = raw.view(shape.n, -1, nbytes)
-    half = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
-    where = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q8_0": (0,)}[shape.type_name]
-    for off in where:
-        blocks[:, :, off:off + 2] = half
-    return raw
+    """``native.synthetic_blocks`` of one shape."""
+    return native_synthetic_blocks(shape.type_name, shape.n, shape.k, seed)
 
 
 def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
@@ -121,6 +118,10 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
         elif c == "native_q8":
             if nk is not None and shape.type_name in INT8_ACTIVATION_TYPES:
                 layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
+        elif c == "native_q8_vnni":
+            if nk is not None and nk.vnni and shape.type_name in VNNI_TYPES:
+                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
+                layers[c].vnni_min_rows = 1
         elif c.startswith("native") and nk is not None:
             layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
     gen = torch.Generator().manual_seed(1)
@@ -131,7 +132,7 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
 
 def _runtime_call(candidate: str, layer) -> Callable[[torch.Tensor], Callable[[], object]]:
     def at(x: torch.Tensor) -> Callable[[], object]:
-        if candidate in ("native_rows", "native_q8"):
+        if candidate in ("native_rows", "native_q8", "native_q8_vnni"):
             return lambda: layer.rows(x)
         if candidate == "native_dequant_mm":
             return lambda: layer.dequant_mm(x)
@@ -161,7 +162,8 @@ def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k:
 
 def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[str, dict[str, Optional[float]]]:
     """What ``plan_for`` needs, quickly: every candidate at the first M; the other Ms only where the float32 row
-    kernel wins there (they set its switch to ``native_dequant_mm``; the other plans use one kernel at every M).
+    kernel wins there (they set its switch to ``native_dequant_mm``) or, where the VNNI row kernels ran, for the
+    two int8-activation kernels (they set ``vnni_min_rows``); the other plans use one kernel at every M.
     Unmeasured entries are None. ``bench kernels`` measures everything."""
     ms = list(ms)
     # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
@@ -171,6 +173,9 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
     if got and min(got, key=got.get) == "native_rows" and len(ms) > 1:
         rest = measure_shape(shape, ms[1:], ("native_rows", "native_dequant_mm"), "min")
         for c, v in rest.items():
+            out[c].update(v)
+    if "native_q8_vnni" in got and len(ms) > 1:
+        for c, v in measure_shape(shape, ms[1:], ("native_q8", "native_q8_vnni"), "min").items():
             out[c].update(v)
     return out
 
@@ -230,24 +235,31 @@ class KernelTable:
         one = str(self.ms[0])
         if rows.get(one) is None:
             return LayerPlan("aten", 0, f"no native kernels ({self.native_unavailable})")
-        q8 = t.get("native_q8", {})
-        ggml_ms, best = min((v, c) for c, v in (("native_rows", rows[one]), ("native_q8", q8.get(one)))
-                            if v is not None)
+        q8, vnni = t.get("native_q8", {}), t.get("native_q8_vnni", {})
+        int8_one = min((v for v in (q8.get(one), vnni.get(one)) if v is not None), default=None)
+        ggml_ms, best = min((v, c) for c, v in (("native_rows", rows[one]), ("native_q8", int8_one)) if v is not None)
         if aten.get(one) is not None and aten[one] * (1 + NATIVE_LAYER_MARGIN) < ggml_ms:
             return LayerPlan("aten", 0, f"torch's kernel {aten[one]:.3f} ms < native {ggml_ms:.3f} ms / "
                                         f"{1 + NATIVE_LAYER_MARGIN:g} at {one} row")
         if best == "native_q8":
-            return LayerPlan("ggml", 0, f"int8-activation kernel {q8[one]:.3f} ms < float32 {rows[one]:.3f} ms at "
-                                        f"{one} row (used at every M)", int8_activations=True)
-        mm = t.get("native_dequant_mm", {})
+            vnni_rows = self._switch_rows(vnni, q8)
+            return LayerPlan("ggml", 0, f"int8-activation kernel {int8_one:.3f} ms < float32 {rows[one]:.3f} ms at "
+                                        f"{one} row (used at every M)"
+                             + (f"; AVX-512 VNNI from {vnni_rows} rows" if vnni_rows else ""),
+                             int8_activations=True, vnni_min_rows=vnni_rows)
+        threshold = self._switch_rows(t.get("native_dequant_mm", {}), rows)
+        return LayerPlan("ggml", threshold, f"native {rows[one]:.3f} ms at {one} row"
+                         + (f"; dequant+GEMM from {threshold} rows" if threshold else ""))
+
+    def _switch_rows(self, new: dict[str, Optional[float]], old: dict[str, Optional[float]]) -> int:
+        """The smallest measured M from which ``new`` is faster than ``old`` at every larger measured M (0: none)."""
         threshold = 0
         for m in reversed(self.ms):
-            a, b = mm.get(str(m)), rows.get(str(m))
+            a, b = new.get(str(m)), old.get(str(m))
             if a is None or b is None or a >= b:
                 break
             threshold = m
-        return LayerPlan("ggml", threshold, f"native {rows[one]:.3f} ms at {one} row"
-                         + (f"; dequant+GEMM from {threshold} rows" if threshold else ""))
+        return threshold
 
     def stored(self) -> dict:
         """What is stored: every shape measured on a quiet machine."""
@@ -311,8 +323,9 @@ def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str
 
 #: ``DYNTREE_KERNELS``: ``table`` (default: the measured winners), ``aten`` (torch's kernels everywhere, as
 #: before the table), ``native`` (the float32 row kernel at every M), ``native_mm`` (dequant + GEMM at every
-#: M > 1), ``native_q8`` (int8 activations at every M where the type has them, else ``native``)
-POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm", "native_q8")
+#: M > 1), ``native_q8`` (int8 activations at every M where the type has them, else ``native``; AVX2 row
+#: kernels), ``native_q8_vnni`` (``native_q8`` on the VNNI row kernels at every M where they run)
+POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm", "native_q8", "native_q8_vnni")
 
 
 def kernel_policy() -> str:
@@ -330,12 +343,13 @@ def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str],
     if policy == "aten" or native_kernels() is None:
         why = "DYNTREE_KERNELS=aten" if policy == "aten" else f"no native kernels ({native_unavailable_reason()})"
         return {s: LayerPlan("aten", 0, why) for s in shapes}
-    if policy in ("native", "native_mm", "native_q8"):
+    if policy in ("native", "native_mm", "native_q8", "native_q8_vnni"):
         from .native import INT8_ACTIVATION_TYPES
 
         rows = 2 if policy == "native_mm" else 0
-        return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}",
-                              policy == "native_q8" and s.type_name in INT8_ACTIVATION_TYPES)
+        int8 = policy.startswith("native_q8")
+        return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}", int8 and s.type_name in INT8_ACTIVATION_TYPES,
+                              int(policy == "native_q8_vnni"))
                     if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel")) for s in shapes}
     table = ensure_shapes(shapes, progress)
     return {s: (table.plan_for(s) if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel"))

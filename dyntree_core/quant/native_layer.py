@@ -49,6 +49,7 @@ class LayerDesc(ctypes.Structure):
         ("kv_heads", ctypes.c_int32),
         ("head_dim", ctypes.c_int32),
         ("inter", ctypes.c_int32),
+        ("vnni_rows", ctypes.c_int32 * N_PROJ),
     ]
 
 
@@ -110,6 +111,8 @@ class NativePlan:
     descs: list[LayerDesc]
     linears: list[tuple[GGMLLinear, ...]]
     lib: ctypes.CDLL
+    #: each projection's ``vnni_rows`` as planned (a plan is remade when a layer's changes)
+    vnni_rows: tuple[tuple[int, ...], ...] = ()
     work: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -120,7 +123,8 @@ class NativePlan:
         """Whether the model still has the modules this plan was made from."""
         layers = model.model.layers
         return len(layers) == len(self.linears) and all(
-            _projections(layer) == lins for layer, lins in zip(layers, self.linears))
+            _projections(layer) == lins for layer, lins in zip(layers, self.linears)) and self.vnni_rows == _vnni_rows(
+            self.linears)
 
     def takes(self, n: int) -> bool:
         """Whether every product of an ``n``-row forward runs on the row kernels (no ``dequant_mm``)."""
@@ -129,6 +133,10 @@ class NativePlan:
 
 def _no_plan() -> None:
     return None
+
+
+def _vnni_rows(linears: list[tuple[GGMLLinear, ...]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(m.effective_vnni_rows for m in lins) for lins in linears)
 
 
 def _plan(model) -> NativePlan:
@@ -142,6 +150,7 @@ def _plan(model) -> NativePlan:
             desc.type[p] = m._type_id
             desc.w[p] = m.blocks.data_ptr()
             desc.bias[p] = None if m.bias is None else m.bias.data_ptr()
+            desc.vnni_rows[p] = m.effective_vnni_rows
         desc.norm1 = layer.input_layernorm.weight.data_ptr()
         desc.norm2 = layer.post_attention_layernorm.weight.data_ptr()
         desc.eps = float(layer.input_layernorm.variance_epsilon)
@@ -152,7 +161,7 @@ def _plan(model) -> NativePlan:
         desc.inter = lins[5].in_features
         descs.append(desc)
         linears.append(lins)
-    return NativePlan(descs, linears, linears[0][0].kernels.lib)
+    return NativePlan(descs, linears, linears[0][0].kernels.lib, vnni_rows=_vnni_rows(linears))
 
 
 def native_plan(model) -> Optional[NativePlan]:

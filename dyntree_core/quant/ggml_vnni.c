@@ -1,0 +1,168 @@
+/* Q4_K and Q6_K weights against int8 (Q8_K) activations on AVX-512 VNNI: the int8-activation row kernels of
+ * ggml_kernels.c with the same integer sums, 64 weights per instruction instead of 32.
+ *
+ * Per 64 weights and activation row the AVX2 kernels issue 2 loads, 2 vpmaddubsw, 2 vpmaddwd (times the
+ * sub-block scales) and 2 vpaddd; here 1 load, 1 vpmaddubsw and 1 vpdpwssd (the scale product and the add in
+ * one instruction), on zmm registers whose two 256-bit halves hold what the AVX2 kernel holds in two ymm
+ * registers. At the end of each block the 16 int32 lanes fold (low half + high half) into the AVX2 kernel's 8:
+ * integer sums of the same products, exact in any order (|sum| < 2^23). From there every float operation is
+ * the AVX2 kernel's, in its order, so each output is bit-identical to ggml_kernels.c's for every M
+ * (tests/test_ggml_vnni.py), and a tree's accepted path keeps plain decoding's logits whichever path runs.
+ *
+ * This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (quant/native.py); its row
+ * kernels run only where dyntree_vnni_supported() says the CPU has those. With DYNTREE_VNNI_SIMDE the same code
+ * is compiled against SIMDe's portable implementations of the AVX-512 intrinsics (Debian's libsimde-dev), so
+ * the bit-identity tests run on any AVX2 machine; that build is for tests only.
+ */
+#ifdef DYNTREE_VNNI_SIMDE
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#endif
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "avx2_sum.h"
+#include "q8_blocks.h"
+
+#define ROWS_KERNEL static inline __attribute__((always_inline))
+
+int dyntree_vnni_supported(void) {
+#ifdef DYNTREE_VNNI_SIMDE
+    return 1;
+#else
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#endif
+}
+
+/* 1 when built against SIMDe (tests), 0 for the real instructions */
+int dyntree_vnni_emulated(void) {
+#ifdef DYNTREE_VNNI_SIMDE
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* int16 lanes 0..15 = a, 16..31 = b */
+static inline __m512i halves16(int a, int b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
+}
+
+/* Q4_K: chunk j (32 bytes of nibbles) holds sub-block 2j (low nibbles, activations 64j..64j+31) and 2j+1 (high
+ * nibbles, 64j+32..64j+63): as one zmm [low | high] it meets the 64 activations in memory order. Scales: sub-block
+ * 2j's over the low half, 2j+1's over the high half (vpermw of the unpacked scales). */
+ROWS_KERNEL void q4k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                          const int16_t *b32, int64_t K, float *out) {
+    __m256 tot[8];
+    __m128 mins_acc[8];
+    for (int r = 0; r < R; r++) {
+        tot[r] = _mm256_setzero_ps();
+        mins_acc[r] = _mm_setzero_ps();
+    }
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + b * 144;
+        const __m128 dd = f16x2(blk);
+        const __m256i sm = q4k_scales_mins(blk + 4);
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        const __m512i sm512 = _mm512_castsi256_si512(sm);
+        __m512i acc[8];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            const __m256i lo = _mm256_and_si256(bytes, mask);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            const __m512i s = _mm512_permutexvar_epi16(halves16(2 * j, 2 * j + 1), sm512);
+            for (int r = 0; r < R; r++) {
+                const __m512i x = _mm512_loadu_si512((const void *)(q8 + r * K + b * 256 + 64 * j));
+                acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(w, x), s);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(acc[r]), _mm512_extracti64x4_epi64(acc[r], 1));
+            const __m128 ddx = _mm_mul_ps(dd, _mm_set1_ps(d8[r * (K / 256) + b])); /* [d*dx, dmin*dx] */
+            const __m128i s32 = _mm_loadu_si128((const __m128i *)(b32 + r * (K / 32) + b * 8));
+            const __m128i pm = _mm_madd_epi16(mins, s32);
+            mins_acc[r] = _mm_fmadd_ps(_mm_permute_ps(ddx, 0x55), _mm_cvtepi32_ps(pm), mins_acc[r]);
+            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_broadcastss_ps(ddx), tot[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m128 m = _mm_add_ps(mins_acc[r], _mm_movehl_ps(mins_acc[r], mins_acc[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = hsum(tot[r]) - _mm_cvtss_f32(m);
+    }
+}
+
+/* Q6_K: per 128 values, quant groups g and g+1 (g = 0, 2) are 64 activations in a row; group g's 6-bit quants
+ * are ql's low (g < 2) or high nibbles of 32 bytes at 32*(g&1) with qh's bit pair g on top (ggml_kernels.c's
+ * q6k_quants), so groups (0, 1) take ql[0..63]'s low nibbles and qh shifted left by 4 and 2, groups (2, 3) the
+ * high nibbles and qh shifted by 0 and right by 2. Each 16 values share a scale: four per zmm. */
+ROWS_KERNEL void q6k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                          const int16_t *bs, int64_t K, float *out) {
+    __m256 tot[4];
+    for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl01 = halves16(4, 2), shr23 = halves16(0, 2);
+    const __m512i quarter = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
+                                                                                      1, 1, 1, 1, 1, 1)),
+                                               _mm256_setr_epi16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), 1);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + b * 210;
+        const float d = f16(blk + 208);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        const __m256i m32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)); /* -32 sc */
+        __m256i acc[4];
+        __m512i acc2[4];
+        for (int r = 0; r < R; r++) {
+            acc[r] = _mm256_madd_epi16(m32, _mm256_loadu_si256((const __m256i *)(bs + r * (K / 16) + b * 16)));
+            acc2[r] = _mm512_setzero_si512();
+        }
+        for (int half = 0; half < 2; half++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(blk + 64 * half));
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half)));
+            const __m512i u[2] = {
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl01), m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                _mm512_and_si512(_mm512_srlv_epi16(h, shr23), m30)),
+            };
+            for (int p = 0; p < 2; p++) {
+                /* scales 8*half + 2p*2 .. +3, one per 16 values */
+                const __m512i sv = _mm512_permutexvar_epi16(
+                    _mm512_add_epi16(quarter, _mm512_set1_epi16((short)(8 * half + 4 * p))), sc512);
+                for (int r = 0; r < R; r++) {
+                    const __m512i x = _mm512_loadu_si512((const void *)(q8 + r * K + b * 256 + 128 * half + 64 * p));
+                    acc2[r] = _mm512_dpwssd_epi32(acc2[r], _mm512_maddubs_epi16(u[p], x), sv);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i a = _mm256_add_epi32(
+                acc[r], _mm256_add_epi32(_mm512_castsi512_si256(acc2[r]), _mm512_extracti64x4_epi64(acc2[r], 1)));
+            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(d * d8[r * (K / 256) + b]), tot[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);
+}
+
+/* R rows (Q4_K: 1..8, Q6_K: 1..4) against one weight row; the arguments of ggml_kernels.c's row kernels */
+#define CASE(F, N)                                                                                            \
+    case N: F(N, wr, nb, q8, d8, bs, K, out); return
+void dyntree_q4k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *bs, int64_t K, float *out) {
+    switch (R) {
+    CASE(q4k_vnni, 8); CASE(q4k_vnni, 7); CASE(q4k_vnni, 6); CASE(q4k_vnni, 5);
+    CASE(q4k_vnni, 4); CASE(q4k_vnni, 3); CASE(q4k_vnni, 2); default: q4k_vnni(1, wr, nb, q8, d8, bs, K, out);
+    }
+}
+
+void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *bs, int64_t K, float *out) {
+    switch (R) {
+    CASE(q6k_vnni, 4); CASE(q6k_vnni, 3); CASE(q6k_vnni, 2); default: q6k_vnni(1, wr, nb, q8, d8, bs, K, out);
+    }
+}
