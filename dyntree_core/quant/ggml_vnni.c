@@ -50,9 +50,22 @@ static inline __m512i halves16(int a, int b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
 }
 
+/* vpshufb control that fills each 128-bit lane q with int16 lane i[q] of that lane (scales broadcast to all four
+ * lanes first): one single-uop shuffle where vpermw takes two */
+static inline __m512i pick16(int i0, int i1, int i2, int i3) {
+#define PAIR(i) (short)((2 * (i)) | ((2 * (i) + 1) << 8))
+    return _mm512_set_epi16(PAIR(i3), PAIR(i3), PAIR(i3), PAIR(i3), PAIR(i3), PAIR(i3), PAIR(i3), PAIR(i3),
+                            PAIR(i2), PAIR(i2), PAIR(i2), PAIR(i2), PAIR(i2), PAIR(i2), PAIR(i2), PAIR(i2),
+                            PAIR(i1), PAIR(i1), PAIR(i1), PAIR(i1), PAIR(i1), PAIR(i1), PAIR(i1), PAIR(i1),
+                            PAIR(i0), PAIR(i0), PAIR(i0), PAIR(i0), PAIR(i0), PAIR(i0), PAIR(i0), PAIR(i0));
+#undef PAIR
+}
+
 /* Q4_K: chunk j (32 bytes of nibbles) holds sub-block 2j (low nibbles, activations 64j..64j+31) and 2j+1 (high
- * nibbles, 64j+32..64j+63): as one zmm [low | high] it meets the 64 activations in memory order. Scales: sub-block
- * 2j's over the low half, 2j+1's over the high half (vpermw of the unpacked scales). */
+ * nibbles, 64j+32..64j+63): broadcast to both halves of a zmm, shifted right by 0 and 4 and masked, it is
+ * [low | high] and meets the 64 activations in memory order. Scales: sub-block 2j's over the low half, 2j+1's over
+ * the high half. (Building that zmm by vinserti64x4 and the scales by vpermw put 3 more uops per chunk on port 5,
+ * the one 512-bit shuffle port: llvm-mca, icelake-server, 1 row: 18.0 -> cycles per block, see CPU_KERNELS.md.) */
 ROWS_KERNEL void q4k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
                           const int16_t *b32, int64_t K, float *out) {
     __m256 tot[8];
@@ -61,21 +74,19 @@ ROWS_KERNEL void q4k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8
         tot[r] = _mm256_setzero_ps();
         mins_acc[r] = _mm_setzero_ps();
     }
-    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m512i mask = _mm512_set1_epi8(0x0F), nib_shift = halves16(0, 4);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = wr + b * 144;
         const __m128 dd = f16x2(blk);
         const __m256i sm = q4k_scales_mins(blk + 4);
         const __m128i mins = _mm256_extracti128_si256(sm, 1);
-        const __m512i sm512 = _mm512_castsi256_si512(sm);
+        const __m512i sc4 = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm)); /* scales 0..7 in every lane */
         __m512i acc[8];
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
             const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
-            const __m256i lo = _mm256_and_si256(bytes, mask);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
-            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            const __m512i s = _mm512_permutexvar_epi16(halves16(2 * j, 2 * j + 1), sm512);
+            const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(bytes), nib_shift), mask);
+            const __m512i s = _mm512_shuffle_epi8(sc4, pick16(2 * j, 2 * j, 2 * j + 1, 2 * j + 1));
             for (int r = 0; r < R; r++) {
                 const __m512i x = _mm512_loadu_si512((const void *)(q8 + r * K + b * 256 + 64 * j));
                 acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(w, x), s);
@@ -107,14 +118,10 @@ ROWS_KERNEL void q6k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8
     for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl01 = halves16(4, 2), shr23 = halves16(0, 2);
-    const __m512i quarter = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
-                                                                                      1, 1, 1, 1, 1, 1)),
-                                               _mm256_setr_epi16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), 1);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = wr + b * 210;
         const float d = f16(blk + 208);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-        const __m512i sc512 = _mm512_castsi256_si512(sc16);
         const __m256i m32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)); /* -32 sc */
         __m256i acc[4];
         __m512i acc2[4];
@@ -123,6 +130,9 @@ ROWS_KERNEL void q6k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8
             acc2[r] = _mm512_setzero_si512();
         }
         for (int half = 0; half < 2; half++) {
+            /* this half's 8 scales in every 128-bit lane */
+            const __m512i sc4 = _mm512_broadcast_i32x4(half ? _mm256_extracti128_si256(sc16, 1)
+                                                            : _mm256_castsi256_si128(sc16));
             const __m512i l = _mm512_loadu_si512((const void *)(blk + 64 * half));
             const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half)));
             const __m512i u[2] = {
@@ -131,9 +141,8 @@ ROWS_KERNEL void q6k_vnni(const int R, const uint8_t *wr, int64_t nb, const int8
                                 _mm512_and_si512(_mm512_srlv_epi16(h, shr23), m30)),
             };
             for (int p = 0; p < 2; p++) {
-                /* scales 8*half + 2p*2 .. +3, one per 16 values */
-                const __m512i sv = _mm512_permutexvar_epi16(
-                    _mm512_add_epi16(quarter, _mm512_set1_epi16((short)(8 * half + 4 * p))), sc512);
+                /* the half's scales 4p .. 4p+3, one per 16 values */
+                const __m512i sv = _mm512_shuffle_epi8(sc4, pick16(4 * p, 4 * p + 1, 4 * p + 2, 4 * p + 3));
                 for (int r = 0; r < R; r++) {
                     const __m512i x = _mm512_loadu_si512((const void *)(q8 + r * K + b * 256 + 128 * half + 64 * p));
                     acc2[r] = _mm512_dpwssd_epi32(acc2[r], _mm512_maddubs_epi16(u[p], x), sv);
