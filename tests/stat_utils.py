@@ -50,6 +50,18 @@ MIN_W2 = 0.04
 MIN_EXPECTED = 5.0
 
 
+def on_lean_forward(pair):
+    """``pair`` (draft, target) with both models on the engine's lean forward (``decode.lean_forward``): the
+    forward the product's CPU models run (every GGUF preset), transformers' own numbers to float32 rounding
+    (tests/test_lean_forward.py), and 1.6x fewer milliseconds per sample than transformers' code on these tiny
+    models (8.7 vs 14.0 ms, dyspec_greedy / token_level). ``exact_first_two`` keeps transformers' forward."""
+    from dyntree_core.quant.lean_mark import enable_lean, lean_reason
+
+    for model in pair:
+        assert enable_lean(model), lean_reason(model)
+    return pair
+
+
 def exact_first_two(target, prompt: list[int], temperature: float, top_p: float = 1.0) -> np.ndarray:
     """``[V, V]`` exact joint P(x1, x2 | prompt) of the target at ``temperature`` / ``top_p``."""
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """End-to-end losslessness: the engine's first two sampled tokens follow the exact target
 distribution for every (drafter, verifier) pair of the DESIGN.md matrix, on a tiny peaked
-random model pair. Seeds are fixed, so every run of this file is deterministic.
+random model pair, run through the engine's lean forward (what the product's CPU models run;
+``stat_utils.on_lean_forward``). Seeds are fixed, so every run of this file is deterministic.
 
 Every chi-square test here has false-alarm rate ALPHA = 2e-4 (0.01 for the suite's 42 such tests
 together) and draws the fewest samples at which it catches any bias of chi-square divergence
@@ -17,7 +18,7 @@ from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.step_price import FallbackPrice, PricedRows
 from dyntree_core.testing import tiny_pair
 
-from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, sample_first_two, samples_for
+from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, on_lean_forward, sample_first_two, samples_for
 
 PROMPT = [3, 7]
 VOCAB = 16
@@ -26,7 +27,7 @@ VOCAB = 16
 @pytest.fixture(scope="module")
 def pair():
     with torch_threads(1):  # restored after this module
-        yield tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
+        yield on_lean_forward(tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32))
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def quant_draft_pair(request):
 
     with torch_threads(1):  # restored after this module
         draft, target = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32)
-        yield request.param, (quantize_model(draft, request.param), target)
+        yield request.param, on_lean_forward((quantize_model(draft, request.param), target))
 
 
 @pytest.mark.slow
@@ -194,7 +195,7 @@ def test_a_run_that_falls_back_to_plain_decoding_stays_lossless(pair, exact, mon
     import dyntree_core.decode.engine as engine
 
     monkeypatch.setattr(engine, "FALLBACK_AFTER", 1)
-    noisy = tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0)
+    noisy = on_lean_forward(tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0))
     assert all(torch.equal(a, b) for a, b in zip(noisy[1].parameters(), pair[1].parameters()))  # the module's target
     make = decoder_factory(noisy, method="chain", depth=1, temperature=1.0,
                            fallback=FallbackPrice(PricedRows((1, 64), (64.0, 64.0), (0.0, 0.0), (0.0, 0.0)), 1.0))
