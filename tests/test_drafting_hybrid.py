@@ -13,7 +13,7 @@ from dyntree_core.drafting import make_drafter
 from dyntree_core.drafting.base import PathFunctionSource
 from dyntree_core.drafting.hybrid import SUFFIX_MIN_EXPECTED
 from dyntree_core.testing import tiny_pair
-from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, sample_first_two, samples_for
+from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, on_lean_forward, sample_first_two, samples_for
 
 
 def _flat(v: int):
@@ -71,7 +71,7 @@ def test_hybrid_sampling_matches_the_target(prompt, one_torch_thread):
     from its parent's row (the model step fails, p = 0). After the suffix-step prompt the suffix
     tree's first proposal, 7, has target probability 0.0004 at T=0.6, so a bug below a match barely
     shows there (the last one: w2 = 0.001)."""
-    draft, target = tiny_pair(vocab=16, seed=12, layers=2, hidden=32)
+    draft, target = on_lean_forward(tiny_pair(vocab=16, seed=12, layers=2, hidden=32))
     exact = exact_first_two(target, prompt, 0.6)
     cfg = DecodeConfig(method="hybrid", temperature=0.6, budget=6, depth=2, threshold=0.01,
                        trace_block_counts=False)

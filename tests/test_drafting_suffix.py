@@ -14,7 +14,7 @@ from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.drafting.suffix import suffix_tree
 from dyntree_core.drafting.suffix_index import SuffixIndex
 from dyntree_core.testing import tiny_pair
-from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, sample_first_two, samples_for
+from stat_utils import ALPHA, chi_square_pvalue, exact_first_two, on_lean_forward, sample_first_two, samples_for
 
 
 def brute_continuations(seq: list[int], context: list[int], max_len: int) -> tuple[int, dict[int, int]]:
@@ -107,7 +107,7 @@ def test_suffix_sampling_matches_the_target(temperature, one_torch_thread):
     temperature left off (p = 2e-207). After this prompt the first proposal, 7, has target
     probability 0.008 at T=1 (0.0004 at T=0.6), so a bug below a match barely shows (point_mass
     sampling there from the parent's row: w2 = 0.018 at T=1)."""
-    draft, target = tiny_pair(vocab=16, seed=12, layers=2, hidden=32)
+    draft, target = on_lean_forward(tiny_pair(vocab=16, seed=12, layers=2, hidden=32))
     prompt = [3, 7, 3, 7, 3]
     exact = exact_first_two(target, prompt, temperature)
     cfg = DecodeConfig(method="suffix", temperature=temperature, budget=6, depth=2, threshold=0.01,

@@ -192,3 +192,19 @@ def test_a_rejection_of_probability_0_leaves_the_residual_as_the_host_leaves_it(
     assert tests.accept[0, 0] == 1.0
     got = [float(tests.residual[0, 1]), float(tests.draft[0, 1]), float(tests.accept[0, 1])]
     np.testing.assert_allclose(got, [second.p_target, second.q, second.accept_prob], rtol=1e-9)
+
+
+def test_sample_rows_never_draws_a_token_of_zero_weight():
+    """Inverse-CDF draws at the edges: a uniform of 0 takes the first positive token (leading zeros skipped), a
+    uniform at the top (``u * total`` rounded up to the total: the ``searchsorted`` index past the row) takes
+    the last positive one, not the trailing zeros; each draw's probability is its weight over the row's total."""
+    from dyntree_core.verify.device import sample_rows
+
+    rows = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.0, 0.0],
+                         [0.0, 0.25, 0.0, 0.5, 0.0, 0.0],
+                         [0.1, 0.2, 0.3, 0.0, 0.0, 0.0],
+                         [0.1, 0.2, 0.3, 0.0, 0.0, 0.0]], dtype=torch.float64, device=DEVICE)
+    u = torch.tensor([0.0, 1.0, 0.5, 1.0], dtype=torch.float64, device=DEVICE)
+    tok, prob = sample_rows(rows, u)
+    assert tok.tolist() == [1, 3, 2, 2]
+    assert torch.allclose(prob.cpu(), torch.tensor([1 / 3, 2 / 3, 0.5, 0.5], dtype=torch.float64))
