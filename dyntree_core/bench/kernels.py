@@ -9,6 +9,12 @@ kernel table this machine uses, and t(n) of the target per kernel choice (ours a
    * ``native_rows`` / ``native_dequant_mm``: ``GGMLLinear`` on the file's blocks (``quant.native``);
    * ``dense_bf16_split``: the exact bf16 split of ``quant.linear.enable_dense_rows`` (3 bf16 GEMMs for int4);
    * ``dense_fp32``: one float32 GEMM on the dequantized weight (kept in memory: 4 bytes per weight);
+   * ``dense_bf16``: one bf16 GEMM on a kept bf16 copy of the dequantized weight (2 bytes per weight; what
+     oneDNN runs on AMX tiles), bf16 activations;
+   * ``torch_int8_dynamic``: torch's dynamically quantized int8 linear (per-channel int8 weights; activations
+     quantized per tensor, so a row's numbers depend on the other rows of the call: a timing reference for
+     what an int8 GEMM with cache blocking reaches on this CPU, not a runtime candidate), on the engine
+     ``torch.backends.quantized.engine`` names (``onednn`` uses AMX where the CPU has it);
    * ``torchao_int4``: torchao's CPU int4 weight-only layout (``Int4OpaqueTensor``, group 32), where torchao
      imports (the ``torchao`` extra); its int8-activation x int4-weight path needs torchao's C++ CPU kernels;
    * ``inductor_int8`` (``--inductor``): ``torch.compile(mode="max-autotune")`` with freezing of an int8
@@ -42,7 +48,8 @@ from .. import measured
 from ..machine import machine_info
 from ..quant import kernel_table as kt
 
-EXTRA_CANDIDATES = ("aten_int8", "dense_bf16_split", "dense_fp32", "torchao_int4")
+EXTRA_CANDIDATES = ("aten_int8", "dense_bf16_split", "dense_fp32", "dense_bf16", "torch_int8_dynamic",
+                    "torchao_int4")
 POLICY_ROWS = (("aten", 0), ("aten", 16), ("native", 0), ("native_mm", 0), ("native_q8", 0), ("table", 0))
 
 
@@ -82,6 +89,20 @@ def extra_candidate(name: str, shape: kt.LayerShape, dense: torch.Tensor) -> Opt
     if name == "dense_fp32":
         w = dense.clone()
         return lambda x: x @ w.t()
+    if name == "dense_bf16":
+        wb = dense.to(torch.bfloat16)
+        return lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), wb).float()
+    if name == "torch_int8_dynamic":
+        import warnings
+
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+        lin = torch.nn.Linear(dense.shape[1], dense.shape[0], bias=False)
+        lin.weight.data.copy_(dense)
+        lin.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+        with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
+            warnings.simplefilter("ignore")
+            return DynamicInt8Linear.from_float(lin)
     if name == "torchao_int4":
         if shape.type_name != "Q4_K" or not torchao_status()["available"]:
             return None
@@ -320,7 +341,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "machine_info": mi.to_dict(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                     "native": nk.digest if nk else None, "native_unavailable": native_unavailable_reason(),
                     "vnni": bool(nk and nk.vnni), "vnni_unavailable": nk.vnni_reason if nk else None,
-                    "table_identity": kt.table_identity(), "torchao": torchao_status(), "rows": args.rows,
+                    "table_identity": kt.table_identity(), "torchao": torchao_status(),
+                    "quantized_engine": torch.backends.quantized.engine, "rows": args.rows,
                     "shapes": {}, "plans": {}}
 
     def save() -> None:
