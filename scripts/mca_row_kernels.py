@@ -32,13 +32,13 @@ END = '__asm__ volatile("# LLVM-MCA-END {}" ::: "memory");'
 #: counted to tell R, that instruction's count per row and block)
 KERNELS = (
     ("ggml_kernels.c", "q4k_q8_rows", "        const uint8_t *blk = wr + b * 144;",
-     "            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_broadcastss_ps(ddx), tot[r]);\n        }\n",
+     "                             &mins_acc[r]);\n",
      "vpmaddubsw", 8, "avx2 Q4_K"),
     ("ggml_kernels.c", "q6k_q8_rows", "        const uint8_t *blk = wr + b * 210;",
      "            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d * d8[r * (K / 256) + b]), tot[r]);\n",
      "vpmaddubsw", 8, "avx2 Q6_K"),
     ("ggml_vnni.c", "q4k_vnni", "        const uint8_t *blk = wr + b * 144;",
-     "            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_broadcastss_ps(ddx), tot[r]);\n        }\n",
+     "&mins_acc[r]);\n        }\n",
      "vpdpwssd", 4, "vnni Q4_K"),
     ("ggml_vnni.c", "q6k_vnni", "        const uint8_t *blk = wr + b * 210;",
      "            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(d * d8[r * (K / 256) + b]), tot[r]);\n        }\n",

@@ -417,19 +417,11 @@ ROWS_KERNEL void q4k_q8_rows(const int R, const uint8_t *wr, int64_t nb, const i
                                           _mm256_add_epi32(_mm256_madd_epi16(p1, s1), _mm256_madd_epi16(p2, s2)));
             }
         }
-        for (int r = 0; r < R; r++) {
-            const __m128 ddx = _mm_mul_ps(dd, _mm_set1_ps(d8[r * (K / 256) + b])); /* [d*dx, dmin*dx] */
-            const __m128i s32 = _mm_loadu_si128((const __m128i *)(b32 + r * (K / 32) + b * 8));
-            const __m128i pm = _mm_madd_epi16(mins, s32);
-            mins_acc[r] = _mm_fmadd_ps(_mm_permute_ps(ddx, 0x55), _mm_cvtepi32_ps(pm), mins_acc[r]);
-            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_broadcastss_ps(ddx), tot[r]);
-        }
+        for (int r = 0; r < R; r++)
+            q4k_block_floats(acc[r], dd, mins, d8[r * (K / 256) + b], b32 + r * (K / 32) + b * 8, &tot[r],
+                             &mins_acc[r]);
     }
-    for (int r = 0; r < R; r++) {
-        __m128 m = _mm_add_ps(mins_acc[r], _mm_movehl_ps(mins_acc[r], mins_acc[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = hsum(tot[r]) - _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < R; r++) out[r] = q4k_row_total(tot[r], mins_acc[r]);
 }
 
 /* Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, d fp16; value = d*sc*(q - 32)):
