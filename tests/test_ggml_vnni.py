@@ -9,6 +9,7 @@ portable intrinsics (``simde``)."""
 from __future__ import annotations
 
 import copy
+import ctypes
 from dataclasses import replace
 
 import pytest
@@ -106,12 +107,9 @@ class _DifferentVnni:
     def dyntree_ggml_matmul_q8v(self, *args):
         rc = self._lib.dyntree_ggml_matmul_q8v(*args)
         if args[-1] > 0 and args[7] >= 3:  # from 3 rows: one output nudged
-            y = (ctypes_float * 1).from_address(args[5])
+            y = (ctypes.c_float * 1).from_address(args[5])
             y[0] = float(torch.nextafter(torch.tensor(y[0]), torch.tensor(float("inf"))))
         return rc
-
-
-ctypes_float = __import__("ctypes").c_float
 
 
 def test_a_vnni_build_that_differs_is_refused(vk):
@@ -163,3 +161,23 @@ def test_the_c_decoder_layer_and_the_engine_keep_plain_decodings_tokens_on_the_v
         got = [c.token_id for tr in dec.generate([1, 5, 9, 200, 7], 20) for c in tr.committed]
         assert got == want, method
         assert vk.vnni_products() > before  # the trees' forwards ran the VNNI kernels
+
+
+def test_a_compiler_that_cannot_build_the_vnni_file_leaves_it_out_and_says_why(tmp_path, monkeypatch):
+    """The AVX2 kernels still build and run; the reason is kept beside the cached object, so a later process
+    that finds the object says the same."""
+    cc = native._compiler()
+    if cc is None or native._cpu_ok() is not None:
+        pytest.skip("needs the native kernels")
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "VNNI_FLAGS", ("-mno-such-instruction-set",))
+    digest = native.kernel_digest(cc)
+    path, why = native._build(cc, digest)
+    assert why is not None and why.startswith("the VNNI kernels did not compile:")
+    assert native._build(cc, digest) == (path, why)  # cached: the same reason
+    kernels = native._load(path, digest, why)
+    assert not kernels.vnni and kernels.vnni_reason == why and not kernels.lib.dyntree_ggml_vnni()
+    blocks = synthetic_blocks("Q4_K", 8, 256)
+    x = torch.randn(3, 256)
+    assert _same_bits(kernels.matmul("Q4_K", x, blocks, 8, 256, None, True, vnni_min_rows=1),
+                      native.native_kernels().matmul("Q4_K", x, blocks, 8, 256, None, True))

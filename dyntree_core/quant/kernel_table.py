@@ -12,8 +12,9 @@ For a layer shape (GGML type, N, K) and M input rows the runtime candidates are:
 
 ``plan_for(shape)`` turns the timings into a layer by the fastest at one row (torch's kernel only when it wins
 by more than ``NATIVE_LAYER_MARGIN``), keeping one arithmetic at every M: ``aten`` (today's
-``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8 activations at every M, on the VNNI row kernels from ``vnni_min_rows``:
-the smallest measured M from which they beat the AVX2 ones at every larger measured M),
+``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8 activations at every M, on
+the VNNI row kernels from ``vnni_min_rows``: the smallest measured M from which they beat the AVX2 ones at every
+larger measured M),
 or ``native_rows`` (``GGMLLinear`` in float32, with ``mm_min_rows``: the smallest
 measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M; the two agree
 to float32 rounding).

@@ -156,15 +156,16 @@ def _build(cc: str, digest: str, variant: str = "native") -> tuple[Path, Optiona
         obj, tmp_so = Path(tmp) / "ggml_vnni.o", Path(tmp) / "kernels.so"
         isa = ["-DDYNTREE_VNNI_SIMDE"] if variant == "simde" else list(VNNI_FLAGS)
         compile_flags = [f for f in FLAGS if f != "-shared"]
-        vnni_reason = _run_cc(cc, [*compile_flags, *isa, "-c", str(VNNI_SOURCE), "-o", str(obj)])
-        extra = ["-DDYNTREE_NO_VNNI"] if vnni_reason else [str(obj)]
+        complaint = _run_cc(cc, [*compile_flags, *isa, "-c", str(VNNI_SOURCE), "-o", str(obj)])
+        extra = ["-DDYNTREE_NO_VNNI"] if complaint else [str(obj)]
         failed = _run_cc(cc, [*FLAGS, *extra, "-o", str(tmp_so), *map(str, SOURCES), "-lm"])
         if failed:
             raise NativeKernelError(failed)
+        vnni_reason = f"the VNNI kernels did not compile: {complaint}" if complaint else None
         if vnni_reason:
-            note.write_text(f"the VNNI kernels did not compile: {vnni_reason}")
+            note.write_text(vnni_reason)
         tmp_so.replace(out)
-    return out, (note.read_text() if note.is_file() else None)
+    return out, vnni_reason
 
 
 def _load(path: Path, digest: str, vnni_reason: Optional[str] = None, emulated: bool = False) -> NativeKernels:
