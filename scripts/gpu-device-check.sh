@@ -4,7 +4,8 @@
 # Runs ON the GPU machine (device tool), in the project root: installs .gpu-wheels, then
 #   1. python -m dyntree_core.bench gpu (every section, one process) -> $OUT/gpu/
 #   2. pytest on the GPU of every file that uses DEVICE (no interpreter) -> $OUT/pytest.log
-# Sized for one 10-minute call on an H100/H200 (BENCH_S, TEST_S to change). Everything lands in $OUT.
+# Sized for one 10-minute call on an H100/H200 (BENCH_S, TEST_S, TEST_TIMEOUT to change; PYTEST_ARGS, e.g.
+# "-n 8" with pytest-xdist and execnet among the wheels, runs the tests in parallel). Everything lands in $OUT.
 cd "$(git rev-parse --show-toplevel 2>/dev/null || pwd)"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 SITE=$(mktemp -d)
@@ -18,5 +19,5 @@ echo "bench rc=$?" >> "$OUT/gpu.log"; grep "^\[bench gpu" "$OUT/gpu.log" | tail 
 # the files that run on DEVICE first (the graph step's before the rest), then the others naming cuda
 files=$( (ls tests/test_graph_step.py; grep -l "from conftest import DEVICE" tests/test_*.py; grep -l "DEVICE\|cuda" tests/test_*.py) \
   | awk '!seen[$0]++' | tr '\n' ' ')
-timeout "${TEST_S:-120}" python3 -m pytest -v -rfE -p no:cacheprovider --continue-on-collection-errors -m "not realpair and not browser" --timeout 60 $files > "$OUT/pytest.log" 2>&1
+timeout "${TEST_S:-120}" python3 -m pytest -v -rfE -p no:cacheprovider --continue-on-collection-errors -m "not realpair and not browser" --timeout "${TEST_TIMEOUT:-60}" ${PYTEST_ARGS:-} $files > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.log"; grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -25

@@ -189,3 +189,30 @@ def test_prefill_chunks_are_sized_by_the_measured_time(monkeypatch):
     assert len(items) == len(fed) + 1 and items[-1].done == items[-1].total == 1000
     sizes = engine.prefill_chunks(10_000)
     assert next(sizes) == 16 and sizes.send((1e-6, 16)) == engine.PREFILL_CHUNK  # fast: capped
+
+
+def test_a_prefill_of_fixed_cost_forwards_is_not_cut_to_one_token_per_forward(monkeypatch):
+    """A streamed target's forward costs about the same for 1 or 512 tokens (2.5 s on the H200 for a
+    70B-shaped stack). Sized by rate alone its chunks shrank 32 -> 6 -> 1: a 128-token prompt took ~100
+    forwards and the offloaded decode-step bench never reached a step in 215 s. Here a forward costs
+    50 ms + 0.1 ms per token against 20 ms chunks: after two measuring chunks the rest goes in chunks of
+    hundreds of tokens, every token once and in order."""
+    import time
+
+    import dyntree_core.decode.engine as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK_SECONDS", 0.02)
+    monkeypatch.setattr(engine, "PREFILL_FIRST", 16)
+    fed: list[tuple[int, int]] = []
+
+    def feed(chunk, start):
+        fed.append((start, len(chunk)))
+        time.sleep(0.05 + 0.0001 * len(chunk))
+
+    dec = SpeculativeDecoder.__new__(SpeculativeDecoder)
+    list(dec._prefill([feed], list(range(1001))))
+    assert [s for s, _ in fed] == [sum(n for _, n in fed[:i]) for i in range(len(fed))]
+    assert sum(n for _, n in fed) == 1000 and fed[0] == (0, 16)
+    assert len(fed) <= 6, fed
+    sizes = engine.prefill_chunks(10_000)  # no per-token cost measurable: the largest chunks
+    assert next(sizes) == 16 and sizes.send((2.5, 16)) == 1 and sizes.send((2.5, 1)) == engine.PREFILL_CHUNK

@@ -49,9 +49,13 @@ def graph_decoder(pair, method, mode=TEST_MODE, **kw):
 
 
 def plain_ids(pair, n):
+    """Plain decoding's tokens from the eager host step (on CUDA too, where graph steps are the default: the
+    reference does not run the programs under test, nor adds a stepper to the pair)."""
     draft, target = pair
-    return SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch",
-                                                          device=DEVICE.type)).generate_ids(PROMPT, n)
+    dec = SpeculativeDecoder(draft, target, DecodeConfig(method="autoregressive", attention="torch",
+                                                         device=DEVICE.type))
+    dec.graph_steps = False
+    return dec.generate_ids(PROMPT, n)
 
 
 def test_the_dense_forward_equals_transformers_for_prefill_steps_and_a_tree(pair):
@@ -392,6 +396,32 @@ def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypat
     assert all(r() is None for refs in made for r in refs)
 
 
+def test_a_concurrent_runs_own_stepper_frees_its_graphs_when_the_run_ends(monkeypatch):
+    """The pair keeps one stepper per configuration; a run that finds it in use makes its own, which
+    ``PreparedPair.give_back`` releases when that run ends (its captured graphs and their pool: on a GPU
+    nothing else frees them while anything still references the stepper); the kept one keeps its graphs."""
+    from dyntree_core.decode import graph_step
+
+    made = []
+    real_init = graph_step.GraphStepper.__init__
+
+    def spy(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(graph_step.GraphStepper, "__init__", spy)
+    draft, target = tiny_pair(seed=5)
+    dec = graph_decoder((draft.to(DEVICE), target.to(DEVICE)), "dyspec_greedy", CompileMode.graphs(DEVICE))
+    first, second = dec.generate(PROMPT, 8), dec.generate(PROMPT, 8)
+    next(first), next(second)
+    list(second)
+    assert len(made) == 2 and made[1].graphs == 0 and not made[1].in_use
+    list(first)
+    assert made[0].graphs > 0 and not made[0].in_use  # kept for the next run
+    dec.pair.close()
+    assert made[0].graphs == 0
+
+
 def test_a_run_that_compiles_says_so_before_its_first_step(pair):
     """Under a compiling mode the first run of a bucket yields a progress item naming the programs it is
     about to compile (the app shows it while the step runs); the next run of the bucket compiles nothing."""
@@ -491,16 +521,14 @@ def test_a_dense_forward_layer_launches_at_most_14_cuda_kernels():
     assert (two.by_op - one.by_op)["rms_norm"] == 2 and (two.by_op - one.by_op)["sdpa"] == 1
 
 
-def test_fused_projections_keep_the_models_numbers_and_share_its_storage(pair):
+def test_fused_projections_keep_the_models_numbers_and_share_its_storage():
     """Fusing changes no value: the model's own forward gives the same logits, its q/k/v and gate/up
     parameters are views of the fused tensors (no second copy), a second fuse reuses them, and a dtype
-    change (new parameters) is fused anew."""
-    import copy
-
+    change (new parameters) is fused anew. (A model of its own: the module's pair may be prepared, hence
+    fused already, and holds its steppers' CUDA graphs on a GPU, which cannot be deep-copied.)"""
     from dyntree_core.decode.dense_forward import fuse_projections
 
-    _, target = pair
-    model = copy.deepcopy(target)
+    model = tiny_pair(seed=3)[1].to(DEVICE)
     ids = torch.tensor([PROMPT], device=DEVICE)
     before = model(ids).logits
     layer = model.model.layers[0]

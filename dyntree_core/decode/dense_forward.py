@@ -193,6 +193,12 @@ def fuse_projections(layer) -> tuple[FusedQKV, FusedGateUp]:
     return attn.dyntree_qkv, mlp.dyntree_gate_up
 
 
+def fuse_model(model) -> None:
+    """``fuse_projections`` on every decoder layer of ``model`` (a dense model: ``dense_reason`` None)."""
+    for layer in model.model.layers:
+        fuse_projections(layer)
+
+
 def _rows_of_one(mods, name: str) -> torch.Tensor:
     fused = torch.cat([getattr(m, name).detach() for m in mods])
     start = 0

@@ -77,12 +77,25 @@ PREFILL_CHUNK_SECONDS = 0.5
 def prefill_chunks(tokens: int) -> Generator[int, tuple[float, int], None]:
     """Chunk sizes for a prefill of ``tokens`` prompt tokens: ``PREFILL_FIRST`` first, then after each
     chunk (``send`` its ``(seconds, tokens)``) the size that takes ``PREFILL_CHUNK_SECONDS`` at the rate
-    just measured, within [1, ``PREFILL_CHUNK``]."""
+    just measured, within [1, ``PREFILL_CHUNK``].
+
+    A forward whose time hardly depends on its tokens (a target streamed from host memory: ~2.5 s for
+    1 or 512 tokens) cannot be cut to that time: the last two chunks of different sizes give its fixed
+    part ``a`` and per-token part ``b``, and when ``a`` is over half the chunk time the size is ``a / b``
+    (the tokens' part at most the fixed part; the rate rule shrank such a prefill to one token per
+    forward: 128 tokens took ~100 streamed forwards)."""
     size = max(1, min(PREFILL_FIRST, PREFILL_CHUNK, tokens))
+    last: Optional[tuple[int, float]] = None  # the last chunk of another size: (tokens, seconds)
     while True:
         seconds, fed = yield size
-        rate = max(seconds, 1e-9) / max(fed, 1)  # seconds per token of the chunk just fed
-        size = max(1, min(PREFILL_CHUNK, int(PREFILL_CHUNK_SECONDS / rate)))
+        fed = max(fed, 1)
+        size = max(1, min(PREFILL_CHUNK, int(PREFILL_CHUNK_SECONDS / max(seconds / fed, 1e-12))))
+        if last is not None and last[0] != fed:
+            b = (seconds - last[1]) / (fed - last[0])
+            a = seconds - b * fed
+            if a > PREFILL_CHUNK_SECONDS / 2:
+                size = PREFILL_CHUNK if b <= 0 else max(fed, min(PREFILL_CHUNK, int(a / b)))
+        last = (fed, seconds)
 
 
 class SpeculativeDecoder:
@@ -402,7 +415,7 @@ class SpeculativeDecoder:
         finally:
             for stepper in (graph, gdraft):
                 if stepper is not None:
-                    stepper.end()  # the stepper is free for the pair's next run
+                    self.pair.give_back(stepper)
 
     def _truncate(self, committed: list[TokenProvenance], remaining: int, context_left: int):
         out: list[TokenProvenance] = []

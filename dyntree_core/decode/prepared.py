@@ -173,6 +173,12 @@ class PreparedPair:
             target.eval()
         else:
             prepare_model(target, device, dtype, settings.precision, "target")
+        if device.type == "cuda":  # the graph steps' dense forward (the CUDA default) fuses q/k/v and gate/up:
+            from .dense_forward import dense_reason, fuse_model  # once here, not moving weights at a first run
+
+            for m in (draft,) if offload is not None else (draft, target):
+                if dense_reason(m) is None:
+                    fuse_model(m)
         from ..attention.hf_backend import use_dispatch
 
         undo = [h for h in (use_dispatch(draft), use_dispatch(target)) if h is not None]
@@ -222,6 +228,13 @@ class PreparedPair:
                 _release(self._steppers.popitem(last=False)[1])
         self._steppers.move_to_end(key)
         return stepper
+
+    def give_back(self, stepper) -> None:
+        """A run is done with ``stepper`` (from ``stepper``): it is free for the next run when the pair keeps
+        it; one the pair does not keep (a concurrent run's own, or evicted meanwhile) has its graphs freed."""
+        stepper.end()
+        if all(s is not stepper for s in self._steppers.values()):
+            stepper.close()
 
     def restore_attention(self) -> None:
         """Put back the attention implementations the models had before preparation."""

@@ -81,6 +81,7 @@ class MeasuredStep:
         step: how the step ran: ``graph`` (fixed-shape programs as captured CUDA graphs: the CUDA
             default for the methods ``decode.graph_step`` takes), ``graph_inductor``, ``host``
             (the eager step), ``device_side``.
+        temperature: the sampling temperature it ran at (the bench's T > 0 row is an A/B of verification).
     """
 
     method: str
@@ -92,6 +93,7 @@ class MeasuredStep:
     draft_s: float
     target_s: float
     step: str = "host"
+    temperature: float = 0.0
 
     @property
     def other_s(self) -> float:
@@ -195,7 +197,7 @@ def _bench_resident(path: Path) -> Optional[tuple[str, tuple[MeasuredStep, ...],
             rows.append(MeasuredStep(r["method"], 1 if ar else int(r.get("budget", r["tree_size"])),
                                      1 if ar else int(r["tree_size"]), r["attention"], "dfs", r["step_ms"] / 1e3,
                                      r["phases_ms"].get("draft", 0.0) / 1e3, r["phases_ms"]["target_forward"] / 1e3,
-                                     r["step"]))
+                                     r["step"], float(r.get("temperature", 0.0))))
         resident[t["name"]] = tuple(rows)
         shape = f"{t['name']} shape"
         for key, label in (("hf_static_ms_per_token", f"transformers generate, static cache, compiled ({shape})"),
@@ -208,18 +210,23 @@ def _bench_resident(path: Path) -> Optional[tuple[str, tuple[MeasuredStep, ...],
 
 
 def _decode_steps(sections: dict) -> tuple[MeasuredStep, ...]:
-    """The offloaded DySpec-greedy steps of a ``bench gpu`` JSON's ``decode_step`` section."""
+    """The offloaded DySpec-greedy steps of a ``bench gpu`` JSON's ``decode_step`` section, as the CUDA
+    default runs them (the draft on its programs; the eager drafter's row is the section's A/B; rows of
+    runs before that A/B have no ``drafting`` and count)."""
     return tuple(MeasuredStep("dyspec_greedy", int(r["budget"]), int(r["tree_size"]), "torch", "dfs",
                               float(r["step_seconds"]), float(r["draft_seconds"]), float(r["target_forward_seconds"]))
-                 for r in sections["decode_step"]["result"]["rows"])
+                 for r in sections["decode_step"]["result"]["rows"] if r.get("drafting", "programs") == "programs")
 
 
 def step_time_at(steps: Sequence[MeasuredStep], method: str, n: float, attention: Optional[str] = None,
-                 order: Optional[str] = None, step: Optional[str] = None) -> tuple[float, Optional[MeasuredStep]]:
+                 order: Optional[str] = None, step: Optional[str] = None,
+                 temperature: float = 0.0) -> tuple[float, Optional[MeasuredStep]]:
     """Seconds per step of ``method`` at tree size ``n`` from measured steps (``step_price.interpolate``
     over their tree sizes), and the measured step nearest to ``n``; ``(inf, None)`` without data.
-    ``attention`` / ``order`` / ``step``: only rows that ran so (None: any)."""
-    rows = sorted((s for s in steps if s.method == method and (attention is None or s.attention == attention)
+    ``attention`` / ``order`` / ``step``: only rows that ran so (None: any); ``temperature``: only rows
+    sampled at it (greedy by default)."""
+    rows = sorted((s for s in steps if s.method == method and s.temperature == temperature
+                   and (attention is None or s.attention == attention)
                    and (order is None or s.order == order) and (step is None or s.step == step)),
                   key=lambda s: s.tree_size)
     if not rows:
