@@ -12,6 +12,7 @@ import ctypes
 import itertools
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -59,6 +60,17 @@ def own_team() -> int:
     return n
 
 
+def settled_team(seconds: float = 5.0) -> int:
+    """``own_team()`` once the released workers have exited: a release tells them to exit and returns after
+    they leave its barrier, before the kernel has removed them (a CI run counted one still there), so this
+    waits until only the calling thread is left or ``seconds`` pass; a release that did nothing keeps the
+    workers, and the count stays above 1."""
+    deadline = time.monotonic() + seconds
+    while (n := own_team()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return n
+
+
 def threads_on(work) -> tuple[int, int, int]:
     """The probe thread's team (``own_team``) before, during (right after ``work()`` ran) and after ``work`` on a
     fresh, uniquely named thread; ``work(during)`` receives a callback that records the count."""
@@ -69,7 +81,7 @@ def threads_on(work) -> tuple[int, int, int]:
         ctypes.CDLL(None).prctl(_PR_SET_NAME, name, 0, 0, 0)
         counts["before"] = own_team()
         work(lambda: counts.setdefault("during", own_team()))
-        counts["after"] = own_team()
+        counts["after"] = settled_team()
 
     t = threading.Thread(target=body)
     t.start()
