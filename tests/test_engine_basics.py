@@ -195,8 +195,10 @@ def test_a_prefill_of_fixed_cost_forwards_is_not_cut_to_one_token_per_forward(mo
     """A streamed target's forward costs about the same for 1 or 512 tokens (2.5 s on the H200 for a
     70B-shaped stack). Sized by rate alone its chunks shrank 32 -> 6 -> 1: a 128-token prompt took ~100
     forwards and the offloaded decode-step bench never reached a step in 215 s. Here a forward costs
-    50 ms + 0.1 ms per token against 20 ms chunks: after two measuring chunks the rest goes in chunks of
-    hundreds of tokens, every token once and in order."""
+    50 ms + 0.1 ms per token against 20 ms chunks: after two measuring chunks the chunks grow (by at most
+    ``FIXED_COST_GROWTH`` each) to hundreds of tokens, every token once and in order. A timing spike on a
+    fast model (a chunk slower than the one before it, under twice the chunk time) is not taken for a
+    fixed cost: the next chunk is sized by rate, not grown."""
     import time
 
     import dyntree_core.decode.engine as engine
@@ -213,6 +215,13 @@ def test_a_prefill_of_fixed_cost_forwards_is_not_cut_to_one_token_per_forward(mo
     list(dec._prefill([feed], list(range(1001))))
     assert [s for s, _ in fed] == [sum(n for _, n in fed[:i]) for i in range(len(fed))]
     assert sum(n for _, n in fed) == 1000 and fed[0] == (0, 16)
-    assert len(fed) <= 6, fed
-    sizes = engine.prefill_chunks(10_000)  # no per-token cost measurable: the largest chunks
-    assert next(sizes) == 16 and sizes.send((2.5, 16)) == 1 and sizes.send((2.5, 1)) == engine.PREFILL_CHUNK
+    assert len(fed) <= 8 and max(n for _, n in fed) >= 256, fed
+    sizes = engine.prefill_chunks(10_000)  # no per-token cost measurable: growing by 4x to the largest chunks
+    assert next(sizes) == 16 and sizes.send((2.5, 16)) == 1 and sizes.send((2.5, 1)) == 64
+    assert sizes.send((2.5, 64)) == 256 and sizes.send((2.5, 256)) == engine.PREFILL_CHUNK
+    monkeypatch.setattr(engine, "PREFILL_CHUNK_SECONDS", 0.5)
+    sizes = engine.prefill_chunks(10_000)
+    assert next(sizes) == 16 and sizes.send((0.6, 16)) == 13
+    # a spike: fewer tokens took longer (a line through both has a 2.2-s fixed part and a negative slope);
+    # sized by its rate, 0.5 s at 0.9 s / 13 tokens, not PREFILL_CHUNK tokens (~10 s at that rate)
+    assert sizes.send((0.9, 13)) == 7

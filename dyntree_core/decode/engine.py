@@ -72,6 +72,8 @@ PREFILL_FIRST = 32
 #: ... and every later chunk is sized to take about this long, so a Stop (checked between chunks) acts
 #: within about this much time whatever the machine (chunks of fixed tokens took 29 s on a slow CPU)
 PREFILL_CHUNK_SECONDS = 0.5
+#: a forward of mostly fixed cost grows its chunks by at most this factor per chunk (``prefill_chunks``)
+FIXED_COST_GROWTH = 4
 
 
 def prefill_chunks(tokens: int) -> Generator[int, tuple[float, int], None]:
@@ -80,22 +82,27 @@ def prefill_chunks(tokens: int) -> Generator[int, tuple[float, int], None]:
     just measured, within [1, ``PREFILL_CHUNK``].
 
     A forward whose time hardly depends on its tokens (a target streamed from host memory: ~2.5 s for
-    1 or 512 tokens) cannot be cut to that time: the last two chunks of different sizes give its fixed
-    part ``a`` and per-token part ``b``, and when ``a`` is over half the chunk time the size is ``a / b``
-    (the tokens' part at most the fixed part; the rate rule shrank such a prefill to one token per
-    forward: 128 tokens took ~100 streamed forwards)."""
+    1 or 512 tokens) cannot be cut to that time; the rate rule shrank such a prefill to one token per
+    forward (128 tokens: ~100 streamed forwards). So when the last two chunks, of different sizes, both
+    took over twice the chunk time and a line through them has a fixed part ``a`` over half of it, the
+    next size is ``a / b`` tokens (``b`` per token: the tokens' part at most the fixed part), at most
+    ``FIXED_COST_GROWTH`` times the largest chunk so far (a timing spike on a fast model mis-fits a line
+    once; it costs one larger chunk, not a ``PREFILL_CHUNK``-token one)."""
     size = max(1, min(PREFILL_FIRST, PREFILL_CHUNK, tokens))
-    last: Optional[tuple[int, float]] = None  # the last chunk of another size: (tokens, seconds)
+    last: Optional[tuple[int, float]] = None  # the previous chunk: (tokens, seconds)
+    largest = size
     while True:
         seconds, fed = yield size
         fed = max(fed, 1)
         size = max(1, min(PREFILL_CHUNK, int(PREFILL_CHUNK_SECONDS / max(seconds / fed, 1e-12))))
-        if last is not None and last[0] != fed:
+        if last is not None and last[0] != fed and min(seconds, last[1]) > 2 * PREFILL_CHUNK_SECONDS:
             b = (seconds - last[1]) / (fed - last[0])
             a = seconds - b * fed
             if a > PREFILL_CHUNK_SECONDS / 2:
-                size = PREFILL_CHUNK if b <= 0 else max(fed, min(PREFILL_CHUNK, int(a / b)))
+                grown = PREFILL_CHUNK if b <= 0 else int(a / b)
+                size = max(fed, min(PREFILL_CHUNK, FIXED_COST_GROWTH * largest, grown))
         last = (fed, seconds)
+        largest = max(largest, size)
 
 
 class SpeculativeDecoder:
