@@ -363,12 +363,9 @@ def test_a_flag_is_one_op_to_post_and_a_read_counted_apart_from_the_steps_read()
     assert (c.ops, c.flag_reads, c.host_reads) == (2, 2, 0), c
 
 
-def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypatch):
-    """A run borrows the pair's stepper (its KV buffers and compiled programs); the next run of the same
-    bucket reuses it, a concurrent one gets its own, and ``PreparedPair.close`` releases them."""
-    import gc
-    import weakref
-
+def steppers_made(monkeypatch, record) -> list:
+    """``record(stepper)`` of every ``GraphStepper`` made from now on, in order (the test's ``monkeypatch``
+    undoes the spy)."""
     from dyntree_core.decode import graph_step
 
     made = []
@@ -376,9 +373,19 @@ def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypat
 
     def spy(self, *a, **k):
         real_init(self, *a, **k)
-        made.append((weakref.ref(self.tf.kv.kv), weakref.ref(self.df.kv.kv)))
+        made.append(record(self))
 
     monkeypatch.setattr(graph_step.GraphStepper, "__init__", spy)
+    return made
+
+
+def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypatch):
+    """A run borrows the pair's stepper (its KV buffers and compiled programs); the next run of the same
+    bucket reuses it, a concurrent one gets its own, and ``PreparedPair.close`` releases them."""
+    import gc
+    import weakref
+
+    made = steppers_made(monkeypatch, lambda s: (weakref.ref(s.tf.kv.kv), weakref.ref(s.df.kv.kv)))
     draft, target = tiny_pair(seed=5)
     dec = graph_decoder((draft.to(DEVICE), target.to(DEVICE)), "dyspec_greedy")
     assert len(dec.generate_ids(PROMPT, 8)) == 8 and len(dec.generate_ids(PROMPT, 8)) == 8
@@ -400,16 +407,7 @@ def test_a_concurrent_runs_own_stepper_frees_its_graphs_when_the_run_ends(monkey
     """The pair keeps one stepper per configuration; a run that finds it in use makes its own, which
     ``PreparedPair.give_back`` releases when that run ends (its captured graphs and their pool: on a GPU
     nothing else frees them while anything still references the stepper); the kept one keeps its graphs."""
-    from dyntree_core.decode import graph_step
-
-    made = []
-    real_init = graph_step.GraphStepper.__init__
-
-    def spy(self, *a, **k):
-        real_init(self, *a, **k)
-        made.append(self)
-
-    monkeypatch.setattr(graph_step.GraphStepper, "__init__", spy)
+    made = steppers_made(monkeypatch, lambda s: s)
     draft, target = tiny_pair(seed=5)
     dec = graph_decoder((draft.to(DEVICE), target.to(DEVICE)), "dyspec_greedy", CompileMode.graphs(DEVICE))
     first, second = dec.generate(PROMPT, 8), dec.generate(PROMPT, 8)
