@@ -49,15 +49,25 @@ def _wait_for_files(folder: Path, patterns: tuple[str, ...], timeout_s: float) -
                          f"the machine was busy is not stored): {folder} holds {have}")
 
 
-def _wait_status_re(page, pattern: str, timeout_s: float) -> str:
-    """The status line once it matches ``pattern`` (a regular expression)."""
-    deadline = time.monotonic() + timeout_s
+def _wait_status_sequence(page, patterns: tuple[str, ...], timeout_s: float) -> str:
+    """The status line once it has matched each of ``patterns`` (regular expressions) in turn; on a
+    timeout the error lists every distinct status seen, with the second it first showed."""
+    deadline = t0 = time.monotonic()
+    deadline += timeout_s
+    seen: list[tuple[float, str]] = []
+    k = 0
     while time.monotonic() < deadline:
         text = _status(page)
-        if re.search(pattern, text):
+        if not seen or seen[-1][1] != text:
+            seen.append((time.monotonic() - t0, text))
+        while k < len(patterns) and re.search(patterns[k], text):
+            k += 1
+        if k == len(patterns):
             return text
-        time.sleep(0.5)
-    raise AssertionError(f"status never matched {pattern!r} in {timeout_s:.0f} s; it says {_status(page)!r}")
+        time.sleep(0.25)
+    history = "\n".join(f"  {t:6.1f} s: {text!r}" for t, text in seen)
+    raise AssertionError(f"status never matched {patterns[k]!r} (of {patterns}) in {timeout_s:.0f} s; "
+                         f"it showed:\n{history}")
 
 
 def _peak_rss_gb(pid: int) -> float:
@@ -109,11 +119,9 @@ def test_the_defaults_twice_one_prediction_everywhere_and_stop_in_a_long_prefill
             _ready(page)
             page.wait_for_function("() => !document.querySelector('#memory-footer').innerText"
                                    ".includes('measuring this machine')", timeout=120_000)
-            before = _status(page)
             page.click("#run-btn")
-            page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]').innerText !== b",
-                                   arg=before, timeout=120_000)
-            status = _wait_status_re(page, r"finished[\s\S]*measured \d+ ms/token|until this machine is measured", 300)
+            status = _wait_status_sequence(page, (r" · running · ", r"finished[\s\S]*measured \d+ ms/token|"
+                                                                     r"until this machine is measured"), 300)
             assert "until this machine is measured" not in status, status
             time.sleep(1.5)  # (the re-measurement, if any, is named on the next refresh)
             status, panel = _status(page), _cost_panel(page)
@@ -140,11 +148,10 @@ def test_the_defaults_twice_one_prediction_everywhere_and_stop_in_a_long_prefill
             peaks = {"first Run, measurement, second Run, Compare": _peak_rss_gb(proc.pid)}
             # --- a T=0.6 run: the profile stands, only the pair's acceptance at T=0.6 is measured (in the background)
             set_field(page, "temperature", 0.6)
-            before = _status(page)
+            assert page.input_value("#temperature input") == "0.6"
             page.click("#run-btn")
-            page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]').innerText !== b",
-                                   arg=before, timeout=120_000)
-            warm = _wait_status_re(page, r"finished", 300)
+            # this run's own status: a changed one may still be the last run's (a refresh redraws it with a note)
+            warm = _wait_status_sequence(page, (r"T=0\.6", r"finished"), 300)
             assert "until the pair's acceptance at T=0.6 is measured" in warm, warm
             assert "until this machine is measured" not in warm, warm
             peaks["+ T=0.6 run"] = _peak_rss_gb(proc.pid)
