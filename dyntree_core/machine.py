@@ -2,7 +2,8 @@
 
 ``machine_info()`` describes the host a benchmark runs on: the CPU model and the SIMD / matrix
 extensions that decide which CPU kernels torch can use (AVX2, AVX-512, AVX-512 BF16, AMX), the
-CPUs this process may run on, torch's thread count, the software versions and the GPU, if any.
+CPUs this process may run on, torch's thread count, the software versions, the GPU, if any, and the
+host's CPU signature (family, model, stepping, microcode, cache, clock: ``parse_cpu_signature``).
 Every benchmark JSON writer stores ``machine_info().to_dict()`` under ``"machine_info"`` so a
 latency can always be traced back to its hardware class, and ``short_label()`` gives a
 filename-safe label (``cpu-avx2``, ``cpu-amx``, ``cuda-h100``) for result file names.
@@ -58,6 +59,40 @@ def parse_cpuinfo(text: str) -> tuple[Optional[str], tuple[str, ...]]:
     return model, tuple(f for f in CPU_FLAGS if present and f in present)
 
 
+#: ``/proc/cpuinfo`` fields of the first CPU that tell hosts with one ``model name`` apart (virtual machines often
+#: say only "AMD EPYC"), in this order
+SIGNATURE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("vendor_id", ""), ("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
+    ("microcode", "microcode"), ("cache size", "cache"), ("cpu mhz", "MHz"),
+)
+
+
+def parse_cpu_signature(text: str) -> str:
+    """The first CPU's identity beyond its model name from the text of ``/proc/cpuinfo``:
+    ``"AuthenticAMD family 25 model 1 stepping 1 microcode 0x1000065 cache 512 KB MHz 2445"`` ('' when none
+    of ``SIGNATURE_FIELDS`` is there, e.g. on ARM). Two runs on one ``cpu_model`` whose signatures differ ran
+    on different hosts (seen: a 2-core "AMD EPYC" VM whose llama.cpp pp16 took 288 ms one day, 450 the next)."""
+    first = text.split("\n\n", 1)[0]
+    found: dict[str, str] = {}
+    for line in first.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip().lower()
+        if sep and key not in found:
+            found[key] = " ".join(value.split())
+    parts = []
+    for key, label in SIGNATURE_FIELDS:
+        value = found.get(key)
+        if not value:
+            continue
+        if key == "cpu mhz":
+            try:
+                value = f"{float(value):.0f}"
+            except ValueError:
+                continue
+        parts.append(f"{label} {value}" if label else value)
+    return " ".join(parts)
+
+
 def cpu_class(flags: tuple[str, ...] | list[str] | set[str]) -> str:
     """The CPU's kernel class: ``amx`` > ``avx512_bf16`` > ``avx512`` > ``avx2`` > ``other``."""
     fs = set(flags)
@@ -95,6 +130,8 @@ class MachineInfo:
     python: str
     platform: str
     gpu: Optional[str]
+    #: ``parse_cpu_signature``: which host, where ``cpu_model`` is generic (recorded, not part of cache keys)
+    cpu_signature: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (flags as a list)."""
@@ -148,7 +185,8 @@ def machine_info() -> MachineInfo:
     in effect at the first call)."""
     import torch
 
-    model, flags = parse_cpuinfo(_read_cpuinfo()) if sys.platform.startswith("linux") else (None, ())
+    text = _read_cpuinfo() if sys.platform.startswith("linux") else ""
+    model, flags = parse_cpuinfo(text) if text else (None, ())
     model = model or platform.processor() or platform.machine() or "unknown"
     gpu = None
     try:
@@ -159,5 +197,5 @@ def machine_info() -> MachineInfo:
     return MachineInfo(
         cpu_model=model, cpu_flags=flags, cpu_class=cpu_class(flags), logical_cpus=_logical_cpus(),
         torch_threads=torch.get_num_threads(), torch=torch.__version__, python=platform.python_version(),
-        platform=platform.platform(), gpu=gpu,
+        platform=platform.platform(), gpu=gpu, cpu_signature=parse_cpu_signature(text),
     )

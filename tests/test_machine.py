@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dyntree_core import machine
-from dyntree_core.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpuinfo
+from dyntree_core.machine import MachineInfo, cpu_class, gpu_short_name, machine_info, parse_cpu_signature, parse_cpuinfo
 
 # Sapphire Rapids (AMX) as a cloud VM shows it; two processors, only the first is read.
 XEON_AMX = """\
@@ -60,6 +60,18 @@ def test_parse_epyc_avx2():
     assert cpu_class(flags) == "avx2"
 
 
+def test_cpu_signature_tells_hosts_of_one_model_name_apart():
+    assert parse_cpu_signature(XEON_AMX) == "GenuineIntel family 6 model 143 stepping 8"  # the first CPU only
+    assert parse_cpu_signature(EPYC_AVX2) == "AuthenticAMD family 23 model 49"
+    vm = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+          "stepping\t: 1\nmicrocode\t: 0x1000065\ncpu MHz\t\t: 2445.430\ncache size\t: 512 KB\n\n"
+          "processor\t: 1\ncpu MHz\t\t: 3000.000\n")
+    assert parse_cpu_signature(vm) == "AuthenticAMD family 25 model 1 stepping 1 microcode 0x1000065 cache 512 KB MHz 2445"
+    assert parse_cpu_signature(vm.replace("2445.430", "2994.1")) != parse_cpu_signature(vm)
+    assert parse_cpu_signature("") == "" and parse_cpu_signature("Features\t: fp asimd\n") == ""
+    assert parse_cpu_signature("cpu MHz : fast\n") == ""  # an unreadable clock is left out
+
+
 def test_parse_empty():
     assert parse_cpuinfo("") == (None, ())
     assert cpu_class(()) == "other"
@@ -98,6 +110,7 @@ def test_this_machine():
     assert info.logical_cpus >= 1 and info.torch_threads >= 1
     d = json.loads(json.dumps(info.to_dict()))
     assert d["cpu_model"] == info.cpu_model and d["cpu_flags"] == list(info.cpu_flags)
+    assert d["cpu_signature"] == info.cpu_signature == machine.parse_cpu_signature(machine._read_cpuinfo())
     label = info.short_label()
     assert label and all(c.isalnum() or c in "-_" for c in label)
 
@@ -107,7 +120,7 @@ def test_machine_info_without_cpuinfo(monkeypatch, tmp_path):
     machine.machine_info.cache_clear()
     try:
         info = machine.machine_info()
-        assert info.cpu_model and info.cpu_flags == () and info.cpu_class == "other"
+        assert info.cpu_model and info.cpu_flags == () and info.cpu_class == "other" and info.cpu_signature == ""
     finally:
         machine.machine_info.cache_clear()
 
