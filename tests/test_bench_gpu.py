@@ -76,7 +76,8 @@ def _check_resident(r):
     for t in r["targets"]:
         assert t["hf_generate_ms_per_token"] > 0 and t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0
         assert t["hf_static_ms_per_token"] > 0 and t["hf_static_warmup_s"] > 0
-        assert set(t["ar_vs_hf_generate"]) == set(t["ar_vs_hf_static"]) == {"torch graph", "torch host", "triton host"}
+        assert set(t["ar_vs_hf_generate"]) == set(t["ar_vs_hf_static"]) == {"torch graph", "torch graph_no_cudnn",
+                                                                             "torch host", "triton host"}
         for kind, ratio in t["ar_vs_hf_generate"].items():
             assert math.isclose(ratio, t["ar_ms_per_token"][kind] / t["hf_generate_ms_per_token"])
             assert math.isclose(t["ar_vs_hf_static"][kind], t["ar_ms_per_token"][kind] / t["hf_static_ms_per_token"])
@@ -90,6 +91,9 @@ def _check_resident(r):
                  ("dyspec_greedy", plan.ab_budget, "torch", "device_side", 0)}  # inductor's rows: CUDA only
         # the A/B of T > 0 verification on the device and on the host from the read rows
         want |= {("dyspec_greedy", plan.ab_budget, "torch", step, 1.0) for step in ("graph", "graph_host_verify")}
+        # the graphs captured without cuDNN's attention, plain and at the A/B budget
+        want |= {("autoregressive", None, "torch", "graph_no_cudnn", 0),
+                 ("dyspec_greedy", plan.ab_budget, "torch", "graph_no_cudnn", 0)}
         assert got == want
         for x in t["rows"]:
             assert x["step_ms"] > 0 and x["tokens_per_step"] >= 1 and x["phases_ms"]["target_forward"] > 0
@@ -162,3 +166,19 @@ def test_a_resident_row_that_raises_is_recorded_and_the_others_still_run(monkeyp
     assert [len(t["rows"]) for t in r["targets"]] == [want, want]
     assert saved and saved[-1]["partial"] and len(saved[-1]["current"]["rows"]) == want
     assert saved[0]["current"]["name"] == "7B" and len(saved[0]["current"]["rows"]) == 1
+
+
+def test_the_no_cudnn_rows_capture_with_every_sdpa_backend_but_cudnns():
+    """``graph_no_cudnn`` rows run (and capture their graphs) with cuDNN's attention switched off and the other
+    backends on; every other kind leaves torch's choice alone, and the switch ends with the row."""
+    from dyntree_core.bench.resident import sdpa_backends
+
+    flags = lambda: (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),  # noqa: E731
+                     torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    before = flags()
+    with sdpa_backends("graph_no_cudnn"):
+        assert flags() == (False, True, True, True)
+    assert flags() == before
+    for step in ("graph", "graph_every_level", "host"):
+        with sdpa_backends(step):
+            assert flags() == before

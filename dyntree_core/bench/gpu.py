@@ -432,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time budget of the resident section (later rows are listed as skipped)")
     p.add_argument("--resident-targets", nargs="+", choices=("1.5B", "7B"), help="only these targets")
     p.add_argument("--resident-kinds", nargs="+", choices=("graph", "graph_every_level", "graph_inductor",
-                                                           "graph_host_verify", "host", "device_side"),
+                                                           "graph_host_verify", "graph_no_cudnn", "host", "device_side"),
                    help="only these step kinds (plain decoding's graph row always runs: the reference)")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers' generate rows out")
     return p

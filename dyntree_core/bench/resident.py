@@ -17,7 +17,9 @@ commits ~1 token — the step times are the point) in one process:
   level deep), ``graph_inductor`` = the same programs compiled
   by inductor with ``mode="reduce-overhead"``, ``graph_host_verify`` = a ``graph`` step at T > 0 whose
   token-level verification runs on the host from the read draft and target rows (the A/B of the
-  device's verification: the sampled budget-64 rows run both), ``host`` = the eager step with host drafting and
+  device's verification: the sampled budget-64 rows run both), ``graph_no_cudnn`` = a ``graph`` step whose
+  programs were captured with every SDPA backend but cuDNN's (``sdpa_backends``: on the H200 cuDNN's
+  attention added two copies and a memset per layer to each forward), plain and at the A/B budget, ``host`` = the eager step with host drafting and
   verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
   forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
   eager kinds (the device-side drafting regression) and inductor's plain step; Triton rows run on the
@@ -27,7 +29,8 @@ commits ~1 token — the step times are the point) in one process:
 - the floor: the target's weight bytes over the measured device-memory bandwidth (a ``clone`` of
   a large buffer: read + write), the time one token must take to stream the weights once;
 - ``forward_kernels``: the draft forward's kernels at 1 and 63 rows (a plain step's and a budget-64
-  level's), as the CPU's ``LaunchCounter`` models them and as CUDA's profiler counts them.
+  level's), as the CPU's ``LaunchCounter`` models them and as CUDA's profiler counts them (also with cuDNN's
+  attention excluded: ``profiled_no_cudnn``).
 
 ``--dry-run`` runs the same code at tiny shapes on the CPU (the kernel through Triton's
 interpreter): every number is measured, none means anything.
@@ -35,6 +38,7 @@ interpreter): every number is measured, none means anything.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -53,7 +57,7 @@ QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
 }
 QWEN_VOCAB = 151936
 #: step kinds that run as fixed-shape programs (``decode.graph_step``)
-GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify")
+GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify", "graph_no_cudnn")
 #: the dry run's stand-ins (same roles, tiny)
 TINY_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "0.5B": (64, 2, 4, 2, 128),
@@ -153,6 +157,17 @@ def hf_generate_ms(model, ids: torch.Tensor, tokens: int, reps: int = 3, **kwarg
     return (full - one) / (tokens - 1) * 1e3, warmup
 
 
+def sdpa_backends(step: str):
+    """The SDPA backends a row of kind ``step`` may use, as a context: every one but cuDNN's for
+    ``graph_no_cudnn`` (in effect while its programs are captured, which fixes the kernels they replay), torch's
+    own choice otherwise."""
+    if step != "graph_no_cudnn":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "host") -> Optional[dict[str, Any]]:
     """Median step of ``steps`` steps after one warm-up step (which compiles a ``graph`` step's
     programs: ``compile_s``); phases that ran, in ms. ``step``: ``graph``, ``host`` or ``device_side``."""
@@ -171,7 +186,8 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
         raise RuntimeError(f"a graph step was asked for but cannot run: {dec.graph_reason()}")
     events = []
     dec.on_compile = events.append
-    traces = list(dec.generate(prompt, steps + 1))[1:]
+    with sdpa_backends(step):
+        traces = list(dec.generate(prompt, steps + 1))[1:]
     if not traces:
         return None
     phases = {p: statistics.median(getattr(t.timings, p) for t in traces) * 1e3
@@ -208,6 +224,8 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
         # the same trees with every draft level forwarded: what a tree as deep as the envelope pays (the
         # synthetic pair's trees are one level deep; a real pair's reach depth 7-8 at budget 64)
         out += [(tree("torch", b), "graph_every_level") for b in order]
+        # the same graphs captured without cuDNN's attention (its extra copies and memset per layer)
+        out += [(ar("torch"), "graph_no_cudnn"), (tree("torch", plan.ab_budget), "graph_no_cudnn")]
         out += [(ar("torch"), "host"), (tree("torch", plan.ab_budget), "host"),
                 (tree("torch", plan.ab_budget), "device_side")]
         # T = 1, token level: verified on the device, and on the host from the read rows (2 B V floats)
@@ -244,6 +262,13 @@ def forward_kernels(model, rows: int, span: int, dev: torch.device) -> dict[str,
             f(idx, idx, idx, visible, idx)
             _sync(dev)
         out["profiled"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        with sdpa_backends("graph_no_cudnn"):
+            f(idx, idx, idx, visible, idx)  # warm the other backend
+            _sync(dev)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                f(idx, idx, idx, visible, idx)
+                _sync(dev)
+        out["profiled_no_cudnn"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
     del f
     return out
 
