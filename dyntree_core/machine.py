@@ -37,26 +37,26 @@ CPUINFO_PATH = Path("/proc/cpuinfo")
 MEMINFO_PATH = Path("/proc/meminfo")
 
 
+def _first_values(text: str) -> dict[str, str]:
+    """Each ``key : value`` line's key (lower case) and its first non-empty value (spaces collapsed)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key, value = key.strip().lower(), " ".join(value.split())
+        if sep and value and key not in found:
+            found[key] = value
+    return found
+
+
 def parse_cpuinfo(text: str) -> tuple[Optional[str], tuple[str, ...]]:
     """``(model, flags)`` from the text of ``/proc/cpuinfo``.
 
     ``model`` is the first ``model name`` value (None when absent); ``flags`` is the subset of
     ``CPU_FLAGS`` present in the first ``flags`` line (``Features`` on ARM), in ``CPU_FLAGS`` order.
     """
-    model: Optional[str] = None
-    present: Optional[set[str]] = None
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key = key.strip().lower()
-        if model is None and key == "model name":
-            model = " ".join(value.split()) or None
-        elif present is None and key in ("flags", "features"):
-            present = set(value.split())
-        if model is not None and present is not None:
-            break
-    return model, tuple(f for f in CPU_FLAGS if present and f in present)
+    found = _first_values(text)
+    present = set((found.get("flags") or found.get("features") or "").split())
+    return found.get("model name"), tuple(f for f in CPU_FLAGS if f in present)
 
 
 #: ``/proc/cpuinfo`` fields of the first CPU that tell hosts with one ``model name`` apart (virtual machines often
@@ -72,13 +72,7 @@ def parse_cpu_signature(text: str) -> str:
     ``"AuthenticAMD family 25 model 1 stepping 1 microcode 0x1000065 cache 512 KB MHz 2445"`` ('' when none
     of ``SIGNATURE_FIELDS`` is there, e.g. on ARM). Two runs on one ``cpu_model`` whose signatures differ ran
     on different hosts (seen: a 2-core "AMD EPYC" VM whose llama.cpp pp16 took 288 ms one day, 450 the next)."""
-    first = text.split("\n\n", 1)[0]
-    found: dict[str, str] = {}
-    for line in first.splitlines():
-        key, sep, value = line.partition(":")
-        key = key.strip().lower()
-        if sep and key not in found:
-            found[key] = " ".join(value.split())
+    found = _first_values(text.split("\n\n", 1)[0])
     parts = []
     for key, label in SIGNATURE_FIELDS:
         value = found.get(key)
@@ -186,7 +180,7 @@ def machine_info() -> MachineInfo:
     import torch
 
     text = _read_cpuinfo() if sys.platform.startswith("linux") else ""
-    model, flags = parse_cpuinfo(text) if text else (None, ())
+    model, flags = parse_cpuinfo(text)
     model = model or platform.processor() or platform.machine() or "unknown"
     gpu = None
     try:

@@ -19,56 +19,45 @@ import sys
 import threading
 import types
 import weakref
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import DEVICE  # noqa: E402
+from test_graph_step import PROMPT, graph_decoder, steppers_made  # noqa: E402
 
-from dyntree_core import DecodeConfig, SpeculativeDecoder  # noqa: E402
 from dyntree_core.decode import graph_step  # noqa: E402
 from dyntree_core.decode.compiled import CompileMode  # noqa: E402
 from dyntree_core.testing import tiny_pair  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-PROMPT = [1, 2, 3, 4, 5]
+
+class PlainFlags:
+    """``host.Flags`` without page-locked memory or events: each post keeps a device copy, each read reads it."""
+
+    def __init__(self, n: int, device):
+        self._slots = [None] * n
+
+    def post(self, i: int, t: torch.Tensor) -> None:
+        self._slots[i] = t.clone()
+
+    def read(self, i: int) -> bool:
+        return bool(self._slots[i].reshape(-1)[0])
 
 
-@contextmanager
-def patched(obj, name: str, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
+def apply_variant(mp: pytest.MonkeyPatch, name: str) -> None:
+    if name == "no-lookahead":
+        real = graph_step.GraphStepper.__init__
 
-
-@contextmanager
-def variant(name: str):
-    with ExitStack() as stack:
-        if name == "no-lookahead":
-            real = graph_step.GraphStepper.__init__
-
-            def init(self, *a, **k):
-                real(self, *a, **k)
-                self.lookahead = 0
-            stack.enter_context(patched(graph_step.GraphStepper, "__init__", init))
-        elif name == "no-static":
-            stack.enter_context(patched(torch._dynamo, "mark_static_address", lambda t, guard=False: None))
-        elif name == "no-flags":
-            class PlainFlags:
-                def __init__(self, n, device):
-                    self._slots = [None] * n
-
-                def post(self, i, t):
-                    self._slots[i] = t.clone()
-
-                def read(self, i):
-                    return bool(self._slots[i].reshape(-1)[0])
-            stack.enter_context(patched(graph_step.host, "Flags", PlainFlags))
-        yield
+        def init(self, *a, **k):
+            real(self, *a, **k)
+            self.lookahead = 0
+        mp.setattr(graph_step.GraphStepper, "__init__", init)
+    elif name == "no-static":
+        mp.setattr(torch._dynamo, "mark_static_address", lambda t, guard=False: None)
+    elif name == "no-flags":
+        mp.setattr(graph_step.host, "Flags", PlainFlags)
 
 
 def referrers(obj, skip: set[int]) -> list[str]:
@@ -92,19 +81,12 @@ def referrers(obj, skip: set[int]) -> list[str]:
 
 
 def trial(name: str) -> str:
-    made: list[tuple[weakref.ref, weakref.ref]] = []
-    real = graph_step.GraphStepper.__init__
-
-    def spy(self, *a, **k):
-        real(self, *a, **k)
-        made.append((weakref.ref(self), weakref.ref(self.tf.kv.kv)))
     mode = CompileMode(capture="emulated") if name == "emulated" else CompileMode.graphs(DEVICE)
-    with variant(name), patched(graph_step.GraphStepper, "__init__", spy):
+    with pytest.MonkeyPatch.context() as mp:
+        apply_variant(mp, name)  # (before the spy: it wraps the variant's __init__)
+        made = steppers_made(mp, lambda s: (weakref.ref(s), weakref.ref(s.tf.kv.kv)))
         draft, target = tiny_pair(seed=5)
-        cfg = DecodeConfig(method="dyspec_greedy", attention="torch", trace_block_counts=False, device=DEVICE.type,
-                           budget=16, depth=4)
-        dec = SpeculativeDecoder(draft.to(DEVICE), target.to(DEVICE), cfg)
-        dec.graph_steps, dec.compile_mode = True, mode
+        dec = graph_decoder((draft.to(DEVICE), target.to(DEVICE)), "dyspec_greedy", mode)
         dec.generate_ids(PROMPT, 8)
         first, second = dec.generate(PROMPT, 8), dec.generate(PROMPT, 8)
         next(first), next(second)

@@ -52,8 +52,8 @@ def _wait_for_files(folder: Path, patterns: tuple[str, ...], timeout_s: float) -
 def _wait_status_sequence(page, patterns: tuple[str, ...], timeout_s: float) -> str:
     """The status line once it has matched each of ``patterns`` (regular expressions) in turn; on a
     timeout the error lists every distinct status seen, with the second it first showed."""
-    deadline = t0 = time.monotonic()
-    deadline += timeout_s
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
     seen: list[tuple[float, str]] = []
     k = 0
     while time.monotonic() < deadline:

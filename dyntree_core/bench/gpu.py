@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..machine import machine_info
-from .resident import resident
+from .resident import STEP_KINDS, resident
 
 SECTIONS: tuple[str, ...] = ("kernel_oracle", "greedy_identity", "attention", "offload", "decode_step", "resident")
 PHASES: tuple[str, ...] = ("draft", "tree_build", "mask", "target_forward", "offload_transfer", "verify", "kv_compaction")
@@ -431,8 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resident-seconds", type=float, default=140.0,
                    help="time budget of the resident section (later rows are listed as skipped)")
     p.add_argument("--resident-targets", nargs="+", choices=("1.5B", "7B"), help="only these targets")
-    p.add_argument("--resident-kinds", nargs="+", choices=("graph", "graph_every_level", "graph_inductor",
-                                                           "graph_host_verify", "graph_no_cudnn", "host", "device_side"),
+    p.add_argument("--resident-kinds", nargs="+", choices=STEP_KINDS,
                    help="only these step kinds (plain decoding's graph row always runs: the reference)")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers' generate rows out")
     return p

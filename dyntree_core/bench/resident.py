@@ -19,8 +19,8 @@ commits ~1 token — the step times are the point) in one process:
   token-level verification runs on the host from the read draft and target rows (the A/B of the
   device's verification: the sampled budget-64 rows run both), ``graph_no_cudnn`` = a ``graph`` step whose
   programs were captured with every SDPA backend but cuDNN's (``sdpa_backends``: on the H200 cuDNN's
-  attention added two copies and a memset per layer to each forward), plain and at the A/B budget, ``host`` = the eager step with host drafting and
-  verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
+  attention added two copies and a memset per layer to each forward), plain and at the A/B budget,
+  ``host`` = the eager step with host drafting and verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
   forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
   eager kinds (the device-side drafting regression) and inductor's plain step; Triton rows run on the
   host path, last. A row that raises is recorded under ``failed`` and the others still run;
@@ -58,6 +58,8 @@ QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
 QWEN_VOCAB = 151936
 #: step kinds that run as fixed-shape programs (``decode.graph_step``)
 GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify", "graph_no_cudnn")
+#: every row's step kind (the module docstring), ``bench gpu --resident-kinds``' choices
+STEP_KINDS = (*GRAPH_KINDS, "host", "device_side")
 #: the dry run's stand-ins (same roles, tiny)
 TINY_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "0.5B": (64, 2, 4, 2, 128),
@@ -257,19 +259,17 @@ def forward_kernels(model, rows: int, span: int, dev: torch.device) -> dict[str,
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
-        _sync(dev)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            f(idx, idx, idx, visible, idx)
-            _sync(dev)
-        out["profiled"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-        with sdpa_backends("graph_no_cudnn"):
-            f(idx, idx, idx, visible, idx)  # warm the other backend
+        def profiled() -> int:
+            f(idx, idx, idx, visible, idx)  # warm (a backend not used yet)
             _sync(dev)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 f(idx, idx, idx, visible, idx)
                 _sync(dev)
-        out["profiled_no_cudnn"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-    del f
+            return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+        out["profiled"] = profiled()
+        with sdpa_backends("graph_no_cudnn"):
+            out["profiled_no_cudnn"] = profiled()
     return out
 
 
