@@ -26,13 +26,34 @@ STREAM_INTERVAL_S = 1.5  # slow shared CI CPUs: fewer plot repaints
 PLOTS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot")
 
 
+#: what an app measures about the machine and the pair (profiles, acceptance): each test app starts without it, as a
+#: new user does, whatever an earlier app on this machine measured (one did, in CI, and changed the prompt line)
+MEASURED_SUBDIRS = ("profiles",)
+
+
+def _fresh_measurements_cache(parent: Path) -> Path:
+    """A new cache root under ``parent`` sharing the user's cache but for ``MEASURED_SUBDIRS``, which start empty."""
+    import tempfile
+
+    from dyntree_core.paths import cache_root
+
+    shared = cache_root()
+    shared.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="cache-", dir=parent))
+    for name in MEASURED_SUBDIRS:
+        (shared / name).mkdir(exist_ok=True)
+    for entry in shared.iterdir():
+        (root / entry.name).mkdir() if entry.name in MEASURED_SUBDIRS else (root / entry.name).symlink_to(entry)
+    return root
+
+
 @contextmanager
 def tiny_app(log: Path, **env_extra: str):
-    """``app.py --tiny`` served while inside (its output in ``log``, ``env_extra`` in its environment); yields
-    its URL."""
+    """``app.py --tiny`` served while inside (its output in ``log``, ``env_extra`` in its environment, nothing
+    measured before it: ``MEASURED_SUBDIRS``); yields its URL."""
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium not installed (make browser)")
-    env = dict(os.environ, DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    env = dict(os.environ, DYNTREE_CACHE=str(_fresh_measurements_cache(log.parent)), DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
                DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S), **env_extra)
     try:

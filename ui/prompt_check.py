@@ -14,6 +14,9 @@ from dyntree_core.config import ConfigError
 MAX_PROMPT_TOKENS = 4096
 #: the form's choices for a prompt over the limit
 LONG_PROMPT_CHOICES: tuple[str, ...] = ("refuse", "keep the end")
+#: a predicted prefill shorter than this is not shown: "5 tokens · prefill ≈ 0 s" says nothing, and whether a
+#: profile happened to be stored changed a short prompt's line
+PREFILL_NOTE_MIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class PromptCheck:
 
     def markdown(self) -> str:
         text = f"{self.tokens:,} tokens"
-        if self.prefill_seconds is not None:
+        if self.prefill_seconds is not None and (self.prefill_seconds >= PREFILL_NOTE_MIN_S or self.too_long):
             text += f" · prefill ≈ {_duration(self.prefill_seconds)} ({self.rate_source})"
         if self.too_long:
             text = (f"⚠️ **{text} — over the limit of {self.limit:,}**: Run refuses it, or keeps its last "
