@@ -194,12 +194,12 @@ def test_the_long_prompt_estimate_comes_from_the_profile_or_a_long_prefill(contr
     assert rate == pytest.approx(40.0) and "32-token target forwards at int4" in source
     line = controller.prompt_info(state, "tiny", "tiny", LONG, False, 8, 16)
     assert "prefill ≈ 3.8 min (40 tokens/s: this machine's profile" in line  # 9,000 tokens at 40 tokens/s
-    # a prefill predicted under a second is not worth a note (the line was "3 tokens · prefill ≈ 0 s (...)")
+    # a prefill predicted under 5 s is not worth a note (the line was "3 tokens · prefill ≈ 0 s (...)")
     assert controller.prompt_info(state, "tiny", "tiny", "t1 t2 t3", False, 8, 16) == "3 tokens"
     from ui.prompt_check import PREFILL_NOTE_MIN_S, check_prompt
-    assert PREFILL_NOTE_MIN_S == 1.0
-    assert check_prompt([1] * 39, 4096, 8, 16, 40.0, "r").markdown() == "39 tokens"
-    assert check_prompt([1] * 40, 4096, 8, 16, 40.0, "r").markdown() == "40 tokens · prefill ≈ 1 s (r)"
+    assert PREFILL_NOTE_MIN_S == 5.0
+    assert check_prompt([1] * 199, 4096, 8, 16, 40.0, "r").markdown() == "199 tokens"
+    assert check_prompt([1] * 200, 4096, 8, 16, 40.0, "r").markdown() == "200 tokens · prefill ≈ 5 s (r)"
     assert "prefill ≈ 0 s (r)" in check_prompt([1] * 30, 20, 8, 16, 1e6, "r").markdown()  # over the limit: always
     short = SimpleNamespace(prefill_seconds=0.5, prompt_ids=[1] * 19, settings=SimpleNamespace(draft="tiny", target="tiny"))
     assert prefill_rate(short, "tiny", "tiny")[0] == pytest.approx(40.0)  # 38 tokens/s from 19 tokens: not used
