@@ -17,7 +17,7 @@ export PYTHONPATH="$SITE":$PWD
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   python3 -c "import torch,triton,transformers;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__)"; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-DEFAULT_BENCH_ARGS="--sections resident decode_step kernel_oracle greedy_identity attention offload --resident-targets 7B --resident-kinds graph graph_every_level graph_no_cudnn graph_host_verify host device_side --resident-seconds 170 --offload-seconds 60"
+DEFAULT_BENCH_ARGS="--sections resident decode_step kernel_oracle greedy_identity attention offload --resident-targets 7B --resident-kinds graph graph_every_level graph_no_cudnn graph_host_verify graph_alphas_loop host device_side --resident-seconds 170 --offload-seconds 60"
 timeout "${BENCH_S:-470}" python3 -m dyntree_core.bench gpu --out "$OUT/gpu" ${BENCH_ARGS-$DEFAULT_BENCH_ARGS} > "$OUT/gpu.log" 2>&1
 echo "bench rc=$?" >> "$OUT/gpu.log"; grep "^\[bench gpu" "$OUT/gpu.log" | tail -25
 # the files that run on DEVICE first (the graph step's before the rest), then the others naming cuda

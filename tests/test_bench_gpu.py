@@ -91,6 +91,8 @@ def _check_resident(r):
                  ("dyspec_greedy", plan.ab_budget, "torch", "device_side", 0)}  # inductor's rows: CUDA only
         # the A/B of T > 0 verification on the device and on the host from the read rows
         want |= {("dyspec_greedy", plan.ab_budget, "torch", step, 1.0) for step in ("graph", "graph_host_verify")}
+        # and with the token-level recurrence as torch ops instead of one kernel (verify.alpha_kernel)
+        want.add(("dyspec_greedy", plan.ab_budget, "torch", "graph_alphas_loop", 1.0))
         # the graphs captured without cuDNN's attention, plain and at the A/B budget
         want |= {("autoregressive", None, "torch", "graph_no_cudnn", 0),
                  ("dyspec_greedy", plan.ab_budget, "torch", "graph_no_cudnn", 0)}

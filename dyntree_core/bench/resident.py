@@ -20,6 +20,9 @@ commits ~1 token — the step times are the point) in one process:
   device's verification: the sampled budget-64 rows run both), ``graph_no_cudnn`` = a ``graph`` step whose
   programs were captured with every SDPA backend but cuDNN's (``sdpa_backends``: on the H200 cuDNN's
   attention added two copies and a memset per layer to each forward), plain and at the A/B budget,
+  ``graph_alphas_loop`` = a ``graph`` step at T > 0 whose token-level recurrence runs as torch ops, 6 kernels a
+  sibling position (``DYNTREE_ALPHAS=loop`` while it is captured), where ``graph`` runs it as one Triton kernel
+  (``verify.alpha_kernel``),
   ``host`` = the eager step with host drafting and verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
   forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
   eager kinds (the device-side drafting regression) and inductor's plain step; Triton rows run on the
@@ -41,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import statistics
 import time
 import traceback
@@ -57,7 +61,8 @@ QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
 }
 QWEN_VOCAB = 151936
 #: step kinds that run as fixed-shape programs (``decode.graph_step``)
-GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify", "graph_no_cudnn")
+GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify", "graph_no_cudnn",
+               "graph_alphas_loop")
 #: every row's step kind (the module docstring), ``bench gpu --resident-kinds``' choices
 STEP_KINDS = (*GRAPH_KINDS, "host", "device_side")
 #: the dry run's stand-ins (same roles, tiny)
@@ -170,6 +175,22 @@ def sdpa_backends(step: str):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+@contextlib.contextmanager
+def alphas_as(step: str):
+    """The token-level recurrence's implementation for a row of kind ``step`` (``verify.alpha_kernel``): torch's
+    ops for ``graph_alphas_loop`` (while its programs are captured), the one Triton kernel otherwise."""
+    saved = os.environ.get("DYNTREE_ALPHAS")
+    if step == "graph_alphas_loop":
+        os.environ["DYNTREE_ALPHAS"] = "loop"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("DYNTREE_ALPHAS", None)
+        else:
+            os.environ["DYNTREE_ALPHAS"] = saved
+
+
 def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "host") -> Optional[dict[str, Any]]:
     """Median step of ``steps`` steps after one warm-up step (which compiles a ``graph`` step's
     programs: ``compile_s``); phases that ran, in ms. ``step``: ``graph``, ``host`` or ``device_side``."""
@@ -188,7 +209,7 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
         raise RuntimeError(f"a graph step was asked for but cannot run: {dec.graph_reason()}")
     events = []
     dec.on_compile = events.append
-    with sdpa_backends(step):
+    with sdpa_backends(step), alphas_as(step):
         traces = list(dec.generate(prompt, steps + 1))[1:]
     if not traces:
         return None
@@ -232,6 +253,8 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
                 (tree("torch", plan.ab_budget), "device_side")]
         # T = 1, token level: verified on the device, and on the host from the read rows (2 B V floats)
         out += [(tree("torch", plan.ab_budget, 1.0), "graph"), (tree("torch", plan.ab_budget, 1.0), "graph_host_verify")]
+        # and with the token-level recurrence as torch ops (6 kernels a sibling position) instead of one kernel
+        out += [(tree("torch", plan.ab_budget, 1.0), "graph_alphas_loop")]
         if not plan.dry_run:  # inductor's fused kernels (a CUDA compile: the dry run leaves it out)
             out += [(tree("torch", plan.ab_budget), "graph_inductor"), (ar("torch"), "graph_inductor")]
     else:

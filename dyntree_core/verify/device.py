@@ -23,8 +23,9 @@ residual is 0 once it is rejected, as the formula gives it, because a child is r
 ``R_j(x) < D_j(x)``, that is ``p(x) < a_{j+1} q(x)``. ``F(a) = P(a) - a Q(a)``, where P and Q are the
 masses of the tokens with ``p / q > a``: one search in the row's tokens sorted by ``p / q`` and two prefix
 sums. So the ``K`` sequential rejections of every node cost ``K`` small steps after one sort, not ``K``
-passes over the vocabulary. The first test takes the rows as given (``F(a_0) = M_0 = 1``), as the host
-verifier does. A residual whose mass falls to ``EMPTY`` or below counts as empty (the host's is then
+passes over the vocabulary, and all of them are one op (``alpha_kernel.token_level_alphas``: one Triton
+launch on CUDA). The first test takes the rows as given (``F(a_0) = M_0 = 1``), as the host
+verifier does. A residual whose mass falls to ``alpha_kernel.EMPTY`` or below counts as empty (the host's is then
 exactly 0: ``R_j = D_j``, so the rejection had probability 0 and only rounding reaches it) and is left
 as it was, as the host leaves it.
 
@@ -42,11 +43,10 @@ import numpy as np
 import torch
 
 from ..tree import TokenTree
+from .alpha_kernel import token_level_alphas
 from .base import VerifyResult
 from .common import Outcome
 
-#: residual masses at or below this count as empty (see the module docstring)
-EMPTY = 1e-12
 #: tokens of the updated residual the walkthrough shows after a rejection (``common.top_tokens``)
 TOP = 5
 _TINY = 1e-300  # a floor for the draft mass left (rounding of a mass that is positive)
@@ -98,7 +98,7 @@ def token_level_tests(target: torch.Tensor, draft: torch.Tensor, kid_tok: torch.
         draft: ``[B, V]`` float32 draft distribution each slot's children were drawn from.
         kid_tok: ``[B, K]`` int64 tokens of each slot's children in draw order (any token past the last).
     """
-    b, k = kid_tok.shape
+    b = kid_tok.shape[0]
     dev = target.device
     f64 = torch.float64
     px = target.gather(1, kid_tok).to(f64)
@@ -111,18 +111,7 @@ def token_level_tests(target: torch.Tensor, draft: torch.Tensor, kid_tok: torch.
     key = key.to(f64)
     sums = torch.stack([target.gather(1, order).to(f64).cumsum(1), draft.gather(1, order).to(f64).cumsum(1)], 2)
     sums = torch.cat([sums.new_zeros(b, 1, 2), sums], 1)  # [B, V + 1, 2]: p and q mass of the first c tokens
-    # the loop carries (-a_j, F(a_j)) as one [2, B] state: 6 kernels a sibling
-    state = torch.stack([torch.zeros(b, dtype=f64, device=dev), torch.ones(b, dtype=f64, device=dev)])
-    step = torch.empty_like(state)
-    states = [state]
-    for j in range(k):
-        torch.addcdiv(state[0], state[1], left[:, j], value=-1.0, out=step[0])  # -a_{j+1}
-        above = torch.searchsorted(key, step[0][:, None])  # [B, 1] tokens with p/q > a_{j+1}
-        pq = sums.gather(1, above[:, :, None].expand(b, 1, 2))[:, 0]  # [B, 2] their p and q mass
-        torch.addcmul(pq[:, 0], step[0], pq[:, 1], out=step[1])  # F(a_{j+1})
-        state = torch.where(step[1] > EMPTY, step, state)
-        states.append(state)
-    states = torch.stack(states)  # [K + 1, 2, B]
+    states = token_level_alphas(key, sums, left)  # [K + 1, 2, B] (-a_j, F(a_j)): one kernel on CUDA
     neg_alpha, mass = states[:-1, 0].T, states[:-1, 1].T  # [B, K] before each test
     num = torch.addcmul(px, neg_alpha, qx).clamp_(min=0.0)
     r = num / mass
