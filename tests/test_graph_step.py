@@ -632,18 +632,35 @@ def test_a_draft_level_launches_its_forward_and_at_most_a_fixed_number_of_kernel
             assert 0 < per_level <= LEVEL_KERNELS[method], (method, budget, per_level, forward)
 
 
+#: CUDA kernels of the greedy ``verify`` program on this pair (``op_count.LaunchCounter``), whatever the budget and
+#: the depth: the accepted path is read from the target tree's ancestor matrix (3 kernels), where a walk down the
+#: levels took 3 kernels a level
+GREEDY_VERIFY_KERNELS = 36
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="a CUDA replay runs no Python: the kernels are counted on the CPU")
+def test_a_greedy_verify_launches_a_fixed_number_of_kernels_at_any_depth(pair):
+    """The same count at depths 4 and 8, budgets 12 and 48; the walk down the levels back in place fails it (tried:
+    ``acc = acc | (match & acc.index_select(0, parents))`` per level: 45 kernels at depth 4)."""
+    for depth in (4, 8):
+        for budget in (12, 48):
+            counts = step_counts(graph_decoder(pair, "dyspec_greedy", budget=budget, depth=depth), n=6)
+            kernels = {c["verify"].graph_kernels for c in counts}
+            assert kernels == {GREEDY_VERIFY_KERNELS}, (depth, budget, kernels)
+
+
 #: CUDA kernels of the T > 0 ``verify`` program on this pair at depth 4 (``op_count.LaunchCounter``), whatever
 #: the budget: the token-level recurrence over each slot's sibling positions is one op
 #: (``verify.alpha_kernel.token_level_alphas``), where it was 6 kernels a position (DySpec's nodes may have
 #: ``budget - 1`` children: 240 kernels at budget 12, 456 at 48; ~550 at budget 64 on the H200's pair)
-VERIFY_KERNELS = {"token_level": 170, "point_mass": 109}
+VERIFY_KERNELS = {"token_level": 161, "point_mass": 100}
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="a CUDA replay runs no Python: the kernels are counted on the CPU")
 @pytest.mark.parametrize("verifier", ("token_level", "point_mass"))
 def test_a_sampled_verify_launches_a_fixed_number_of_kernels_at_any_budget(pair, verifier):
-    """Token level: 170 at budgets 12 and 48 alike; point mass: 109. The recurrence written back as torch ops
-    (``alpha_kernel.alphas_loop`` called in ``token_level_tests``) fails it: 240 and 456."""
+    """Token level: 161 at budgets 12 and 48 alike; point mass: 100. The recurrence written back as torch ops
+    (``alpha_kernel.alphas_loop`` called in ``token_level_tests``) fails it: 231 and 447."""
     for budget in (12, 48):
         counts = step_counts(graph_decoder(pair, "dyspec_greedy", budget=budget, depth=4, temperature=0.8,
                                            verifier=verifier), n=8)

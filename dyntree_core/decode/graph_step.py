@@ -606,9 +606,7 @@ class GraphStepper:
         else:
             am = self.target_out[0].long()
             match = valid & (tokens == am.index_select(0, parents))
-        acc = is_root
-        for _ in range(env.depth):
-            acc = acc | (match & acc.index_select(0, parents))
+        acc = (self.anc_t <= (match | is_root)[None, :]).all(1)  # [B] every node from the root to the slot matched
         last = torch.argmax(torch.where(acc, depth, -1)).view(1)  # the deepest accepted node (they form a path)
         on_path = self.anc_t.index_select(0, last)[0]  # (a 0-dim index would read the device)
         at = (depth[None, :] == self._arange_path[:, None]) & on_path[None, :]
