@@ -31,3 +31,19 @@ def test_each_extra_candidate_computes_the_layers_product(name):
     ref = x @ dense.t()
     assert got.shape == ref.shape
     assert (got - ref).abs().max().item() <= TOLERANCE[name] * ref.abs().max().item()
+
+
+def test_a_bench_switch_holds_for_its_block_and_is_restored(monkeypatch):
+    """``bench.env.env_var``: set inside, the old value back after (also after an error), unset if it was."""
+    import os
+
+    from dyntree_core.bench.env import env_var
+
+    monkeypatch.delenv("DYNTREE_KERNELS", raising=False)
+    with env_var("DYNTREE_KERNELS", "aten"):
+        assert os.environ["DYNTREE_KERNELS"] == "aten"
+    assert "DYNTREE_KERNELS" not in os.environ
+    monkeypatch.setenv("DYNTREE_KERNELS", "native")
+    with pytest.raises(RuntimeError), env_var("DYNTREE_KERNELS", "aten"):
+        raise RuntimeError("a row failed")
+    assert os.environ["DYNTREE_KERNELS"] == "native"

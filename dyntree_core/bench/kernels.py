@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ import torch
 from .. import measured
 from ..machine import machine_info
 from ..quant import kernel_table as kt
+from .env import env_var
 
 EXTRA_CANDIDATES = ("aten_int8", "dense_bf16_split", "dense_fp32", "dense_bf16", "torch_int8_dynamic",
                     "torchao_int4")
@@ -182,11 +182,9 @@ def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
 
     src = resolve_spec("embedded", "target")
     out = {}
-    saved = os.environ.get("DYNTREE_KERNELS")
-    try:
-        for policy, dense_rows in POLICY_ROWS:
-            os.environ["DYNTREE_KERNELS"] = policy
-            label = policy + (f"+bf16_split>={dense_rows}" if dense_rows else "")
+    for policy, dense_rows in POLICY_ROWS:
+        label = policy + (f"+bf16_split>={dense_rows}" if dense_rows else "")
+        with env_var("DYNTREE_KERNELS", policy):
             model = load_model(src, precision="int4")
             if dense_rows:
                 enable_dense_rows(model, dense_rows)
@@ -194,14 +192,9 @@ def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
                 timer = ForwardTimer(model, 128, max(ns))
                 timer.once(1)
                 out[label] = {str(n): timer.best(n, 3 if n <= 4 else 2) * 1e3 for n in ns}
-            say(f"  target t(n) {label}: " + ", ".join(f"t({n}) {v:.1f} ms" for n, v in out[label].items()))
-            del model, timer
-            gc.collect()
-    finally:
-        if saved is None:
-            os.environ.pop("DYNTREE_KERNELS", None)
-        else:
-            os.environ["DYNTREE_KERNELS"] = saved
+        say(f"  target t(n) {label}: " + ", ".join(f"t({n}) {v:.1f} ms" for n, v in out[label].items()))
+        del model, timer
+        gc.collect()
     return out
 
 
@@ -266,15 +259,8 @@ def profile_target(policy: str, top: int = 15) -> list[dict]:
     from ..models.load import load_model, resolve_spec
     from ..planning.forward_timer import ForwardTimer
 
-    saved = os.environ.get("DYNTREE_KERNELS")
-    os.environ["DYNTREE_KERNELS"] = policy
-    try:
+    with env_var("DYNTREE_KERNELS", policy):
         model = load_model(resolve_spec("embedded", "target"), precision="int4")
-    finally:
-        if saved is None:
-            os.environ.pop("DYNTREE_KERNELS", None)
-        else:
-            os.environ["DYNTREE_KERNELS"] = saved
     with torch.inference_mode():
         timer = ForwardTimer(model, 128, 1)
         for _ in range(2):

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import statistics
 import time
 import traceback
@@ -175,20 +174,15 @@ def sdpa_backends(step: str):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-@contextlib.contextmanager
 def alphas_as(step: str):
-    """The token-level recurrence's implementation for a row of kind ``step`` (``verify.alpha_kernel``): torch's
-    ops for ``graph_alphas_loop`` (while its programs are captured), the one Triton kernel otherwise."""
-    saved = os.environ.get("DYNTREE_ALPHAS")
-    if step == "graph_alphas_loop":
-        os.environ["DYNTREE_ALPHAS"] = "loop"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("DYNTREE_ALPHAS", None)
-        else:
-            os.environ["DYNTREE_ALPHAS"] = saved
+    """The token-level recurrence's implementation for a row of kind ``step`` (``verify.alpha_kernel``), as a
+    context: torch's ops for ``graph_alphas_loop`` (while its programs are captured), the one Triton kernel
+    otherwise."""
+    if step != "graph_alphas_loop":
+        return contextlib.nullcontext()
+    from .env import env_var
+
+    return env_var("DYNTREE_ALPHAS", "loop")
 
 
 def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "host") -> Optional[dict[str, Any]]:
