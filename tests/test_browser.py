@@ -37,13 +37,13 @@ def _fresh_measurements_cache(parent: Path) -> Path:
 
     from dyntree_core.paths import cache_root
 
-    shared = cache_root()
-    shared.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="cache-", dir=parent))
+    shared = cache_root()
+    for entry in shared.iterdir() if shared.is_dir() else ():
+        if entry.name not in MEASURED_SUBDIRS:
+            (root / entry.name).symlink_to(entry)
     for name in MEASURED_SUBDIRS:
-        (shared / name).mkdir(exist_ok=True)
-    for entry in shared.iterdir():
-        (root / entry.name).mkdir() if entry.name in MEASURED_SUBDIRS else (root / entry.name).symlink_to(entry)
+        (root / name).mkdir()
     return root
 
 
@@ -53,8 +53,8 @@ def tiny_app(log: Path, **env_extra: str):
     measured before it: ``MEASURED_SUBDIRS``); yields its URL."""
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium not installed (make browser)")
-    env = dict(os.environ, DYNTREE_CACHE=str(_fresh_measurements_cache(log.parent)), DYNTREE_TINY="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
+    env = dict(os.environ, DYNTREE_CACHE=str(_fresh_measurements_cache(log.parent)), DYNTREE_TINY="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
                DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S), **env_extra)
     try:
         proc, url = start_app(["--tiny"], env, log, timeout_s=120)
