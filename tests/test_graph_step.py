@@ -6,6 +6,7 @@ On the CPU the programs are traced by dynamo's ``eager`` backend (``CompileMode.
 (a graph break, a host read, a data-dependent shape) fails the same way under inductor on a GPU."""
 
 import re
+import sys
 from collections import Counter
 
 import pytest
@@ -170,6 +171,36 @@ def test_sampled_steps_compile_whole_and_never_recompile_within_a_bucket(pair, v
         steps += len(list(dec.generate(PROMPT, 40, seed=seed)))
         seed += 1
     assert counters["stats"]["unique_graphs"] - before == compiled and len(events) == 5
+
+
+@pytest.mark.parametrize("method", ("dyspec_greedy", "chain"))
+def test_fused_draft_programs_compile_once_inside_the_capture_and_keep_plain_decodings_tokens(method, monkeypatch):
+    """``CompileMode.graphs(fuse=DRAFT_PROGRAMS)`` (``bench gpu``'s ``graph_inductor_draft``): the draft's two
+    programs go through ``torch.compile(fullgraph=True)`` before their capture (here dynamo's ``eager`` backend:
+    the same tracing as inductor's, without its compile time), the others are captured as they are; greedy
+    identity, and 30 steps of one bucket compile nothing more."""
+    from dyntree_core.decode.graph_step import DRAFT_PROGRAMS
+
+    made = steppers_made(monkeypatch, lambda s: s)
+    draft, target = tiny_pair(seed=3)
+    pair = draft.to(DEVICE), target.to(DEVICE)
+    mode = CompileMode.graphs(DEVICE, fuse=DRAFT_PROGRAMS, fuse_backend="eager")
+    dec = graph_decoder(pair, method, mode, budget=8, depth=3)
+    events = []
+    dec.on_compile = events.append
+    before = counters["stats"]["unique_graphs"]
+    assert dec.generate_ids(PROMPT, 24) == plain_ids(pair, 24)
+    assert counters["stats"]["unique_graphs"] - before == 2  # the two draft programs, nothing else traced
+    assert {e.program for e in events} == {*DRAFT_PROGRAMS, "target_tree", "verify", "commit"}
+    (stepper,) = made
+    assert {p.name for p in stepper.programs if p._run is not p._fn} == set(DRAFT_PROGRAMS)
+    steps, seen = 0, len(events)
+    while steps < 30:
+        traces = list(dec.generate(PROMPT, 24))
+        assert [c.token_id for tr in traces for c in tr.committed] == plain_ids(pair, 24)
+        steps += len(traces)
+    assert counters["stats"]["unique_graphs"] - before == 2 and len(events) == seen
+    assert "eager kernels in draft_root, draft_level" in mode.label
 
 
 @pytest.mark.parametrize("method", TREE_METHODS)
@@ -379,6 +410,35 @@ def steppers_made(monkeypatch, record) -> list:
     return made
 
 
+def holders(obj, depth: int = 4) -> str:
+    """What ``gc`` sees holding ``obj`` (a failed release's message): chains of referrers up to ``depth`` levels
+    (each by type; a dict by its keys, a frame by its function), this test's own frames and lists left out."""
+    import gc
+    import types
+
+    def name(r) -> str:
+        if isinstance(r, types.FrameType):
+            return f"frame {r.f_code.co_name} ({r.f_code.co_filename}:{r.f_lineno})"
+        return type(r).__qualname__ + (f" keys={list(r)[:8]}" if isinstance(r, dict) else "")
+
+    caller = sys._getframe().f_back
+
+    def mine(r) -> bool:
+        return r is caller or isinstance(r, types.FrameType) and r.f_code in (holders.__code__, up.__code__)
+
+    def up(o, level: int, seen: set) -> list[str]:
+        refs = [r for r in gc.get_referrers(o) if id(r) not in seen and not mine(r) and not isinstance(r, list)]
+        if level == depth or not refs or isinstance(o, (types.ModuleType, types.FrameType)):
+            return [name(o)]
+        seen, here = seen | {id(o)}, name(o)  # (the comprehension sees ``here``, not ``o``: no cell holds ``o``)
+        return [f"{here} <- {chain}" for r in refs[:3] for chain in up(r, level + 1, seen)]
+
+    chains = up(obj, 0, set())
+    if chains == [name(obj)]:
+        return f"{name(obj)} held by nothing gc sees (refcount {sys.getrefcount(obj)})"
+    return "held: " + " | ".join(chains[:12])
+
+
 def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypatch):
     """A run borrows the pair's stepper (its KV buffers and compiled programs); the next run of the same
     bucket reuses it, a concurrent one gets its own, and ``PreparedPair.close`` releases them."""
@@ -396,7 +456,7 @@ def test_the_pair_keeps_its_steppers_between_runs_and_close_frees_them(monkeypat
     second.close()
     first.close()
     gc.collect()
-    assert made[1][0]() is None  # the concurrent run's own stepper went with it
+    assert made[1][0]() is None, holders(made[1][0]())  # the concurrent run's own stepper went with it
     assert made[0][0]() is not None  # the pair's is kept for the next run
     dec.pair.close()
     gc.collect()
@@ -471,10 +531,12 @@ def test_captured_programs_replay_with_each_calls_arguments_and_close_frees_the_
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("method,mode", (("autoregressive", "graphs"), ("dyspec_greedy", "graphs"),
                                          ("sequoia", "graphs"), ("autoregressive", "inductor")))
-def test_cuda_graphs_give_plain_decodings_tokens_and_replay_without_recompiling(pair, method, mode):
+def test_cuda_graphs_give_plain_decodings_tokens_and_replay_without_recompiling(method, mode):
     """The CUDA modes (the default: captured CUDA graphs; ``inductor``: reduce-overhead): state buffers at
     static addresses, updated in place by the replays; greedy identity, and a second run compiles nothing."""
     mode = CompileMode.graphs(DEVICE) if mode == "graphs" else CompileMode.inductor(DEVICE)
+    draft, target = tiny_pair(seed=3)  # a pair of its own: the module's may hold this bucket's stepper already
+    pair = draft.to(DEVICE), target.to(DEVICE)
     dec = graph_decoder(pair, method, mode, budget=8, depth=3)
     events = []
     dec.on_compile = events.append

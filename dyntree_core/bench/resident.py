@@ -15,7 +15,9 @@ commits ~1 token — the step times are the point) in one process:
   ``draft_forwards`` per step), ``graph_every_level`` = the same with every draft level of the
   envelope forwarded (what a tree as deep as the envelope pays: the synthetic draft's trees are one
   level deep), ``graph_inductor`` = the same programs compiled
-  by inductor with ``mode="reduce-overhead"``, ``graph_host_verify`` = a ``graph`` step at T > 0 whose
+  by inductor with ``mode="reduce-overhead"``, ``graph_inductor_draft`` = a ``graph`` step whose draft programs
+  are compiled by inductor first and their fused kernels captured in the step's graphs (the draft level's ~400
+  kernels were most of a tree step), ``graph_host_verify`` = a ``graph`` step at T > 0 whose
   token-level verification runs on the host from the read draft and target rows (the A/B of the
   device's verification: the sampled budget-64 rows run both), ``graph_no_cudnn`` = a ``graph`` step whose
   programs were captured with every SDPA backend but cuDNN's (``sdpa_backends``: on the H200 cuDNN's
@@ -60,8 +62,8 @@ QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
 }
 QWEN_VOCAB = 151936
 #: step kinds that run as fixed-shape programs (``decode.graph_step``)
-GRAPH_KINDS = ("graph", "graph_inductor", "graph_every_level", "graph_host_verify", "graph_no_cudnn",
-               "graph_alphas_loop")
+GRAPH_KINDS = ("graph", "graph_inductor", "graph_inductor_draft", "graph_every_level", "graph_host_verify",
+               "graph_no_cudnn", "graph_alphas_loop")
 #: every row's step kind (the module docstring), ``bench gpu --resident-kinds``' choices
 STEP_KINDS = (*GRAPH_KINDS, "host", "device_side")
 #: the dry run's stand-ins (same roles, tiny)
@@ -199,6 +201,10 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
     dec.device_side = step == "device_side"
     if step == "graph_inductor":
         dec.compile_mode = CompileMode.inductor(dec.device)
+    if step == "graph_inductor_draft":
+        from ..decode.graph_step import DRAFT_PROGRAMS
+
+        dec.compile_mode = CompileMode.graphs(dec.device, fuse=DRAFT_PROGRAMS)
     if dec.graph_steps and dec.graph_reason() is not None:
         raise RuntimeError(f"a graph step was asked for but cannot run: {dec.graph_reason()}")
     events = []
@@ -250,6 +256,7 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
         # and with the token-level recurrence as torch ops (6 kernels a sibling position) instead of one kernel
         out += [(tree("torch", plan.ab_budget, 1.0), "graph_alphas_loop")]
         if not plan.dry_run:  # inductor's fused kernels (a CUDA compile: the dry run leaves it out)
+            out += [(tree("torch", plan.ab_budget), "graph_inductor_draft")]
             out += [(tree("torch", plan.ab_budget), "graph_inductor"), (ar("torch"), "graph_inductor")]
     else:
         out += [(ar("torch"), "host"), (chain("torch"), "host")] + [(tree("torch", b), "host") for b in plan.budgets]

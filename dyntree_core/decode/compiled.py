@@ -12,7 +12,9 @@ reads the device (``decode.dense_forward``, the drafting levels, verification an
   addresses (``GraphStepper``'s buffers, the models' weights and ``StaticKV``), which it does.
   ``DYNTREE_COMPILE=inductor`` instead compiles with ``torch.compile(fullgraph=True, dynamic=False,
   mode="reduce-overhead")`` (inductor's fused kernels inside CUDA graphs; its cache lives under the
-  DynTree cache, so a second start reuses it);
+  DynTree cache, so a second start reuses it); ``CompileMode.graphs(device, fuse=names)`` compiles the named
+  programs by inductor (without its own CUDA graphs) and captures its fused kernels into this module's graphs:
+  ``fuse=DRAFT_PROGRAMS`` is ``bench gpu``'s ``graph_inductor_draft`` row (the draft's ~400 kernels a level);
 * on the CPU it runs eagerly by default — the same code, without graph capture to gain from;
   ``DYNTREE_COMPILE=graphs`` runs the capture's bookkeeping with an eager replay (``capture="emulated"``:
   what CPU tests use to check that replays take their arguments through the static inputs);
@@ -54,6 +56,10 @@ class CompileMode:
     backend: Optional[str] = None
     mode: Optional[str] = None
     capture: Optional[str] = None
+    #: programs (by name) compiled by ``fuse_backend`` before their capture: inductor's fused kernels replayed
+    #: inside this module's graphs (``capture`` modes only)
+    fuse: tuple[str, ...] = ()
+    fuse_backend: str = "inductor"
 
     @classmethod
     def for_device(cls, device: torch.device) -> "CompileMode":
@@ -79,8 +85,10 @@ class CompileMode:
         return cls("inductor", "reduce-overhead" if device.type == "cuda" else None)
 
     @classmethod
-    def graphs(cls, device: torch.device) -> "CompileMode":
-        return cls(capture="cuda" if device.type == "cuda" else "emulated")
+    def graphs(cls, device: torch.device, fuse: tuple[str, ...] = (), fuse_backend: str = "inductor") -> "CompileMode":
+        """Captured graphs (CUDA; emulated on the CPU); the programs named in ``fuse`` compiled by
+        ``fuse_backend`` first (their kernels are what the graph replays)."""
+        return cls(capture="cuda" if device.type == "cuda" else "emulated", fuse=tuple(fuse), fuse_backend=fuse_backend)
 
     @property
     def compiles(self) -> bool:
@@ -90,7 +98,8 @@ class CompileMode:
     @property
     def label(self) -> str:
         if self.capture is not None:
-            return f"graphs ({self.capture})"
+            fused = f", {self.fuse_backend} kernels in {', '.join(self.fuse)}" if self.fuse else ""
+            return f"graphs ({self.capture}{fused})"
         if self.backend is None:
             return "eager"
         return self.backend + (f" ({self.mode})" if self.mode else "")
@@ -131,9 +140,10 @@ class GraphFn:
         self._pool = pool
         self._device = device
         self._graphs: dict[tuple, _Graph] = {}
-        if mode.backend is not None:
+        backend = mode.backend or (mode.fuse_backend if mode.capture is not None and name in mode.fuse else None)
+        if backend is not None:
             _persistent_cache()
-            self._run = torch.compile(_own_code(fn, name), fullgraph=True, dynamic=False, backend=mode.backend,
+            self._run = torch.compile(_own_code(fn, name), fullgraph=True, dynamic=False, backend=backend,
                                       mode=mode.mode)
         else:
             self._run = fn
@@ -152,13 +162,13 @@ class GraphFn:
 
     def __call__(self, *args):
         key = _signature(args) if self.mode.compiles else None
-        runs_python = self.mode.backend is None and self.mode.capture != "cuda"  # what op_count can see inside
+        runs_python = self._run is self._fn and self.mode.capture != "cuda"  # what op_count can see inside
         if key is not None and key not in self._seen:
             t0 = time.perf_counter()
             with op_count.graph_call(runs_python):
-                if self.mode.capture is not None:
-                    out = _warm(self._fn, args, self._device if self.mode.capture == "cuda" else None)
-                    self._graphs[key] = _Graph.capture(self._fn, args, self.mode.capture, self._pool)
+                if self.mode.capture is not None:  # (a fused program compiles in its warm-up call)
+                    out = _warm(self._run, args, self._device if self.mode.capture == "cuda" else None)
+                    self._graphs[key] = _Graph.capture(self._run, args, self.mode.capture, self._pool)
                 else:
                     out = self._run(*args)
             event = CompileEvent(self.name, key, time.perf_counter() - t0)

@@ -51,6 +51,8 @@ from .dense_forward import DenseForward, dense_reason
 _NEG = float("-inf")
 _STEP_TAIL = 8  # step_out past the path's depth + 1 slots: len, bonus, p_draft, last, p, u, p_target
 MIN_CAPACITY = 512
+#: the draft's programs, by ``GraphFn`` name (``CompileMode.graphs(fuse=DRAFT_PROGRAMS)`` fuses their kernels)
+DRAFT_PROGRAMS = ("draft_root", "draft_level")
 MIN_SPAN = 256
 
 
@@ -296,8 +298,8 @@ class GraphStepper:
         self.lookahead = 1 if dev.type == "cuda" else 0
         self._grows_at = [self.grows[level:level + 1] for level in range(d)]
         self._flags = host.Flags(d, dev)
-        self._draft_root = self._program(self._draft_root_program, "draft_root")
-        self._draft_level = self._program(self._draft_level_program, "draft_level")
+        self._draft_root, self._draft_level = (self._program(getattr(self, f"_{name}_program"), name)
+                                               for name in DRAFT_PROGRAMS)
         if self.tf is None:
             self._tree = self._program(self._tree_program, "tree")
         else:
