@@ -32,9 +32,8 @@ def _rows(b: int, v: int, k: int, seed: int):
                      1)[:, :k].clamp_(min=1e-300)
     ratio = torch.where(p > 0, p / q, 0.0)
     key, order = torch.sort(ratio.neg_(), dim=1)
-    sums = torch.stack([p.gather(1, order).to(f64).cumsum(1), q.gather(1, order).to(f64).cumsum(1)], 2)
-    sums = torch.cat([sums.new_zeros(b, 1, 2), sums], 1)
-    return (p.to(DEVICE), q.to(DEVICE), kids.to(DEVICE)), tuple(t.to(DEVICE) for t in (key.to(f64), sums, left))
+    p_cum, q_cum = p.gather(1, order).cumsum(1, dtype=f64), q.gather(1, order).cumsum(1, dtype=f64)
+    return (p.to(DEVICE), q.to(DEVICE), kids.to(DEVICE)), tuple(t.to(DEVICE) for t in (key, p_cum, q_cum, left))
 
 
 @needs_triton
@@ -43,9 +42,9 @@ def test_the_triton_kernel_gives_the_torch_recurrence(b, v, k):
     """Equal up to the rounding of a fused multiply-add (torch's ``addcmul`` and Triton may each fuse
     ``p + (-a) q``): 4e-15 at most over these rows; the searches agree (a wrong block would be off by whole
     masses), and a residual that empties keeps its last coefficient in both."""
-    _, (key, sums, left) = _rows(b, v, k, seed=b * 1000 + v)
-    want = alphas_loop(key, sums, left)
-    got = alphas_triton(key, sums, left)
+    _, args = _rows(b, v, k, seed=b * 1000 + v)
+    want = alphas_loop(*args)
+    got = alphas_triton(*args)
     assert got.shape == (k + 1, 2, b)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-14)
     # row 0 (draft = target): the first rejection empties the residual (F(1) = 0 <= EMPTY), so every later
@@ -65,12 +64,12 @@ def test_the_search_blocks_cover_every_key(v):
 def test_the_op_is_one_kernel_and_traces_whole():
     """``LaunchCounter`` counts the op as the one kernel CUDA launches (the torch ops it runs on the CPU are
     not counted: 6 a sibling position, 42 here); dynamo traces it without a graph break."""
-    (p, q, kids), (key, sums, left) = _rows(6, 40, 7, seed=3)
+    (p, q, kids), args = _rows(6, 40, 7, seed=3)
     with LaunchCounter() as launches:
-        token_level_alphas(key, sums, left)
+        token_level_alphas(*args)
     assert dict(launches.by_op) == {"token_level_alphas": 1}
     with LaunchCounter() as launches:
-        alphas_loop(key, sums, left)
+        alphas_loop(*args)
     assert launches.kernels >= 6 * 7
     eager = token_level_tests(p, q, kids)
     traced = torch.compile(token_level_tests, fullgraph=True, dynamic=False, backend="eager")(p, q, kids)

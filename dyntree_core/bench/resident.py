@@ -24,7 +24,9 @@ commits ~1 token — the step times are the point) in one process:
   attention added two copies and a memset per layer to each forward), plain and at the A/B budget,
   ``graph_alphas_loop`` = a ``graph`` step at T > 0 whose token-level recurrence runs as torch ops, 6 kernels a
   sibling position (``DYNTREE_ALPHAS=loop`` while it is captured), where ``graph`` runs it as one Triton kernel
-  (``verify.alpha_kernel``),
+  (``verify.alpha_kernel``), ``graph_torch_layers`` = a ``graph`` step whose dense layers rotate and write the
+  cache and multiply ``silu(gate) * up`` with torch ops (6 kernels; ``DYNTREE_LAYER_KERNELS=torch`` while it is
+  captured), where ``graph`` runs ``decode.layer_kernels``' two Triton kernels (plain and at the A/B budget),
   ``host`` = the eager step with host drafting and verification, ``device_side`` = the eager step drafting greedy trees on device tensors through the HF
   forward. On the plan's ``graph_targets`` the SDPA rows run as graphs first, then the A/B of the
   eager kinds (the device-side drafting regression) and inductor's plain step; Triton rows run on the
@@ -63,7 +65,7 @@ QWEN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
 QWEN_VOCAB = 151936
 #: step kinds that run as fixed-shape programs (``decode.graph_step``)
 GRAPH_KINDS = ("graph", "graph_inductor", "graph_inductor_draft", "graph_every_level", "graph_host_verify",
-               "graph_no_cudnn", "graph_alphas_loop")
+               "graph_no_cudnn", "graph_alphas_loop", "graph_torch_layers")
 #: every row's step kind (the module docstring), ``bench gpu --resident-kinds``' choices
 STEP_KINDS = (*GRAPH_KINDS, "host", "device_side")
 #: the dry run's stand-ins (same roles, tiny)
@@ -176,15 +178,19 @@ def sdpa_backends(step: str):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def alphas_as(step: str):
-    """The token-level recurrence's implementation for a row of kind ``step`` (``verify.alpha_kernel``), as a
-    context: torch's ops for ``graph_alphas_loop`` (while its programs are captured), the one Triton kernel
-    otherwise."""
-    if step != "graph_alphas_loop":
+#: the A/B kinds that run a ``graph`` step with torch ops where it has one Triton kernel: the switch set while
+#: their programs are captured (which fixes the kernels they replay)
+TORCH_OPS_SWITCHES = {"graph_alphas_loop": ("DYNTREE_ALPHAS", "loop"),  # verify.alpha_kernel's recurrence
+                      "graph_torch_layers": ("DYNTREE_LAYER_KERNELS", "torch")}  # decode.layer_kernels' two ops
+
+
+def kernels_as(step: str):
+    """A row of kind ``step`` with its ``TORCH_OPS_SWITCHES`` switch set, as a context (no switch: nothing)."""
+    if step not in TORCH_OPS_SWITCHES:
         return contextlib.nullcontext()
     from .env import env_var
 
-    return env_var("DYNTREE_ALPHAS", "loop")
+    return env_var(*TORCH_OPS_SWITCHES[step])
 
 
 def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "host") -> Optional[dict[str, Any]]:
@@ -209,7 +215,7 @@ def run_decoder(draft, target, cfg, prompt: list[int], steps: int, step: str = "
         raise RuntimeError(f"a graph step was asked for but cannot run: {dec.graph_reason()}")
     events = []
     dec.on_compile = events.append
-    with sdpa_backends(step), alphas_as(step):
+    with sdpa_backends(step), kernels_as(step):
         traces = list(dec.generate(prompt, steps + 1))[1:]
     if not traces:
         return None
@@ -255,6 +261,8 @@ def resident_configs(plan: ResidentPlan, name: str, dev: torch.device) -> list[t
         out += [(tree("torch", plan.ab_budget, 1.0), "graph"), (tree("torch", plan.ab_budget, 1.0), "graph_host_verify")]
         # and with the token-level recurrence as torch ops (6 kernels a sibling position) instead of one kernel
         out += [(tree("torch", plan.ab_budget, 1.0), "graph_alphas_loop")]
+        # and the dense layer's rotation + cache write and silu * mul as torch ops (6 kernels) instead of 2
+        out += [(ar("torch"), "graph_torch_layers"), (tree("torch", plan.ab_budget), "graph_torch_layers")]
         if not plan.dry_run:  # inductor's fused kernels (a CUDA compile: the dry run leaves it out)
             out += [(tree("torch", plan.ab_budget), "graph_inductor_draft")]
             out += [(tree("torch", plan.ab_budget), "graph_inductor"), (ar("torch"), "graph_inductor")]

@@ -12,9 +12,10 @@ CUDA, float32 inside; transformers' module runs 8 ops), and attention over a mas
 folds each KV head's query heads into its rows (``fold_gqa``) instead of asking SDPA for ``enable_gqa`` with a
 mask, which CUDA's fused kernels refuse: it runs the math path there (KV repeated, scores materialized, 13
 kernels; transformers' ``use_gqa_in_sdpa`` states the same rule); the residual sums are the o and down
-GEMMs' accumulators (``add_linear``); q, k and v take one rotation (the values by the identity) and the
-keys and values one cache write; the rotary tables are gathered (``rope_tables``), not recomputed.
-``decode.op_count.LaunchCounter`` counts the kernels on the CPU: 14 per layer.
+GEMMs' accumulators (``add_linear``); q, k and v take one rotation (the values by the identity) fused with
+the keys' and values' cache write, and the gated MLP's ``silu(gate) * up`` is one op (``layer_kernels``: one
+Triton kernel each on CUDA); the rotary tables are gathered (``rope_tables``), not recomputed.
+``decode.op_count.LaunchCounter`` counts the kernels on the CPU: 10 per layer.
 
 Nothing in it depends on a Python value of the device's data, so ``torch.compile(fullgraph=True,
 dynamic=False)`` traces it whole for each row count (``decode.compiled.GraphFn``), and the same code
@@ -31,6 +32,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from . import layer_kernels
 from .static_kv import StaticKV
 
 _ARCHS = ("qwen2", "llama")
@@ -91,6 +93,8 @@ class DenseForward:
         self._heads_rotated = qkv.heads + qkv.kv_heads  # q and k; the values' heads take the identity (cos 1, sin 0)
         self._identity = torch.tensor([1.0, 0.0], dtype=dtype, device=dev)[:, None, None, None].expand(
             2, qkv.kv_heads, 1, self.rope.shape[2])  # [cos | sin, H_kv, 1, d]
+        #: the gated MLP's activation is SiLU in every layer: ``layer_kernels.silu_mul`` takes it with the product
+        self._silu = all(type(layer.mlp.act_fn).__name__ in ("SiLU", "SiLUActivation") for layer in self.layers)
 
     @property
     def capacity(self) -> int:
@@ -129,14 +133,16 @@ class DenseForward:
         kv_heads = self.kv.kv_heads
         span = visible.shape[1]
 
-        def write(i: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            buf[i].index_copy_(1, slots, kv[0])
-            return buf[i][None, :kv_heads, :span], buf[i][None, kv_heads:, :span]
+        heads = self.fused[0][0].heads
+
+        def rotate_and_write(i: int, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            q = layer_kernels.rope_write(y, cos, sin_signed, buf[i], slots, heads)  # one kernel on CUDA
+            return q, buf[i][None, :kv_heads, :span], buf[i][None, kv_heads:, :span]
 
         # once, in the model's dtype (not converted by every layer's SDPA): one kernel
         mask = torch.where(visible, self._visible_hidden[0], self._visible_hidden[1])
-        h = decoder_layers(self.layers, h, cos, sin_signed, mask[None, None], write, self.fused, sin_signed=True,
-                           kv_together=True)
+        h = decoder_layers(self.layers, h, cos, sin_signed, mask[None, None], None, self.fused, sin_signed=True,
+                           rotate_and_write=rotate_and_write, silu_op=self._silu)
         h = rms_norm(self.norm, h[0].index_select(0, rows))
         return self.head(h)
 
@@ -222,7 +228,8 @@ def _backs(fused, mods) -> bool:
 def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
                    write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
                    fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None, sin_signed: bool = False,
-                   kv_together: bool = False) -> torch.Tensor:
+                   rotate_and_write: Optional[Callable] = None,
+                   silu_op: bool = False) -> torch.Tensor:
     """Qwen2/Llama decoder layers with one op per step (transformers' numbers up to float rounding).
 
     Args:
@@ -234,9 +241,10 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             and returns the ``[1, H_kv, kv, d]`` keys and values to attend over.
         fused: per layer, its ``fuse_projections`` (None: the modules' own projections, one matmul each).
         sin_signed: ``sin`` already has its first half negated (``rope_tables``).
-        kv_together: (with ``fused``) ``cos``/``sin`` are ``[1, H + 2 H_kv, q, d]``, the identity on the value
-            heads, so one rotation of the q/k/v output leaves the rotated keys and the values side by side,
-            and ``write(i, kv)`` takes them as one ``[1, 2 H_kv, q, d]`` tensor (one cache write).
+        rotate_and_write: (with ``fused``; ``cos``/``sin`` then ``[1, H + 2 H_kv, q, d]``, the identity on the
+            value heads; ``write`` unused) ``rotate_and_write(i, y)`` rotates the q/k/v output ``y`` ``[1, H + 2 H_kv, q, d]``, stores layer ``i``'s
+            keys and values and returns ``(q, keys, values)`` (``layer_kernels.rope_write``: one kernel on CUDA).
+        silu_op: the gated MLP's ``silu(gate) * up`` as ``layer_kernels.silu_mul`` (its activation is SiLU).
     Returns:
         ``[1, q, hidden]`` hidden states after the last layer.
     """
@@ -257,10 +265,8 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         d = attn.head_dim
         x = rms_norm(layer.input_layernorm, h)
         qkv, gate_up = fused[i] if fused is not None else (None, None)
-        if qkv is not None and kv_together:  # one matmul, one rotation, one cache write
-            y = rope(F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2))  # [1, H + 2 H_kv, n, d]
-            q = y[:, :qkv.heads]
-            keys, values = write(i, y[:, qkv.heads:])
+        if qkv is not None and rotate_and_write is not None:  # one matmul, then one op
+            q, keys, values = rotate_and_write(i, F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2))
         else:
             if qkv is not None:  # one matmul; q and k rotated together
                 y = F.linear(x, qkv.weight, qkv.bias).view(1, n, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, n, d]
@@ -285,7 +291,9 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         x = rms_norm(layer.post_attention_layernorm, h)
         if gate_up is not None:
             gu = F.linear(x, gate_up.weight)
-            h = add_linear(h, mlp.act_fn(gu[..., :gate_up.intermediate]) * gu[..., gate_up.intermediate:], mlp.down_proj)
+            act = layer_kernels.silu_mul(gu, gate_up.intermediate) if silu_op else \
+                mlp.act_fn(gu[..., :gate_up.intermediate]) * gu[..., gate_up.intermediate:]
+            h = add_linear(h, act, mlp.down_proj)
         else:
             h = h + mlp(x)
     return h

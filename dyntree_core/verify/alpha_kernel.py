@@ -36,25 +36,27 @@ if HAS_TRITON:
 EMPTY = 1e-12
 
 
-def alphas_loop(key: torch.Tensor, sums: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+def alphas_loop(key: torch.Tensor, p_cum: torch.Tensor, q_cum: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
     """The recurrence as torch ops (6 kernels a sibling position).
 
     Args:
-        key: ``[B, V]`` float64 each row's ``-p/q`` in ascending order.
-        sums: ``[B, V + 1, 2]`` float64 the p and q mass of each row's first ``c`` sorted tokens.
+        key: ``[B, V]`` float32 each row's ``-p/q`` in ascending order.
+        p_cum, q_cum: ``[B, V]`` float64 the p and q mass of each row's first ``c + 1`` sorted tokens.
         left: ``[B, K]`` float64 the draft mass ``M_j`` before each sibling test.
     Returns:
         ``[K + 1, 2, B]`` float64: ``(-a_j, F(a_j))`` before test ``j`` (row 0: ``(0, 1)``) and after the last.
     """
     b, k = left.shape
-    state = torch.stack([torch.zeros(b, dtype=key.dtype, device=key.device),
-                         torch.ones(b, dtype=key.dtype, device=key.device)])
+    f64 = dict(dtype=torch.float64, device=key.device)
+    key = key.to(torch.float64)  # (exact: the search compares float64 coefficients, as the kernel does)
+    state = torch.stack([torch.zeros(b, **f64), torch.ones(b, **f64)])
     step = torch.empty_like(state)
     states = [state]
     for j in range(k):
         torch.addcdiv(state[0], state[1], left[:, j], value=-1.0, out=step[0])  # -a_{j+1}
         above = torch.searchsorted(key, step[0][:, None])  # [B, 1] tokens with p/q > a_{j+1}
-        pq = sums.gather(1, above[:, :, None].expand(b, 1, 2))[:, 0]  # [B, 2] their p and q mass
+        at = (above - 1).clamp(min=0)
+        pq = torch.where(above > 0, torch.cat([p_cum.gather(1, at), q_cum.gather(1, at)], 1), 0.0)  # [B, 2] their mass
         torch.addcmul(pq[:, 0], step[0], pq[:, 1], out=step[1])  # F(a_{j+1})
         state = torch.where(step[1] > EMPTY, step, state)
         states.append(state)
@@ -71,13 +73,14 @@ def search_blocks(v: int) -> tuple[int, int, int]:
 
 if HAS_TRITON:
     @triton.jit
-    def _alphas_kernel(key_ptr, sums_ptr, left_ptr, out_ptr, B, V, K, key_stride, sums_stride, left_stride,
+    def _alphas_kernel(key_ptr, p_ptr, q_ptr, left_ptr, out_ptr, B, V, K, key_stride, cum_stride, left_stride,
                        EMPTY_MASS: tl.constexpr, COARSE: tl.constexpr, STEP: tl.constexpr, FINE: tl.constexpr):
         row = tl.program_id(0)
         key_row = key_ptr + row * key_stride
-        sums_row = sums_ptr + row * sums_stride
+        p_row = p_ptr + row * cum_stride
+        q_row = q_ptr + row * cum_stride
         coarse_at = tl.arange(0, COARSE) * STEP
-        coarse = tl.load(key_row + coarse_at, mask=coarse_at < V, other=float("inf"))  # the same every step
+        coarse = tl.load(key_row + coarse_at, mask=coarse_at < V, other=float("inf")).to(tl.float64)  # every step's
         fine_at = tl.arange(0, FINE)
         neg_a = tl.zeros((), dtype=tl.float64)
         mass = neg_a + 1.0
@@ -88,10 +91,11 @@ if HAS_TRITON:
             nxt = neg_a - mass / m_j  # -a_{j+1}
             base = tl.maximum(tl.sum((coarse < nxt).to(tl.int32), axis=0) - 1, 0) * STEP
             at = base + fine_at
-            block = tl.load(key_row + at, mask=(fine_at < STEP) & (at < V), other=float("inf"))
+            block = tl.load(key_row + at, mask=(fine_at < STEP) & (at < V), other=float("inf")).to(tl.float64)
             above = base + tl.sum((block < nxt).to(tl.int32), axis=0)  # = searchsorted(row keys, nxt)
-            p = tl.load(sums_row + above * 2)
-            q = tl.load(sums_row + above * 2 + 1)
+            last = tl.maximum(above - 1, 0)  # the first `above` tokens' masses: the prefix sums at above - 1
+            p = tl.where(above > 0, tl.load(p_row + last), 0.0)
+            q = tl.where(above > 0, tl.load(q_row + last), 0.0)
             f = p + nxt * q  # F(a_{j+1})
             keep = f > EMPTY_MASS
             neg_a = tl.where(keep, nxt, neg_a)
@@ -100,35 +104,37 @@ if HAS_TRITON:
             tl.store(out_ptr + (j + 1) * 2 * B + B + row, mass)
 
 
-def alphas_triton(key: torch.Tensor, sums: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+def alphas_triton(key: torch.Tensor, p_cum: torch.Tensor, q_cum: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
     """``alphas_loop``'s result from one Triton launch (CUDA, or Triton's interpreter on the CPU)."""
     if not HAS_TRITON:
         raise RuntimeError("Triton is not installed")
     b, v = key.shape
     k = left.shape[1]
-    key, sums, left = key.contiguous(), sums.contiguous(), left.contiguous()
-    out = torch.empty(k + 1, 2, b, dtype=key.dtype, device=key.device)
+    key, p_cum, q_cum, left = key.contiguous(), p_cum.contiguous(), q_cum.contiguous(), left.contiguous()
+    out = torch.empty(k + 1, 2, b, dtype=torch.float64, device=key.device)
     if b == 0:
         return out
     coarse, step, fine = search_blocks(v)
-    _alphas_kernel[(b,)](key, sums, left, out, b, v, k, key.stride(0), sums.stride(0), left.stride(0),
+    _alphas_kernel[(b,)](key, p_cum, q_cum, left, out, b, v, k, key.stride(0), p_cum.stride(0), left.stride(0),
                          EMPTY_MASS=EMPTY, COARSE=coarse, STEP=step, FINE=fine)
     return out
 
 
 @torch.library.custom_op("dyntree::token_level_alphas", mutates_args=())
-def token_level_alphas(key: torch.Tensor, sums: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+def token_level_alphas(key: torch.Tensor, p_cum: torch.Tensor, q_cum: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
     """``alphas_loop``'s result as one op: one Triton launch on CUDA, ``alphas_loop`` elsewhere."""
-    return alphas_loop(key, sums, left)
+    return alphas_loop(key, p_cum, q_cum, left)
 
 
 @token_level_alphas.register_kernel("cuda")
-def _token_level_alphas_cuda(key: torch.Tensor, sums: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+def _token_level_alphas_cuda(key: torch.Tensor, p_cum: torch.Tensor, q_cum: torch.Tensor,
+                             left: torch.Tensor) -> torch.Tensor:
     if HAS_TRITON and os.environ.get("DYNTREE_ALPHAS", "triton") == "triton":
-        return alphas_triton(key, sums, left)
-    return alphas_loop(key, sums, left)
+        return alphas_triton(key, p_cum, q_cum, left)
+    return alphas_loop(key, p_cum, q_cum, left)
 
 
 @token_level_alphas.register_fake
-def _token_level_alphas_fake(key: torch.Tensor, sums: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
-    return key.new_empty(left.shape[1] + 1, 2, key.shape[0])
+def _token_level_alphas_fake(key: torch.Tensor, p_cum: torch.Tensor, q_cum: torch.Tensor,
+                             left: torch.Tensor) -> torch.Tensor:
+    return p_cum.new_empty(left.shape[1] + 1, 2, key.shape[0])

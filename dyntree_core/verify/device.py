@@ -108,10 +108,9 @@ def token_level_tests(target: torch.Tensor, draft: torch.Tensor, kid_tok: torch.
                       draft.sum(1, dtype=f64)[:, None] - qx.cumsum(1)[:, :-1]], 1).clamp_(min=_TINY)
     ratio = torch.where(target > 0, target / draft, 0.0)  # p > 0 = q: inf, always in F's sum
     key, order = torch.sort(ratio.neg_(), dim=1)  # ascending -p/q: the first c tokens have the c largest p/q
-    key = key.to(f64)
-    sums = torch.stack([target.gather(1, order).to(f64).cumsum(1), draft.gather(1, order).to(f64).cumsum(1)], 2)
-    sums = torch.cat([sums.new_zeros(b, 1, 2), sums], 1)  # [B, V + 1, 2]: p and q mass of the first c tokens
-    states = token_level_alphas(key, sums, left)  # [K + 1, 2, B] (-a_j, F(a_j)): one kernel on CUDA
+    # [B, V] each: the p and q mass of the first c + 1 sorted tokens (float32 rows summed in float64)
+    p_cum, q_cum = (rows.gather(1, order).cumsum(1, dtype=f64) for rows in (target, draft))
+    states = token_level_alphas(key, p_cum, q_cum, left)  # [K + 1, 2, B] (-a_j, F(a_j)): one kernel on CUDA
     neg_alpha, mass = states[:-1, 0].T, states[:-1, 1].T  # [B, K] before each test
     num = torch.addcmul(px, neg_alpha, qx).clamp_(min=0.0)
     r = num / mass
