@@ -145,7 +145,6 @@ def measure_all(shape: kt.LayerShape, rows: list[int], extra: tuple[str, ...], i
             out[name] = {}
             try:
                 if name == "inductor_int8":
-                    t0 = time.perf_counter()
                     fn = inductor_candidate(dense)
                 else:
                     fn = extra_candidate(name, shape, dense)

@@ -44,7 +44,6 @@ class OptTreeDrafter(Drafter):
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
     ) -> TokenTree:
         n, delta, max_depth = self.cfg.budget - 1, float(self.cfg.threshold), self.cfg.depth
-        vocab = int(source.vocab_size)
         b = TreeBuilder(root_token)
         p_hat = b.value
         values: list[float] = []  # p̂ of all non-root nodes, kept sorted descending

@@ -153,7 +153,7 @@ def _resolve_hub(spec: str) -> ModelSource:
     if not ok:
         raise HubUnreachableError(_unreachable_msg(spec, why))
     try:
-        path = hf_hub_download(spec, "config.json")
+        hf_hub_download(spec, "config.json")  # (the repository exists and is readable)
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise UnknownModelError(
             f"unknown model {spec!r}: not an embedded preset ({_preset_list()}), not a local path, and "
