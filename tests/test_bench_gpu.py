@@ -76,8 +76,8 @@ def _check_resident(r):
     for t in r["targets"]:
         assert t["hf_generate_ms_per_token"] > 0 and t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0
         assert t["hf_static_ms_per_token"] > 0 and t["hf_static_warmup_s"] > 0
-        assert set(t["ar_vs_hf_generate"]) == set(t["ar_vs_hf_static"]) == {"torch graph", "torch graph_no_cudnn",
-                                                                             "torch host", "triton host"}
+        assert set(t["ar_vs_hf_generate"]) == set(t["ar_vs_hf_static"]) == {
+            "torch graph", "torch graph_no_cudnn", "torch graph_torch_layers", "torch host", "triton host"}
         for kind, ratio in t["ar_vs_hf_generate"].items():
             assert math.isclose(ratio, t["ar_ms_per_token"][kind] / t["hf_generate_ms_per_token"])
             assert math.isclose(t["ar_vs_hf_static"][kind], t["ar_ms_per_token"][kind] / t["hf_static_ms_per_token"])
@@ -96,6 +96,9 @@ def _check_resident(r):
         # the graphs captured without cuDNN's attention, plain and at the A/B budget
         want |= {("autoregressive", None, "torch", "graph_no_cudnn", 0),
                  ("dyspec_greedy", plan.ab_budget, "torch", "graph_no_cudnn", 0)}
+        # and with the dense layers' rotation + cache write and silu * mul as torch ops (decode.layer_kernels)
+        want |= {("autoregressive", None, "torch", "graph_torch_layers", 0),
+                 ("dyspec_greedy", plan.ab_budget, "torch", "graph_torch_layers", 0)}
         assert got == want
         for x in t["rows"]:
             assert x["step_ms"] > 0 and x["tokens_per_step"] >= 1 and x["phases_ms"]["target_forward"] > 0
