@@ -208,9 +208,16 @@ def test_the_long_prompt_estimate_comes_from_the_profile_or_a_long_prefill(contr
         400.0, "this session's last prefill: 400 tokens/s")
 
 
+def _interval(timer) -> float:
+    return timer["value"] if isinstance(timer, dict) else timer.value
+
+
 def test_stop_during_a_long_prefill_ends_it_within_one_chunk(controller):
     """9,000 tokens kept to their last 4,096: prefilled in 512-token chunks; a Stop between two
-    chunks runs no further chunk and decodes no step."""
+    chunks runs no further chunk and decodes no step. From the Stop until the run has ended the page
+    refreshes every ``STOPPING_INTERVAL_S`` (the stopped run shows at once), then at the streaming interval."""
+    from ui.controller import STOPPING_INTERVAL_S
+
     state = SessionState()
     controller.on_run(state, False, *_form(prompt=LONG, long_prompt="keep the end", **FIXED))
     assert state.error == "", state.error
@@ -220,10 +227,12 @@ def test_stop_during_a_long_prefill_ends_it_within_one_chunk(controller):
     with controller.model_lock.turn("test: another session's step"):  # the worker now waits between chunks
         done = rec.prefill[0]
         assert 0 < done < rec.prefill[1]
-        controller.on_stop(state)
+        assert _interval(controller.on_stop(state)) == STOPPING_INTERVAL_S
+        assert controller.on_wake(state) == gr.skip()  # still stopping: the fast interval stays
     assert state.worker.join(60)
     assert rec.status == "stopped" and rec.traces == []
     assert rec.prefill[0] == done  # not one more chunk
+    assert _interval(controller.on_wake(state)) == 0.5  # ended: the streaming interval again
 
 
 def test_a_second_session_runs_within_a_few_chunks_of_a_long_prefill(controller, monkeypatch):

@@ -91,7 +91,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
         c.run_btn.click(on(ctl.on_run), [c.with_baseline, *c.form], None, **load)
         c.pause_btn.click(on(ctl.on_pause), None, None, **quick)
         c.step_btn.click(on(ctl.on_step), c.form, None, **load)
-        c.stop_btn.click(on(ctl.on_stop), None, None, **quick)
+        c.stop_btn.click(on(ctl.on_stop), None, timer, **quick)  # (it also sets the refresh interval)
         # every move of the slider is an input event (mouse, keys on the range, each digit typed in its
         # box); release fires only on pointer up or the box's blur, change also on the tick's own
         # updates. Unprocessed: a box being typed in may hold nothing or a step past either end.
@@ -106,7 +106,7 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
                       concurrency_id="export", concurrency_limit=1)
         # what changes the Live tab also brings its refresh back to the streaming interval, beside the handler
         # (not after it: Run may load models for a while, and the page says so meanwhile)
-        for trigger in (c.run_btn.click, c.pause_btn.click, c.step_btn.click, c.stop_btn.click, c.step_slider.input,
+        for trigger in (c.run_btn.click, c.pause_btn.click, c.step_btn.click, c.step_slider.input,
                         c.block_size.change, c.walk_prev.click, c.walk_next.click, c.open_run.upload):
             trigger(on(ctl.on_wake), None, timer, **quick)
         c.cmp_btn.click(on(ctl.on_compare), [c.cmp_method, c.cmp_hf, *c.form], c.compare_outputs, **load)

@@ -41,6 +41,10 @@ Updates = dict[Any, Any]
 #: event of the page that changes what it shows brings the streaming interval back at once: ``on_wake``)
 IDLE_TICKS = 5
 IDLE_INTERVAL_S = float(os.environ.get("DYNTREE_UI_IDLE_INTERVAL", "5.0"))
+#: after a Stop, until the run has ended (at most ``STOPPING_FOR_S`` seconds), the page refreshes this often, so
+#: the stopped run shows at once instead of up to a streaming interval later
+STOPPING_INTERVAL_S = 0.2
+STOPPING_FOR_S = 5.0
 
 
 def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple) -> bool:
@@ -346,26 +350,38 @@ class Controller:
         return {**self.live(state, block), **self._pace(state, changed=True)}
 
     def on_wake(self, state: SessionState) -> Any:
-        """After an event of the page that changes what it shows (Run, Step, Pause, Stop, the step slider,
-        the walkthrough, an opened run): refresh at the streaming interval again at once."""
+        """After an event of the page that changes what it shows (Run, Step, Pause, the step slider, the
+        walkthrough, an opened run): refresh at the streaming interval again at once (Stop: ``on_stop``)."""
         state.idle_ticks = 0
-        if not state.polling_slowly:
-            return gr.skip()
-        state.polling_slowly = False
-        return gr.Timer(value=self.stream_interval_s)
+        timer = self._retime(state)
+        return gr.skip() if timer is None else timer
+
+    def _interval(self, state: SessionState) -> float:
+        """The refresh interval the page should poll at now (``_pace``)."""
+        gen = state.generation
+        if (gen is not None and not gen.done and gen.stop_event.is_set()
+                and time.monotonic() - state.stop_clicked_at < STOPPING_FOR_S):
+            return STOPPING_INTERVAL_S
+        return IDLE_INTERVAL_S if state.idle_ticks >= IDLE_TICKS else self.stream_interval_s
+
+    def _retime(self, state: SessionState) -> Optional[gr.Timer]:
+        """The timer's update for ``_interval`` (None when it already polls at it)."""
+        want = self._interval(state)
+        if want == (state.timer_interval or self.stream_interval_s):
+            return None
+        state.timer_interval = want
+        return gr.Timer(value=want)
 
     def _pace(self, state: SessionState, changed: bool) -> Updates:
         """The refresh timer's interval: the streaming interval while anything moves; ``IDLE_INTERVAL_S``
         after ``IDLE_TICKS`` unchanged refreshes without a run (each refresh is a round trip: one per second cost
-        Chromium ~3% of a core of the 2-core AVX2 machine, ``scripts/idle_cpu.py``)."""
+        Chromium ~3% of a core of the 2-core AVX2 machine, ``scripts/idle_cpu.py``); ``STOPPING_INTERVAL_S``
+        from a Stop until the run has ended."""
         if self.timer is None:
             return {}
         state.idle_ticks = 0 if changed or state.running else state.idle_ticks + 1
-        slow = state.idle_ticks >= IDLE_TICKS
-        if slow == state.polling_slowly:
-            return {}
-        state.polling_slowly = slow
-        return {self.timer: gr.Timer(value=IDLE_INTERVAL_S if slow else self.stream_interval_s)}
+        timer = self._retime(state)
+        return {} if timer is None else {self.timer: timer}
 
     def on_run(self, state: SessionState, baseline: bool, *values) -> None:
         self.acknowledge(state)
@@ -407,16 +423,22 @@ class Controller:
         except Exception as e:  # noqa: BLE001
             self.fail(state, e)
 
-    def on_stop(self, state: SessionState) -> None:
+    def on_stop(self, state: SessionState) -> Any:
+        """Stop the run (the worker ends it after its current step, or within its prefill chunk); the page then
+        refreshes every ``STOPPING_INTERVAL_S`` until the run has ended (the returned timer update)."""
         if state.compare_stop is not None:
             state.compare_stop.set()
         gen = state.generation
         if gen is not None and not gen.done:
             if state.running:
-                gen.stop_event.set()  # the worker ends the run after its current step
+                state.stop_clicked_at = time.monotonic()
+                gen.stop_event.set()
             else:
                 gen.stop_now()
         state.bump()
+        state.idle_ticks = 0
+        timer = self._retime(state)
+        return gr.skip() if timer is None else timer
 
     def on_select_step(self, state: SessionState, step: Optional[float]) -> None:
         """The slider moved (mouse, keyboard or its number box, unprocessed: a box being typed in may

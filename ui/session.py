@@ -271,7 +271,8 @@ class SessionState:
         self.rendered_memory = 0  # the app's memory (bytes) the page's footer shows
         self.rendered_background = ""  # the footer's line about auto's background measurement
         self.idle_ticks = 0  # refreshes in a row with nothing to show and no run going (Controller._pace)
-        self.polling_slowly = False  # the page's timer runs at the idle interval
+        self.timer_interval: Optional[float] = None  # the page's refresh interval (None: the streaming one)
+        self.stop_clicked_at = -math.inf  # when Stop was clicked during the current run (time.monotonic)
         self.figures_at = -math.inf  # when the page last got the run's figures (time.monotonic)
         self.figures_key: tuple = ()  # what the user was looking at then (step, walkthrough decision, block)
         self.figure_pacing = FigurePacing()  # how often a streaming run's figures are redrawn on this page

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..config import FALLBACK_AFTER, ConfigError, DecodeConfig
+from .. import interrupt
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward
 from .kv import cache_length, compact, new_cache
@@ -252,7 +253,8 @@ class SpeculativeDecoder:
                  stop_event: Optional[threading.Event] = None) -> Iterator[PrefillProgress]:
         """Feed ``prompt[:-1]`` through each ``feed(chunk, start)`` (one per model) in chunks sized by
         time (``prefill_chunks``), yielding the progress before the first chunk and after each; it
-        ends early (with ``stopped=True`` progress) when ``stop_event`` is set between two chunks."""
+        ends early (with ``stopped=True`` progress) when ``stop_event`` is set: between two chunks, or within a
+        chunk at the CPU forwards' next layer (``interrupt``; that chunk's tokens do not count as done)."""
         body = prompt[:-1]
         total = len(body) * len(feeds)
         done = 0
@@ -267,7 +269,12 @@ class SpeculativeDecoder:
                     return
                 chunk = body[start:start + size]
                 t = time.perf_counter()
-                feed(chunk, start)
+                try:
+                    with interrupt.stops_on(stop_event):  # the CPU forwards end at their next layer
+                        feed(chunk, start)
+                except interrupt.Interrupted:
+                    yield PrefillProgress(done, total, time.perf_counter() - t0, stopped=True)
+                    return
                 size = chunks.send((time.perf_counter() - t, len(chunk)))
                 start += len(chunk)
                 done += len(chunk)

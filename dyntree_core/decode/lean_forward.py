@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ..quant import native_layer
+from .. import interrupt
 from .dense_forward import decoder_layers
 
 
@@ -51,8 +52,11 @@ def lean_forward(model, ids: torch.Tensor, positions: torch.Tensor, visible: Opt
     with torch.no_grad():
         h = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(h, positions)
-        h = decoder_layers(inner.layers, h, cos.unsqueeze(1), sin.unsqueeze(1), visible,
-                           lambda i, k, v: cache.update(k, v, i))
+        def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            interrupt.check()  # a Stop during a prefill chunk ends it here, before layer i's attention
+            return cache.update(k, v, i)
+
+        h = decoder_layers(inner.layers, h, cos.unsqueeze(1), sin.unsqueeze(1), visible, write)
         h = inner.norm(h)
         if logits_rows is not None:
             h = h[:, logits_rows]

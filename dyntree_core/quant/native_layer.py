@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _profiler
 
+from .. import interrupt
 from .gate_up import FusedGateUp
 from .ggml_linear import GGMLLinear
 
@@ -219,6 +220,7 @@ def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.
                 plan.work = work
         record = _profiler._is_profiler_enabled
         for i, desc in enumerate(plan.descs):
+            interrupt.check()  # a Stop during a prefill chunk ends it here, between two layers
             k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
             if start != past:
                 raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")

@@ -1,0 +1,39 @@
+"""A prefill chunk stopped between two decoder layers, not after the whole chunk.
+
+A Stop during the prefill used to act between chunks: a chunk of ~0.5 s (``engine.PREFILL_CHUNK_SECONDS``; the
+first one, which measures the rate, ~0.9 s for the real pair on a 2-core CPU) ran to its end first. The engine
+runs each prefill chunk inside ``stops_on(stop_event)``; the CPU forwards (``lean_forward``'s layers,
+``native_layer``'s C call per layer) call ``check()`` before each layer, which raises ``Interrupted`` once the
+event is set, so the chunk ends within one layer. The run ends there (its caches, half written by the chunk,
+are dropped with it); outside ``stops_on`` (decoding steps, measurements) ``check()`` never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Optional
+
+_EVENT: ContextVar[Optional[threading.Event]] = ContextVar("dyntree_prefill_stop", default=None)
+
+
+class Interrupted(Exception):
+    """The stop event of the enclosing ``stops_on`` was set while a forward ran."""
+
+
+@contextmanager
+def stops_on(event: Optional[threading.Event]) -> Iterator[None]:
+    """Forwards run inside this block end at their next layer once ``event`` is set (None: never)."""
+    token = _EVENT.set(event)
+    try:
+        yield
+    finally:
+        _EVENT.reset(token)
+
+
+def check() -> None:
+    """Raise ``Interrupted`` when the enclosing ``stops_on`` event is set (called between layers)."""
+    event = _EVENT.get()
+    if event is not None and event.is_set():
+        raise Interrupted
