@@ -2,10 +2,11 @@
 
 A Stop during the prefill used to act between chunks: a chunk of ~0.5 s (``engine.PREFILL_CHUNK_SECONDS``; the
 first one, which measures the rate, ~0.9 s for the real pair on a 2-core CPU) ran to its end first. The engine
-runs each prefill chunk inside ``stops_on(stop_event)``; the CPU forwards (``lean_forward``'s layers,
-``native_layer``'s C call per layer) call ``check()`` before each layer, which raises ``Interrupted`` once the
-event is set, so the chunk ends within one layer. The run ends there (its caches, half written by the chunk,
-are dropped with it); outside ``stops_on`` (decoding steps, measurements) ``check()`` never raises.
+runs each prefill chunk inside ``stops_on(stop_event)``; the CPU forwards call ``check()`` once per layer
+(``native_layer`` before each layer's C call, ``lean_forward`` before each layer's cache write), which raises
+``Interrupted`` once the event is set, so the chunk ends within one layer. The run ends there (its caches, half
+written by the chunk, are dropped with it); outside ``stops_on`` (decoding steps, measurements) ``check()`` never
+raises.
 """
 
 from __future__ import annotations

@@ -436,9 +436,7 @@ class Controller:
             else:
                 gen.stop_now()
         state.bump()
-        state.idle_ticks = 0
-        timer = self._retime(state)
-        return gr.skip() if timer is None else timer
+        return self.on_wake(state)
 
     def on_select_step(self, state: SessionState, step: Optional[float]) -> None:
         """The slider moved (mouse, keyboard or its number box, unprocessed: a box being typed in may

@@ -226,7 +226,7 @@ def _backs(fused, mods) -> bool:
 
 
 def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
-                   write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                   write: Optional[Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]],
                    fused: Optional[list[tuple[FusedQKV, FusedGateUp]]] = None, sin_signed: bool = False,
                    rotate_and_write: Optional[Callable] = None,
                    silu_op: bool = False) -> torch.Tensor:
@@ -242,8 +242,9 @@ def decoder_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         fused: per layer, its ``fuse_projections`` (None: the modules' own projections, one matmul each).
         sin_signed: ``sin`` already has its first half negated (``rope_tables``).
         rotate_and_write: (with ``fused``; ``cos``/``sin`` then ``[1, H + 2 H_kv, q, d]``, the identity on the
-            value heads; ``write`` unused) ``rotate_and_write(i, y)`` rotates the q/k/v output ``y`` ``[1, H + 2 H_kv, q, d]``, stores layer ``i``'s
-            keys and values and returns ``(q, keys, values)`` (``layer_kernels.rope_write``: one kernel on CUDA).
+            value heads; ``write`` unused) ``rotate_and_write(i, y)`` rotates the q/k/v output ``y``
+            ``[1, H + 2 H_kv, q, d]``, stores layer ``i``'s keys and values and returns ``(q, keys, values)``
+            (``layer_kernels.rope_write``: one kernel on CUDA).
         silu_op: the gated MLP's ``silu(gate) * up`` as ``layer_kernels.silu_mul`` (its activation is SiLU).
     Returns:
         ``[1, q, hidden]`` hidden states after the last layer.

@@ -18,8 +18,8 @@ from typing import Any, Callable, Generator, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from ..config import FALLBACK_AFTER, ConfigError, DecodeConfig
 from .. import interrupt
+from ..config import FALLBACK_AFTER, ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward
 from .kv import cache_length, compact, new_cache

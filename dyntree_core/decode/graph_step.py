@@ -298,8 +298,8 @@ class GraphStepper:
         self.lookahead = 1 if dev.type == "cuda" else 0
         self._grows_at = [self.grows[level:level + 1] for level in range(d)]
         self._flags = host.Flags(d, dev)
-        self._draft_root, self._draft_level = (self._program(getattr(self, f"_{name}_program"), name)
-                                               for name in DRAFT_PROGRAMS)
+        self._draft_root = self._program(self._draft_root_program, "draft_root")
+        self._draft_level = self._program(self._draft_level_program, "draft_level")
         if self.tf is None:
             self._tree = self._program(self._tree_program, "tree")
         else:

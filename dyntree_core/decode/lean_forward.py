@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from ..quant import native_layer
 from .. import interrupt
+from ..quant import native_layer
 from .dense_forward import decoder_layers
 
 
