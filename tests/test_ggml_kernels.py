@@ -246,8 +246,8 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
     def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.5}
-        return {c: {str(m): (1.1 if c == "native_q8_vnni" and m == 1 else per_row[c] * m) for m in ms}
-                for c in candidates}
+        return {c: {str(m): (1.1 if c == "native_q8_vnni" and m == 1 else per_row[c] * m if c in per_row else None)
+                    for m in ms} for c in candidates}  # (no x8 kernel for this shape here)
 
     monkeypatch.setattr(kt, "measure_shape", fake)
     shape = kt.LayerShape("Q4_K", 8, 256)
@@ -264,12 +264,35 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
 def test_measure_shape_times_every_candidate(nk):
     got = kt.measure_shape(kt.LayerShape("Q4_K", 16, 256), ms=(1, 3))
     assert set(got) == set(kt.RUNTIME_CANDIDATES)
-    here = [c for c in kt.RUNTIME_CANDIDATES if c != "native_q8_vnni" or nk.vnni]  # VNNI: only where it runs
+    here = [c for c in kt.RUNTIME_CANDIDATES if not c.endswith("_vnni") or nk.vnni]  # VNNI: only where it runs
     assert all(v is not None and v > 0 for c in here for v in got[c].values())
     assert all(v is None for c in set(kt.RUNTIME_CANDIDATES) - set(here) for v in got[c].values())
-    q8_0 = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1,))  # no VNNI kernel for Q8_0
-    assert all(q8_0[c]["1"] > 0 for c in kt.RUNTIME_CANDIDATES if c != "native_q8_vnni")
-    assert q8_0["native_q8_vnni"]["1"] is None
+    q8_0 = kt.measure_shape(kt.LayerShape("Q8_0", 16, 64), ms=(1,))  # no VNNI or x8 kernel for Q8_0
+    assert all(q8_0[c]["1"] > 0 for c in kt.RUNTIME_CANDIDATES if c not in ("native_q8_vnni", "native_x8",
+                                                                              "native_x8_vnni"))
+    assert q8_0["native_q8_vnni"]["1"] is None and q8_0["native_x8"]["1"] is None
+
+
+@pytest.mark.parametrize("vnni", [False, True])
+def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_tile_at_every_row_count(
+        monkeypatch, vnni):
+    """The x8 layout serves every M, so the plan needs it beside the row kernels at the largest M as well (and, where
+    its VNNI tile ran, both x8 kernels at every M for the switch)."""
+    calls = []
+
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+        calls.append((tuple(ms), tuple(candidates)))
+        per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_x8": 0.5,
+                   **({"native_x8_vnni": 0.4} if vnni else {})}
+        return {c: {str(m): per_row[c] * m if c in per_row else None for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt, "measure_shape", fake)
+    shape = kt.LayerShape("Q4_K", 8, 256)
+    got = kt.measure_for_plan(shape, (1, 4, 16))
+    more = ((4, 16), ("native_x8", "native_x8_vnni")) if vnni else ((16,), ("native_q8", "native_x8"))
+    assert calls == [((1,), kt.RUNTIME_CANDIDATES), more]
+    plan = _table({shape.label: got}, (1, 4, 16)).plan_for(shape)
+    assert plan.x8 and plan.int8_activations and plan.vnni_min_rows == (1 if vnni else 0), plan
 
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels

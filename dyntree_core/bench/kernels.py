@@ -357,6 +357,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         plan = table.plan_for(s)
         record["plans"][s.label] = {"kind": plan.kind, "mm_min_rows": plan.mm_min_rows, "why": plan.why,
                                     "int8_activations": plan.int8_activations, "vnni_min_rows": plan.vnni_min_rows,
+                                    "x8": plan.x8,
                                     "winners": table.winners(s.label),
                                     "runtime_table_ms": table.timings[s.label]}
     save()
@@ -386,7 +387,7 @@ def print_tables(record: dict, out=None) -> None:
     rows = [str(m) for m in record["rows"]]
     for label, entry in record["shapes"].items():
         plan = record["plans"][label]
-        print(f"\n{label} ({', '.join(entry['roles'])}): runs {plan['kind']}"
+        print(f"\n{label} ({', '.join(entry['roles'])}): runs {plan['kind']}" + (" (x8 tiles)" if plan.get("x8") else "")
               + (f", dequant+GEMM from {plan['mm_min_rows']} rows" if plan["mm_min_rows"] else "")
               + (f", AVX-512 VNNI from {plan['vnni_min_rows']} rows" if plan.get("vnni_min_rows") else ""), file=out)
         print("| kernel | " + " | ".join(f"M={m}" for m in rows) + " |", file=out)

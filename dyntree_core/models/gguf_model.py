@@ -112,7 +112,8 @@ def plans_tag(plans: dict) -> str:
     """Short digest of which shapes run the file's blocks ("" when none does: the cache name of old)."""
     import hashlib
 
-    ggml = sorted(s.label + ("/q8" if p.int8_activations else "") for s, p in plans.items() if p.kind == "ggml")
+    ggml = sorted(s.label + ("/q8" if p.int8_activations else "") + ("/x8" if p.x8 else "")
+                  for s, p in plans.items() if p.kind == "ggml")
     return hashlib.sha256("|".join(ggml).encode()).hexdigest()[:8] if ggml else ""
 
 
@@ -192,6 +193,9 @@ def _save_packed(model, path: Path) -> None:
 
     sd = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("model.embed_tokens.")}
     ggml = {name: [m.type_name, m.in_features] for name, m in model.named_modules() if isinstance(m, GGMLLinear)}
+    for name, m in model.named_modules():  # the cache holds the GGUF's rows (an x8 layer repacks them on load)
+        if isinstance(m, GGMLLinear) and m.x8:
+            sd[f"{name}.blocks"] = m.ggml_blocks()
     tmp = path.with_name(path.name + ".partial")
     save_file(sd, str(tmp), metadata={"precision": getattr(model, PRECISION_ATTR), "torch": torch.__version__,
                                       "ggml": json.dumps(ggml)})
@@ -221,7 +225,7 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
         blocks = sd.pop(f"{mod}.blocks")
         plan = by_label[f"{type_name} [{int(blocks.shape[0])}, {k}]"]
         layer = GGMLLinear(type_name, blocks, int(k), sd.pop(f"{mod}.bias", None),
-                           int8_activations=plan.int8_activations)
+                           int8_activations=plan.int8_activations, x8=plan.x8)
         layer.mm_min_rows = plan.mm_min_rows
         layer.vnni_min_rows = plan.vnni_min_rows
         set_submodule(model, mod, layer)
@@ -277,7 +281,8 @@ def linear_precision(module: str, type_name: str, n_rows: int, n_cols: int, prec
 def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
     from ..quant.ggml_linear import GGMLLinear
 
-    layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias, int8_activations=plan.int8_activations)
+    layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias, int8_activations=plan.int8_activations,
+                       x8=plan.x8)
     layer.mm_min_rows = plan.mm_min_rows
     layer.vnni_min_rows = plan.vnni_min_rows
     return layer

@@ -39,7 +39,8 @@ def _fusable_mlp(mod: nn.Module) -> bool:
     return (isinstance(g, GGMLLinear) and isinstance(u, GGMLLinear) and g.type_name == u.type_name
             and g.in_features == u.in_features and g.bias is None and u.bias is None
             and g.mm_min_rows == u.mm_min_rows and g.int8_activations == u.int8_activations
-            and g.vnni_min_rows == u.vnni_min_rows and hasattr(mod, "down_proj") and hasattr(mod, "act_fn"))
+            and g.vnni_min_rows == u.vnni_min_rows and g.x8 == u.x8 and hasattr(mod, "down_proj")
+            and hasattr(mod, "act_fn"))
 
 
 def fuse_forward(model: nn.Module) -> dict[str, int]:

@@ -17,8 +17,9 @@ class FusedGateUp(nn.Module):
         super().__init__()
         g, u = mlp.gate_proj, mlp.up_proj
         self.intermediate = g.out_features
+        # (x8 blocks are groups of 8 rows in row order: joined, they are the x8 layout of the joined rows)
         self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels,
-                                  g.int8_activations)
+                                  g.int8_activations, g.x8, g.out_features + u.out_features)
         self.gate_up.mm_min_rows = g.mm_min_rows
         self.gate_up.vnni_min_rows = g.vnni_min_rows
         self.down_proj = mlp.down_proj

@@ -80,11 +80,11 @@ def holds_as_blocks(type_name: str) -> bool:
 def block_embedding(type_name: str, vocab: int, dim: int, read_blocks: Callable[[], torch.Tensor],
                     tied_head=None) -> GGMLEmbedding:
     """A ``GGMLEmbedding`` of a ``[vocab, dim]`` GGUF tensor of a type ``holds_as_blocks`` takes: ``tied_head``'s
-    blocks where the head is a ``GGMLLinear`` built from the same tensor (a tied head: pass it only then), else
-    ``read_blocks()`` (``[vocab, row_bytes]`` uint8)."""
+    blocks where the head is a ``GGMLLinear`` built from the same tensor (a tied head: pass it only then) and holds
+    them as GGML rows (not repacked: ``x8``), else ``read_blocks()`` (``[vocab, row_bytes]`` uint8)."""
     from .ggml_linear import GGMLLinear
 
-    if (isinstance(tied_head, GGMLLinear) and tied_head.type_name == type_name
+    if (isinstance(tied_head, GGMLLinear) and tied_head.type_name == type_name and not tied_head.x8
             and (tied_head.out_features, tied_head.in_features) == (vocab, dim)):
         return GGMLEmbedding(type_name, tied_head.blocks, dim)
     return GGMLEmbedding(type_name, read_blocks(), dim)

@@ -18,7 +18,14 @@
 #include "avx2_sum.h"
 #include "q8_blocks.h"
 
-enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8 };
+/* GGML type ids; T_Q4_K_X8 and T_Q6_K_X8 are ours (not GGML's): rows repacked 8 at a time (dyntree_q4k_x8_repack,
+ * dyntree_q6k_x8_repack), taken by dyntree_ggml_matmul_q8v (int8 activations) only */
+enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K_X8 = 112, T_Q6_K_X8 = 114 };
+
+int dyntree_q4k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows);
+int dyntree_q6k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows);
 
 /* 8 unsigned bytes -> 8 floats */
 static inline __m256 u8x8(const uint8_t *p) {
@@ -565,9 +572,11 @@ int dyntree_ggml_vnni(void) {
 
 /* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized to int8 per 256 values (Q4_K, Q6_K weights) or per 32
  * (Q5_0, Q8_0). From vnni_min_rows rows on (0: never) Q4_K and Q6_K run the AVX-512 VNNI row kernels where the
- * CPU has them (dyntree_ggml_vnni): the same outputs, bit for bit. */
+ * CPU has them (dyntree_ggml_vnni): the same outputs, bit for bit. T_Q4_K_X8 / T_Q6_K_X8 weights go to the x8 tiles. */
 int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                             int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
+    if (type == T_Q4_K_X8) return dyntree_q4k_x8_matmul(x, ldx, w, bias, y, ldy, M, N, K, vnni_min_rows);
+    if (type == T_Q6_K_X8) return dyntree_q6k_x8_matmul(x, ldx, w, bias, y, ldy, M, N, K, vnni_min_rows);
     int be, bb;
     const int kq = type == T_Q4_K || type == T_Q6_K; /* activations per 256 (Q8_K), else per 32 (Q8_0) */
     if (block_info(type, &be, &bb) || K % (kq ? 256 : 32)) return -1;
@@ -646,4 +655,367 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
 int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                            int64_t ldy, int64_t M, int64_t N, int64_t K) {
     return dyntree_ggml_matmul_q8v(type, x, ldx, w, bias, y, ldy, M, N, K, 0);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Q4_K rows repacked 8 at a time ("Q4_K x8", llama.cpp's REPACK idea in our own layout): a tile of 8 weight rows
+ * (output columns) x R activation rows, one output column per 32-bit lane. Where the row kernels multiply one
+ * weight row by 32 activations per instruction and reduce 8 lanes per block, here 4 activation bytes broadcast
+ * to every lane meet 4 weights of each of the 8 columns; a sub-block's 8 vpmaddubsw are summed in int16 (8 x
+ * 2 x 15 x 127 < 2^15) before one vpmaddwd by the 8 columns' scales: 9 multiplies per 256 products and row
+ * where the row kernels issue 16, and no unpacking of scales in the loop (stored unpacked).
+ *
+ * Arithmetic (one for every M, so a tree's rows get plain decoding's numbers): per block b, with the integer
+ * sums I_b = sum_j sc_j * sum(q x)_j and N_b = sum_j m_j * sum(x8)_j (exact), the output accumulates
+ * acc = fma(float(I_b), d_b * dx_b, acc); acc = fma(-float(N_b), dmin_b * dx_b, acc) in block order from 0;
+ * then y = acc + bias. tests/test_q4k_x8.py holds it against a numpy model of exactly this.
+ *
+ * Layout per group of 8 rows and block (Q4K_X8_BYTES = 1248 bytes, in block order, groups in row order):
+ *   d[8], dmin[8]  fp16                                   (32 bytes)
+ *   sc[8 sub][8 col][2]  u8, each scale twice             (128: one vpmovzxbw gives vpmaddwd's operand)
+ *   mn[4 pair][8 col][2] u8, mins of sub 2p and 2p+1      (64)
+ *   qs[8 sub][4 l][32]  byte 4c + t: low nibble q[c][32 sub + 4 l + t], high nibble q[c][32 sub + 4 (l + 4) + t]
+ * --------------------------------------------------------------------------------------------------------- */
+#ifndef X8_G
+#define X8_G 1
+#endif
+#ifndef X8_R
+#define X8_R 4
+#endif
+
+/* rows [N, K] of Q4_K blocks -> the x8 layout (N % 8 == 0); returns 0, or -1 on a shape it does not take */
+int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
+    if (N % 8 || K % 256) return -1;
+    const int64_t nb = K / 256;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (g * nb + b) * Q4K_X8_BYTES;
+            for (int c = 0; c < 8; c++) {
+                const uint8_t *blk = w + ((g * 8 + c) * nb + b) * 144;
+                memcpy(o + 2 * c, blk, 2);
+                memcpy(o + 16 + 2 * c, blk + 2, 2);
+                int sc[8], mn[8];
+                for (int j = 0; j < 8; j++) scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
+                for (int j = 0; j < 8; j++) o[32 + 16 * j + 2 * c] = o[32 + 16 * j + 2 * c + 1] = (uint8_t)sc[j];
+                for (int p = 0; p < 4; p++) {
+                    o[160 + 16 * p + 2 * c] = (uint8_t)mn[2 * p];
+                    o[160 + 16 * p + 2 * c + 1] = (uint8_t)mn[2 * p + 1];
+                }
+                uint8_t q[256];
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 32; i++) {
+                        q[64 * j + i] = blk[16 + 32 * j + i] & 0x0F;
+                        q[64 * j + 32 + i] = blk[16 + 32 * j + i] >> 4;
+                    }
+                for (int j = 0; j < 8; j++)
+                    for (int l = 0; l < 4; l++)
+                        for (int t = 0; t < 4; t++)
+                            o[224 + 128 * j + 32 * l + 4 * c + t] =
+                                (uint8_t)(q[32 * j + 4 * l + t] | (q[32 * j + 4 * (l + 4) + t] << 4));
+            }
+        }
+    return 0;
+}
+
+/* the x8 layout back to GGML rows (dequantization and checks read those) */
+int dyntree_q4k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
+    if (N % 8 || K % 256) return -1;
+    const int64_t nb = K / 256;
+    for (int64_t g = 0; g < N / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *o = x8 + (g * nb + b) * Q4K_X8_BYTES;
+            for (int c = 0; c < 8; c++) {
+                uint8_t *blk = w + ((g * 8 + c) * nb + b) * 144;
+                memcpy(blk, o + 2 * c, 2);
+                memcpy(blk + 2, o + 16 + 2 * c, 2);
+                int sc[8], mn[8];
+                for (int j = 0; j < 8; j++) sc[j] = o[32 + 16 * j + 2 * c];
+                for (int p = 0; p < 4; p++) {
+                    mn[2 * p] = o[160 + 16 * p + 2 * c];
+                    mn[2 * p + 1] = o[160 + 16 * p + 2 * c + 1];
+                }
+                uint8_t *s = blk + 4;
+                for (int j = 0; j < 4; j++) {
+                    s[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+                    s[j + 4] = (uint8_t)((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+                    s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+                }
+                uint8_t q[256];
+                for (int j = 0; j < 8; j++)
+                    for (int l = 0; l < 4; l++)
+                        for (int t = 0; t < 4; t++) {
+                            const uint8_t v = o[224 + 128 * j + 32 * l + 4 * c + t];
+                            q[32 * j + 4 * l + t] = v & 0x0F;
+                            q[32 * j + 4 * (l + 4) + t] = v >> 4;
+                        }
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 32; i++)
+                        blk[16 + 32 * j + i] = (uint8_t)(q[64 * j + i] | (q[64 * j + 32 + i] << 4));
+            }
+        }
+    return 0;
+}
+
+
+/* one group of 8 weight rows (output columns) against R activation rows: acc[r] gets row r's 8 columns */
+ROWS_KERNEL void q4k_x8_tile(const int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                             const int16_t *b32, int64_t K, __m256 *acc) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q4K_X8_BYTES;
+        __m256i isum[X8_ROWS];
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i p16[X8_ROWS];
+            for (int l = 0; l < 4; l++) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 224 + 128 * j + 32 * l));
+                const __m256i lo = _mm256_and_si256(bytes, mask);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = q8 + r * K + b * 256 + 32 * j + 4 * l;
+                    const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast_i32(x)),
+                                                       _mm256_maddubs_epi16(hi, bcast_i32(x + 16)));
+                    p16[r] = l ? _mm256_add_epi16(p16[r], t) : t;
+                }
+            }
+            const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)));
+            for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16[r], s16));
+        }
+        q4k_x8_block_floats(R, o, isum, b, d8, b32, K, acc);
+    }
+}
+
+#define X8_TILE(R)                                                                                            \
+    static void q4k_x8_tile_##R(const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,            \
+                                const int16_t *b32, int64_t K, __m256 *acc) {                                \
+        q4k_x8_tile(R, wg, nb, q8, d8, b32, K, acc);                                                          \
+    }
+X8_TILE(1)
+X8_TILE(2)
+X8_TILE(3)
+X8_TILE(4)
+
+#ifndef DYNTREE_NO_VNNI
+void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *b32, int64_t K, __m256 *acc);
+#endif
+
+/* y [M, N] = x [M, K] @ W^T (+ bias), W in the x8 layout (dyntree_q4k_x8_repack), x quantized as Q8_K; from
+ * vnni_min_rows rows on (0: never) the AVX-512 VNNI tile where the CPU has it (the same integers: bit-identical) */
+int dyntree_q4k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
+    if (N % 8 || K % 256) return -1;
+    const int64_t nb = K / 256;
+    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64 + 64));
+    float *d8 = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
+    if (!q8 || !d8 || !bs) {
+        free(q8);
+        free(d8);
+        free(bs);
+        return -2;
+    }
+#pragma omp parallel for schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nb, bs + m * (K / 16));
+    for (int64_t i = 0; i < M * (K / 32); i++) bs[i] = (int16_t)(bs[2 * i] + bs[2 * i + 1]);
+#ifdef DYNTREE_NO_VNNI
+    const int vnni = 0;
+    (void)vnni_min_rows;
+#else
+    const int vnni = vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
+    if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 8; g++) {
+        const uint8_t *wg = w + g * nb * Q4K_X8_BYTES;
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+        for (int64_t m0 = 0; m0 < M;) {
+            const int R = M - m0 >= X8_ROWS ? X8_ROWS : (int)(M - m0);
+            __m256 acc[X8_ROWS];
+            const int8_t *qm = q8 + m0 * K;
+            const float *dm = d8 + m0 * nb;
+            const int16_t *bm = bs + m0 * (K / 32);
+            if (vnni) {
+#ifndef DYNTREE_NO_VNNI
+                dyntree_q4k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
+#endif
+            } else if (R == 4) q4k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
+            else if (R == 3) q4k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
+            else if (R == 2) q4k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
+            else q4k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * g, _mm256_add_ps(acc[r], bv));
+            m0 += R;
+        }
+    }
+    free(q8);
+    free(d8);
+    free(bs);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Q6_K rows repacked 8 at a time ("Q6_K x8"), the Q4_K x8 tiles' scheme for 6-bit weights: 16 values share a
+ * signed scale, and two vpmaddubsw (63 x 127 x 2 each) fit an int16 lane, so a sub-block of 16 values takes 4
+ * vpmaddubsw, 2 int16 adds and 2 vpmaddwd by the 8 columns' scales per activation row.
+ *
+ * Arithmetic (every M): per block b, I_b = sum_s sc_s * (sum_{v in s} q_v x_v - 32 * sum_{v in s} x_v) (exact),
+ * acc = fma(float(I_b), d_b * dx_b, acc) in block order from 0; y = acc + bias.
+ *
+ * Layout per group of 8 rows and block (Q6K_X8_BYTES = 1680 = 8 x 210 bytes):
+ *   d[8] fp16 (16 bytes); sc[16 sub][8 col] int8 (128);
+ *   ql[16 sub][2 L][32]: byte 4c + e: low nibble = low 4 bits of q[c][16 sub + 4 L + e], high nibble those of
+ *                        q[c][16 sub + 4 (L + 2) + e];
+ *   qh[16 sub][32]: byte 4c + e, bits 2t, 2t+1 = top 2 bits of q[c][16 sub + 4 t + e] (t = 0..3)
+ * --------------------------------------------------------------------------------------------------------- */
+
+/* the 6-bit quant (0..63) of value v of a GGML Q6_K block */
+static inline int q6k_value(const uint8_t *blk, int v) {
+    const int h = v / 128, w = v % 128, g = w / 32, i = w % 32;
+    const int low = (blk[64 * h + 32 * (g & 1) + i] >> (4 * (g >> 1))) & 0xF;
+    return low | (((blk[128 + 32 * h + i] >> (2 * g)) & 3) << 4);
+}
+
+int dyntree_q6k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
+    if (N % 8 || K % 256) return -1;
+    const int64_t nb = K / 256;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (g * nb + b) * Q6K_X8_BYTES;
+            memset(o, 0, Q6K_X8_BYTES);
+            for (int c = 0; c < 8; c++) {
+                const uint8_t *blk = w + ((g * 8 + c) * nb + b) * 210;
+                memcpy(o + 2 * c, blk + 208, 2);
+                for (int s = 0; s < 16; s++) {
+                    o[16 + 8 * s + c] = blk[192 + s];
+                    for (int t = 0; t < 4; t++)
+                        for (int e = 0; e < 4; e++) {
+                            const int q = q6k_value(blk, 16 * s + 4 * t + e);
+                            o[144 + 64 * s + 32 * (t & 1) + 4 * c + e] |= (uint8_t)((q & 0xF) << (4 * (t >> 1)));
+                            o[144 + 1024 + 32 * s + 4 * c + e] |= (uint8_t)((q >> 4) << (2 * t));
+                        }
+                }
+            }
+        }
+    return 0;
+}
+
+int dyntree_q6k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
+    if (N % 8 || K % 256) return -1;
+    const int64_t nb = K / 256;
+    for (int64_t g = 0; g < N / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *o = x8 + (g * nb + b) * Q6K_X8_BYTES;
+            for (int c = 0; c < 8; c++) {
+                uint8_t *blk = w + ((g * 8 + c) * nb + b) * 210;
+                memset(blk, 0, 192);
+                memcpy(blk + 208, o + 2 * c, 2);
+                for (int s = 0; s < 16; s++) {
+                    blk[192 + s] = o[16 + 8 * s + c];
+                    for (int t = 0; t < 4; t++)
+                        for (int e = 0; e < 4; e++) {
+                            const int lo = (o[144 + 64 * s + 32 * (t & 1) + 4 * c + e] >> (4 * (t >> 1))) & 0xF;
+                            const int hi = (o[144 + 1024 + 32 * s + 4 * c + e] >> (2 * t)) & 3;
+                            const int v = 16 * s + 4 * t + e, h = v / 128, ww = v % 128, gg = ww / 32, i = ww % 32;
+                            blk[64 * h + 32 * (gg & 1) + i] |= (uint8_t)(lo << (4 * (gg >> 1)));
+                            blk[128 + 32 * h + i] |= (uint8_t)(hi << (2 * gg));
+                        }
+                }
+            }
+        }
+    return 0;
+}
+
+/* one group of 8 Q6_K weight rows against R activation rows: acc[r] gets row r's 8 columns */
+ROWS_KERNEL void q6k_x8_tile(const int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                             const int16_t *b16, int64_t K, __m256 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q6K_X8_BYTES;
+        __m256i isum[X8_ROWS];
+        q6k_x8_offsets(R, o, b, b16, K, isum);
+        for (int s = 0; s < 16; s++) {
+            __m256i u[4];
+            q6k_x8_quants(o, s, m4, m30, u);
+            const __m256i s16 = q6k_x8_scales(o, s);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = q8 + r * K + b * 256 + 16 * s;
+                const __m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast_i32(x)),
+                                                    _mm256_maddubs_epi16(u[1], bcast_i32(x + 4)));
+                const __m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast_i32(x + 8)),
+                                                    _mm256_maddubs_epi16(u[3], bcast_i32(x + 12)));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(pa, s16),
+                                                                     _mm256_madd_epi16(pb, s16)));
+            }
+        }
+        q6k_x8_block_floats(R, o, isum, b, d8, K, acc);
+    }
+}
+
+#define X8_TILE6(R)                                                                                           \
+    static void q6k_x8_tile_##R(const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,            \
+                                const int16_t *b16, int64_t K, __m256 *acc) {                                \
+        q6k_x8_tile(R, wg, nb, q8, d8, b16, K, acc);                                                          \
+    }
+X8_TILE6(1)
+X8_TILE6(2)
+X8_TILE6(3)
+X8_TILE6(4)
+
+#ifndef DYNTREE_NO_VNNI
+void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *b16, int64_t K, __m256 *acc);
+#endif
+
+int dyntree_q6k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
+    if (N % 8 || K % 256) return -1;
+    const int64_t nb = K / 256;
+    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64 + 64));
+    float *d8 = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
+    if (!q8 || !d8 || !bs) {
+        free(q8);
+        free(d8);
+        free(bs);
+        return -2;
+    }
+#pragma omp parallel for schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nb, bs + m * (K / 16));
+#ifdef DYNTREE_NO_VNNI
+    const int vnni = 0;
+    (void)vnni_min_rows;
+#else
+    const int vnni = vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
+    if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 8; g++) {
+        const uint8_t *wg = w + g * nb * Q6K_X8_BYTES;
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+        for (int64_t m0 = 0; m0 < M;) {
+            const int R = M - m0 >= X8_ROWS ? X8_ROWS : (int)(M - m0);
+            __m256 acc[X8_ROWS];
+            const int8_t *qm = q8 + m0 * K;
+            const float *dm = d8 + m0 * nb;
+            const int16_t *bm = bs + m0 * (K / 16);
+            if (vnni) {
+#ifndef DYNTREE_NO_VNNI
+                dyntree_q6k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
+#endif
+            } else if (R == 4) q6k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
+            else if (R == 3) q6k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
+            else if (R == 2) q6k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
+            else q6k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * g, _mm256_add_ps(acc[r], bv));
+            m0 += R;
+        }
+    }
+    free(q8);
+    free(d8);
+    free(bs);
+    return 0;
 }

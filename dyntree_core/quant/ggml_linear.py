@@ -11,6 +11,10 @@ Two ways to run it, both from the same bytes (no extra memory kept):
 * ``dequant_mm``: the weight dequantized to float32 a chunk of rows at a time into a reused buffer, then
   torch's float32 GEMM (``torch.mm``); wins once enough rows share each dequantized weight.
 
+* ``x8`` (Q4_K and Q6_K with int8 activations): the rows repacked 8 at a time at construction
+  (``native.repack_x8``: a tile of 8 weight rows against up to 4 activation rows, one output column per lane;
+  docs/CPU_KERNELS.md). Its own arithmetic (float rounding apart from the row kernel's), the same at every M.
+
 ``mm_min_rows`` (from the kernel table) picks ``dequant_mm`` from that many input rows on (0: never; always 0
 with ``int8_activations``, so every M rounds the same way). ``vnni_min_rows`` (int8 activations, Q4_K/Q6_K) runs
 the AVX-512 VNNI row kernels from that many rows on where the kernels have them: the same outputs, bit for bit.
@@ -26,7 +30,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _profiler
 
-from .native import BLOCKS, INT8_ACTIVATION_TYPES, NativeKernels, native_kernels
+from .native import BLOCKS, INT8_ACTIVATION_TYPES, X8, X8_TYPES, NativeKernels, native_kernels, x8_shape
 
 #: floats of float32 weight dequantized per ``dequant_mm`` chunk (16 MiB): fits in L3, bounds the buffer
 CHUNK_FLOATS = 1 << 22
@@ -51,30 +55,43 @@ def row_bytes(type_name: str, k: int) -> int:
 class GGMLLinear(nn.Module):
     """``y = x @ W^T + b`` with ``W`` ``[N, K]`` in GGML blocks.
 
-    Buffers: ``blocks`` uint8 ``[N, row_bytes]`` (the GGUF's bytes of each row), ``bias`` float32 ``[N]`` or
-    None. ``type_name``: ``Q4_K``, ``Q6_K``, ``Q5_0`` or ``Q8_0``.
+    Buffers: ``blocks`` uint8 ``[N, row_bytes]`` (the GGUF's bytes of each row; with ``x8`` the x8 layout,
+    ``native.x8_shape(type_name, N, K)``), ``bias`` float32 ``[N]`` or None. ``type_name``: ``Q4_K``, ``Q6_K``,
+    ``Q5_0`` or ``Q8_0``. ``x8``: GGML rows given are repacked (a new tensor: a buffer shared with an embedding stays as it
+    is); blocks already in the x8 layout (``x8_shape``) are taken as they are (``out_features`` then says N).
     """
 
     precision = "ggml"
 
     def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: Optional[torch.Tensor] = None,
-                 kernels: Optional[NativeKernels] = None, int8_activations: bool = False):
+                 kernels: Optional[NativeKernels] = None, int8_activations: bool = False, x8: bool = False,
+                 out_features: Optional[int] = None):
         super().__init__()
         if type_name not in BLOCKS:
             raise ValueError(f"GGMLLinear takes {', '.join(BLOCKS)}, got {type_name}")
-        n = int(blocks.shape[0])
-        if blocks.dtype != torch.uint8 or blocks.ndim != 2 or blocks.shape[1] != row_bytes(type_name, in_features):
-            raise ValueError(f"{type_name} blocks of [{n}, {in_features}] must be uint8 "
-                             f"[{n}, {row_bytes(type_name, in_features)}], got {tuple(blocks.shape)} {blocks.dtype}")
-        self.type_name = type_name
-        self.out_features, self.in_features = n, int(in_features)
-        self.register_buffer("blocks", blocks.contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.kernels = kernels or native_kernels()
         if self.kernels is None:
             raise RuntimeError("GGMLLinear needs the native kernels (quant.native.native_kernels())")
         if int8_activations and type_name not in INT8_ACTIVATION_TYPES:
             raise ValueError(f"int8 activations are for {', '.join(INT8_ACTIVATION_TYPES)}, not {type_name}")
+        if x8 and (type_name not in X8_TYPES or not int8_activations):
+            raise ValueError(f"the x8 layout is for {', '.join(X8_TYPES)} with int8 activations, not {type_name}"
+                             + ("" if int8_activations else " with float32 activations"))
+        n = int(out_features if out_features is not None else blocks.shape[0])
+        packed = x8 and blocks.dtype == torch.uint8 and tuple(blocks.shape) == x8_shape(type_name, n, in_features)
+        if not packed and (blocks.dtype != torch.uint8 or blocks.ndim != 2 or blocks.shape[0] != n
+                           or blocks.shape[1] != row_bytes(type_name, in_features)):
+            layouts = f"[{n}, {row_bytes(type_name, in_features)}]" + (
+                f" or x8 {x8_shape(type_name, n, in_features)}" if x8 else "")
+            raise ValueError(f"{type_name} blocks of [{n}, {in_features}] must be uint8 {layouts}, "
+                             f"got {tuple(blocks.shape)} {blocks.dtype}")
+        if x8 and not packed:
+            blocks = self.kernels.repack_x8(type_name, blocks.contiguous(), n, int(in_features))
+        self.type_name = type_name
+        self.x8 = bool(x8)
+        self.out_features, self.in_features = n, int(in_features)
+        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.int8_activations = bool(int8_activations)
         self.mm_min_rows = 0
         self._vnni_min_rows = 0
@@ -100,7 +117,7 @@ class GGMLLinear(nn.Module):
         lib = self.kernels.lib
         self._entry = lib.dyntree_ggml_matmul_q8v if self.int8_activations else lib.dyntree_ggml_matmul
         self._extra = (self.effective_vnni_rows,) if self.int8_activations else ()
-        self._type_id = BLOCKS[self.type_name][0]
+        self._type_id = X8[self.type_name][0] if self.x8 else BLOCKS[self.type_name][0]
 
     def __getstate__(self):  # copies and pickles: the ctypes library is this process's, found again on load
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
@@ -114,14 +131,20 @@ class GGMLLinear(nn.Module):
             self.kernels = native_kernels()
         self._bind()
 
+    def ggml_blocks(self) -> torch.Tensor:
+        """uint8 ``[N, row_bytes]``: the GGUF's rows (unpacked from the x8 layout where ``x8``)."""
+        if self.x8:
+            return self.kernels.unpack_x8(self.type_name, self.blocks, self.out_features, self.in_features)
+        return self.blocks
+
     def dequantized_weight(self) -> torch.Tensor:
         """``[N, K]`` float32, bit-identical to the gguf package's dequantization of the blocks."""
-        return self.kernels.dequantize(self.type_name, self.blocks, self.out_features, self.in_features)
+        return self.kernels.dequantize(self.type_name, self.ggml_blocks(), self.out_features, self.in_features)
 
     def rows(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 ``[M, K]`` -> ``[M, N]`` on the row kernel."""
         return self.kernels.matmul(self.type_name, x2, self.blocks, self.out_features, self.in_features, self.bias,
-                                   self.int8_activations, self.effective_vnni_rows)
+                                   self.int8_activations, self.effective_vnni_rows, self.x8)
 
     def dequant_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 ``[M, K]`` -> ``[M, N]``: chunks of the weight dequantized into a shared buffer, then GEMMs."""
@@ -131,7 +154,8 @@ class GGMLLinear(nn.Module):
         xt = x2.t()
         for n0 in range(0, n, chunk):
             n1 = min(n, n0 + chunk)
-            w = self.kernels.dequantize(self.type_name, self.blocks[n0:n1], n1 - n0, k, out=_scratch((n1 - n0) * k))
+            w = self.kernels.dequantize(self.type_name, self.ggml_blocks()[n0:n1], n1 - n0, k,
+                                        out=_scratch((n1 - n0) * k))
             torch.mm(w.view(n1 - n0, k), xt, out=out[n0:n1])
         y = out.t()
         return y + self.bias if self.bias is not None else y
@@ -162,6 +186,7 @@ class GGMLLinear(nn.Module):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks, "
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks"
+                + (" in the x8 layout, " if self.x8 else ", ")
                 + ((f"int8 activations, VNNI from {self.effective_vnni_rows or 'never'} rows" if self.int8_activations
                     else f"dequant_mm from {self.mm_min_rows or 'never'} rows")))

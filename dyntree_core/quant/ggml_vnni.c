@@ -167,3 +167,84 @@ void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t
     CASE(q6k_vnni, 4); CASE(q6k_vnni, 3); CASE(q6k_vnni, 2); default: q6k_vnni(1, wr, nb, q8, d8, bs, K, out);
     }
 }
+
+/* Q4_K x8 (ggml_kernels.c's q4k_x8_tile, its layout and arithmetic): a sub-block's products of 8 columns by one
+ * activation row summed by 8 vpdpbusd into int32 lanes, then times the columns' scales (vpmulld): 10 instructions
+ * per row and sub-block where the AVX2 tile issues 17 (8 vpmaddubsw, 7 int16 adds, a vpmaddwd and an add). The
+ * same integer sums, so the same outputs bit for bit. */
+ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                             const int16_t *b32, int64_t K, __m256 *acc) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    /* every other byte of the scales' pairs: the 8 columns' scales, one per int32 lane after vpmovzxbd */
+    const __m128i odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q4K_X8_BYTES;
+        __m256i isum[X8_ROWS];
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i dot[X8_ROWS];
+            for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
+            for (int l = 0; l < 4; l++) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 224 + 128 * j + 32 * l));
+                const __m256i lo = _mm256_and_si256(bytes, mask);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = q8 + r * K + b * 256 + 32 * j + 4 * l;
+                    dot[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(dot[r], lo, bcast_i32(x)), hi, bcast_i32(x + 16));
+                }
+            }
+            const __m256i s32 = _mm256_cvtepu8_epi32(
+                _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)), odd));
+            for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], s32));
+        }
+        q4k_x8_block_floats(R, o, isum, b, d8, b32, K, acc);
+    }
+}
+
+void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *b32, int64_t K, __m256 *acc) {
+    switch (R) {
+    case 4: q4k_x8_vnni(4, wg, nb, q8, d8, b32, K, acc); return;
+    case 3: q4k_x8_vnni(3, wg, nb, q8, d8, b32, K, acc); return;
+    case 2: q4k_x8_vnni(2, wg, nb, q8, d8, b32, K, acc); return;
+    default: q4k_x8_vnni(1, wg, nb, q8, d8, b32, K, acc);
+    }
+}
+
+/* Q6_K x8 (ggml_kernels.c's q6k_x8_tile): a sub-block's 16 values x 8 columns by 4 vpdpbusd into int32 lanes, then
+ * times the columns' scales (vpmulld): the same integers, so the same outputs bit for bit */
+ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                             const int16_t *b16, int64_t K, __m256 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q6K_X8_BYTES;
+        __m256i isum[X8_ROWS];
+        q6k_x8_offsets(R, o, b, b16, K, isum);
+        for (int s = 0; s < 16; s++) {
+            __m256i u[4];
+            q6k_x8_quants(o, s, m4, m30, u);
+            const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * s)));
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = q8 + r * K + b * 256 + 16 * s;
+                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast_i32(x));
+                dot = _mm256_dpbusd_epi32(dot, u[1], bcast_i32(x + 4));
+                dot = _mm256_dpbusd_epi32(dot, u[2], bcast_i32(x + 8));
+                dot = _mm256_dpbusd_epi32(dot, u[3], bcast_i32(x + 12));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot, s32));
+            }
+        }
+        q6k_x8_block_floats(R, o, isum, b, d8, K, acc);
+    }
+}
+
+void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *b16, int64_t K, __m256 *acc) {
+    switch (R) {
+    case 4: q6k_x8_vnni(4, wg, nb, q8, d8, b16, K, acc); return;
+    case 3: q6k_x8_vnni(3, wg, nb, q8, d8, b16, K, acc); return;
+    case 2: q6k_x8_vnni(2, wg, nb, q8, d8, b16, K, acc); return;
+    default: q6k_x8_vnni(1, wg, nb, q8, d8, b16, K, acc);
+    }
+}

@@ -8,13 +8,16 @@ For a layer shape (GGML type, N, K) and M input rows the runtime candidates are:
 * ``native_dequant_mm``: ``GGMLLinear`` dequantizing chunks of the weight to float32 for torch's GEMM;
 * ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K; llama.cpp's arithmetic);
 * ``native_q8_vnni``: the same on AVX-512 VNNI (Q4_K/Q6_K, where the CPU has it and the kernels passed their
-  load-time bit-identity check): the same outputs, bit for bit, so it may take any row count.
+  load-time bit-identity check): the same outputs, bit for bit, so it may take any row count;
+* ``native_x8``: Q4_K/Q6_K with int8 activations on the rows repacked 8 at a time (``GGMLLinear``'s ``x8``): tiles of
+  8 weight rows, its own float arithmetic; ``native_x8_vnni`` the same on AVX-512 VNNI, bit for bit.
 
 ``plan_for(shape)`` turns the timings into a layer by the fastest at one row (torch's kernel only when it wins
 by more than ``NATIVE_LAYER_MARGIN``), keeping one arithmetic at every M: ``aten`` (today's
 ``Int4Linear``/``Int8Linear`` at every M), ``native_q8`` (``GGMLLinear`` with int8 activations at every M, on
 the VNNI row kernels from ``vnni_min_rows``: the smallest measured M from which they beat the AVX2 ones at every
-larger measured M),
+larger measured M), ``native_x8`` (the same with the x8 layout: chosen over the row kernels where it is faster
+at one row and at the largest measured M, its VNNI tile from ``vnni_min_rows`` likewise),
 or ``native_rows`` (``GGMLLinear`` in float32, with ``mm_min_rows``: the smallest
 measured M from which ``native_dequant_mm`` beats the row kernel at every larger measured M; the two agree
 to float32 rounding).
@@ -41,7 +44,7 @@ from .. import measured
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 from .native import synthetic_blocks as native_synthetic_blocks
 
-TABLE_VERSION = 4  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni
+TABLE_VERSION = 5  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni; 5: x8
 DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
 #: torch's kernel takes a shape only when it beats the fastest GGML kernel by more than this fraction: a decoder
 #: layer whose projections are all ``GGMLLinear`` runs as one C call (``quant.native_layer``), which saved
@@ -49,7 +52,8 @@ DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
 #: torch's int8 kernel won the draft's gate/up shape by 4% (0.187 vs 0.196 ms): all-GGML draft t(1) 20.7 ms,
 #: mixed 38.0 ms
 NATIVE_LAYER_MARGIN = 0.25
-RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8", "native_q8_vnni")
+RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8", "native_q8_vnni",
+                                       "native_x8", "native_x8_vnni")
 #: GGML types with VNNI row kernels
 VNNI_TYPES: tuple[str, ...] = ("Q4_K", "Q6_K")
 #: a candidate slower than this (ms) at some M is not timed at larger M
@@ -79,13 +83,14 @@ class LayerShape:
 class LayerPlan:
     """What a layer of one shape runs: ``kind`` ``aten`` or ``ggml``; for ``ggml`` the row count from which it
     dequantizes for torch's GEMM (0: never), whether it quantizes activations to int8 and, if so, the row count
-    from which it runs the VNNI row kernels (0: never)."""
+    from which it runs the VNNI kernels (0: never) and whether its rows are repacked 8 at a time (``x8``)."""
 
     kind: str
     mm_min_rows: int = 0
     why: str = ""
     int8_activations: bool = False
     vnni_min_rows: int = 0
+    x8: bool = False
 
 
 def synthetic_blocks(shape: LayerShape, seed: int = 0) -> torch.Tensor:
@@ -101,6 +106,13 @@ def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
     if shape.type_name == "Q4_K" and int4_shape_ok(shape.n, shape.k):
         return Int4Linear.from_dense(dense)
     return Int8Linear.from_dense(dense)
+
+
+def x8_takes(shape: LayerShape) -> bool:
+    """Whether the x8 layout takes this shape (Q4_K or Q6_K, N a multiple of 8)."""
+    from .native import X8_TYPES
+
+    return shape.type_name in X8_TYPES and shape.n % 8 == 0 and shape.k % 256 == 0
 
 
 def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
@@ -123,6 +135,10 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
             if nk is not None and nk.vnni and shape.type_name in VNNI_TYPES:
                 layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
                 layers[c].vnni_min_rows = 1
+        elif c in ("native_x8", "native_x8_vnni"):
+            if nk is not None and x8_takes(shape) and (c == "native_x8" or nk.vnni):
+                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True, x8=True)
+                layers[c].vnni_min_rows = int(c == "native_x8_vnni")
         elif c.startswith("native") and nk is not None:
             layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
     gen = torch.Generator().manual_seed(1)
@@ -133,7 +149,7 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
 
 def _runtime_call(candidate: str, layer) -> Callable[[torch.Tensor], Callable[[], object]]:
     def at(x: torch.Tensor) -> Callable[[], object]:
-        if candidate in ("native_rows", "native_q8", "native_q8_vnni"):
+        if candidate in ("native_rows", "native_q8", "native_q8_vnni", "native_x8", "native_x8_vnni"):
             return lambda: layer.rows(x)
         if candidate == "native_dequant_mm":
             return lambda: layer.dequant_mm(x)
@@ -163,8 +179,9 @@ def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k:
 
 def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[str, dict[str, Optional[float]]]:
     """What ``plan_for`` needs, quickly: every candidate at the first M; the other Ms only where the float32 row
-    kernel wins there (they set its switch to ``native_dequant_mm``) or, where the VNNI row kernels ran, for the
-    two int8-activation kernels (they set ``vnni_min_rows``); the other plans use one kernel at every M.
+    kernel wins there (they set its switch to ``native_dequant_mm``), where the VNNI kernels ran, for the
+    int8-activation kernels (they set ``vnni_min_rows``), and the largest M for the two int8 layouts (the x8
+    layout is chosen only where it also wins there); the other plans use one kernel at every M.
     Unmeasured entries are None. ``bench kernels`` measures everything."""
     ms = list(ms)
     # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
@@ -177,6 +194,12 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
             out[c].update(v)
     if "native_q8_vnni" in got and len(ms) > 1:
         for c, v in measure_shape(shape, ms[1:], ("native_q8", "native_q8_vnni"), "min").items():
+            out[c].update(v)
+    if "native_x8_vnni" in got and len(ms) > 1:
+        for c, v in measure_shape(shape, ms[1:], ("native_x8", "native_x8_vnni"), "min").items():
+            out[c].update(v)
+    elif "native_x8" in got and len(ms) > 1:
+        for c, v in measure_shape(shape, ms[-1:], ("native_q8", "native_x8"), "min").items():
             out[c].update(v)
     return out
 
@@ -243,6 +266,14 @@ class KernelTable:
             return LayerPlan("aten", 0, f"torch's kernel {aten[one]:.3f} ms < native {ggml_ms:.3f} ms / "
                                         f"{1 + NATIVE_LAYER_MARGIN:g} at {one} row")
         if best == "native_q8":
+            x8, x8v = t.get("native_x8", {}), t.get("native_x8_vnni", {})
+            if self._x8_wins(q8, vnni, x8, x8v):
+                vnni_rows = self._switch_rows(x8v, x8)
+                x8_one = min(v for v in (x8.get(one), x8v.get(one)) if v is not None)
+                return LayerPlan("ggml", 0, f"x8 tiles {x8_one:.3f} ms < int8 rows {int8_one:.3f} ms at {one} row and "
+                                            f"at the most rows measured (used at every M)"
+                                 + (f"; AVX-512 VNNI from {vnni_rows} rows" if vnni_rows else ""),
+                                 int8_activations=True, vnni_min_rows=vnni_rows, x8=True)
             vnni_rows = self._switch_rows(vnni, q8)
             return LayerPlan("ggml", 0, f"int8-activation kernel {int8_one:.3f} ms < float32 {rows[one]:.3f} ms at "
                                         f"{one} row (used at every M)"
@@ -251,6 +282,16 @@ class KernelTable:
         threshold = self._switch_rows(t.get("native_dequant_mm", {}), rows)
         return LayerPlan("ggml", threshold, f"native {rows[one]:.3f} ms at {one} row"
                          + (f"; dequant+GEMM from {threshold} rows" if threshold else ""))
+
+    def _x8_wins(self, q8: dict, vnni: dict, x8: dict, x8v: dict) -> bool:
+        """The x8 layout (the faster of its two kernels at each M) beats the int8 row kernels (likewise) at one
+        row and at the largest M measured for both: one arithmetic serves every M, so it must pay for trees too."""
+        def best(m: str, *cols: dict) -> Optional[float]:
+            return min((c[m] for c in cols if c.get(m) is not None), default=None)
+
+        both = [m for m in map(str, self.ms) if best(m, x8, x8v) is not None and best(m, q8, vnni) is not None]
+        return bool(both) and both[0] == str(self.ms[0]) and all(
+            best(m, x8, x8v) < best(m, q8, vnni) for m in (both[0], both[-1]))
 
     def _switch_rows(self, new: dict[str, Optional[float]], old: dict[str, Optional[float]]) -> int:
         """The smallest measured M from which ``new`` is faster than ``old`` at every larger measured M (0: none)."""
@@ -325,8 +366,9 @@ def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str
 #: ``DYNTREE_KERNELS``: ``table`` (default: the measured winners), ``aten`` (torch's kernels everywhere, as
 #: before the table), ``native`` (the float32 row kernel at every M), ``native_mm`` (dequant + GEMM at every
 #: M > 1), ``native_q8`` (int8 activations at every M where the type has them, else ``native``; AVX2 row
-#: kernels), ``native_q8_vnni`` (``native_q8`` on the VNNI row kernels at every M where they run)
-POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm", "native_q8", "native_q8_vnni")
+#: kernels), ``native_q8_vnni`` (``native_q8`` on the VNNI row kernels at every M where they run), ``native_x8``
+#: (``native_q8`` with the x8 layout wherever it takes the shape; AVX2 tiles)
+POLICIES: tuple[str, ...] = ("table", "aten", "native", "native_mm", "native_q8", "native_q8_vnni", "native_x8")
 
 
 def kernel_policy() -> str:
@@ -344,13 +386,13 @@ def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str],
     if policy == "aten" or native_kernels() is None:
         why = "DYNTREE_KERNELS=aten" if policy == "aten" else f"no native kernels ({native_unavailable_reason()})"
         return {s: LayerPlan("aten", 0, why) for s in shapes}
-    if policy in ("native", "native_mm", "native_q8", "native_q8_vnni"):
+    if policy in ("native", "native_mm", "native_q8", "native_q8_vnni", "native_x8"):
         from .native import INT8_ACTIVATION_TYPES
 
         rows = 2 if policy == "native_mm" else 0
-        int8 = policy.startswith("native_q8")
+        int8 = policy.startswith("native_q8") or policy == "native_x8"
         return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}", int8 and s.type_name in INT8_ACTIVATION_TYPES,
-                              int(policy == "native_q8_vnni"))
+                              int(policy == "native_q8_vnni"), x8=policy == "native_x8" and x8_takes(s))
                     if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel")) for s in shapes}
     table = ensure_shapes(shapes, progress)
     return {s: (table.plan_for(s) if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel"))

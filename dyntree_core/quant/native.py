@@ -46,6 +46,18 @@ INT8_ACTIVATION_TYPES = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
 #: GGML type ids (``gguf.GGMLQuantizationType``) the kernels read, with (block elements, block bytes)
 BLOCKS: dict[str, tuple[int, int, int]] = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210),
                                            "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34)}
+#: rows repacked 8 at a time (``NativeKernels.repack_x8``; ``ggml_kernels.c``, "Q4_K x8" and "Q6_K x8"): per GGML
+#: type, the kernels' own type id (not GGML's) and the bytes per group of 8 rows and block of 256 columns
+X8: dict[str, tuple[int, int]] = {"Q4_K": (112, 1248), "Q6_K": (114, 1680)}
+X8_TYPES = tuple(X8)
+
+
+def x8_shape(type_name: str, n: int, k: int) -> tuple[int, int]:
+    """The uint8 shape of an ``[n, k]`` weight in the x8 layout: one row per group of 8 weight rows."""
+    if type_name not in X8 or n % 8 or k % 256:
+        raise ValueError(f"the x8 layout takes {', '.join(X8)} with N % 8 == 0 and K % 256 == 0, "
+                         f"got {type_name} [{n}, {k}]")
+    return n // 8, k // 256 * X8[type_name][1]
 
 
 class NativeKernelError(RuntimeError):
@@ -69,19 +81,24 @@ class NativeKernels:
 
     def matmul(self, type_name: str, x: torch.Tensor, blocks: torch.Tensor, n: int, k: int,
                bias: Optional[torch.Tensor] = None, int8_activations: bool = False,
-               vnni_min_rows: int = 0) -> torch.Tensor:
+               vnni_min_rows: int = 0, x8: bool = False) -> torch.Tensor:
         """``x`` float32 ``[M, K]`` (rows contiguous) @ the ``[N, K]`` weight in ``blocks`` (uint8, GGML rows)
         ``^T`` (+ ``bias`` float32 ``[N]``) -> float32 ``[M, N]``. ``int8_activations``: each row of ``x``
         quantized to int8 first (per 256 values for Q4_K/Q6_K, llama.cpp's Q8_K; per 32 for Q5_0/Q8_0, its Q8_0)
-        and integer dot products; from ``vnni_min_rows`` rows on (0: never) Q4_K/Q6_K take the AVX-512 VNNI row
-        kernels where ``vnni`` (the same outputs, bit for bit)."""
+        and integer dot products; from ``vnni_min_rows`` rows on (0: never) Q4_K/Q6_K take the AVX-512 VNNI
+        kernels where ``vnni`` (the same outputs, bit for bit). ``x8``: ``blocks`` is in the x8 layout
+        (``repack_x8``; int8 activations only): 8 weight rows per tile, its own arithmetic (outputs differ from
+        the row kernels' by float rounding, and are the same at every M)."""
         m = x.shape[0]
+        if x8 and (not int8_activations or tuple(blocks.shape) != x8_shape(type_name, n, k)):
+            raise NativeKernelError(f"the x8 kernel takes blocks of shape {x8_shape(type_name, n, k)} with int8 "
+                                    f"activations, got {type_name} {tuple(blocks.shape)}")
         if x.dtype != torch.float32 or x.stride(1) != 1 or not blocks.is_contiguous() or x.shape[1] != k:
             raise NativeKernelError(f"matmul needs float32 [M, {k}] rows with unit stride and contiguous blocks")
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() != n):
             raise NativeKernelError(f"bias must be contiguous float32 [{n}]")
         y = torch.empty(m, n, dtype=torch.float32)
-        args = (BLOCKS[type_name][0], x.data_ptr(), x.stride(0), blocks.data_ptr(),
+        args = (X8[type_name][0] if x8 else BLOCKS[type_name][0], x.data_ptr(), x.stride(0), blocks.data_ptr(),
                 bias.data_ptr() if bias is not None else None, y.data_ptr(), n, m, n, k)
         if int8_activations:
             rc = self.lib.dyntree_ggml_matmul_q8v(*args, vnni_min_rows if self.vnni else 0)
@@ -90,6 +107,24 @@ class NativeKernels:
         if rc:
             raise NativeKernelError(f"{type_name} matmul of [{m}, {k}] x [{n}, {k}] refused")
         return y
+
+    def repack_x8(self, type_name: str, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        """uint8 ``x8_shape(type_name, n, k)``: ``blocks`` (GGML rows ``[n, k]``) in the x8 layout (a new tensor)."""
+        out = torch.empty(x8_shape(type_name, n, k), dtype=torch.uint8)
+        fn = self.lib.dyntree_q4k_x8_repack if type_name == "Q4_K" else self.lib.dyntree_q6k_x8_repack
+        if not blocks.is_contiguous() or blocks.numel() != n * (k // 256) * BLOCKS[type_name][2] or \
+                fn(blocks.data_ptr(), n, k, out.data_ptr()):
+            raise NativeKernelError(f"{type_name} x8 repack of [{n}, {k}] refused")
+        return out
+
+    def unpack_x8(self, type_name: str, x8: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        """uint8 ``[n, row bytes]``: the GGML rows ``repack_x8`` made ``x8`` from, byte for byte."""
+        out = torch.empty(n, k // 256 * BLOCKS[type_name][2], dtype=torch.uint8)
+        fn = self.lib.dyntree_q4k_x8_unpack if type_name == "Q4_K" else self.lib.dyntree_q6k_x8_unpack
+        if not x8.is_contiguous() or tuple(x8.shape) != x8_shape(type_name, n, k) or \
+                fn(x8.data_ptr(), n, k, out.data_ptr()):
+            raise NativeKernelError(f"{type_name} x8 unpack of [{n}, {k}] refused")
+        return out
 
     def vnni_products(self) -> int:
         """How many products took the VNNI row kernels in this process (tests: which path ran)."""
@@ -183,6 +218,10 @@ def _load(path: Path, digest: str, vnni_reason: Optional[str] = None, emulated: 
     lib.dyntree_ggml_vnni_products.restype = i64
     lib.dyntree_ggml_dequantize.argtypes = [ctypes.c_int, vp, vp, i64, i64]
     lib.dyntree_ggml_dequantize.restype = ctypes.c_int
+    for t in ("q4k", "q6k"):
+        for op in ("repack", "unpack"):
+            fn = getattr(lib, f"dyntree_{t}_x8_{op}")
+            fn.argtypes, fn.restype = [vp, i64, i64, vp], ctypes.c_int
     lib.dyntree_decoder_layer_work.argtypes = [vp, i64, i64]
     lib.dyntree_decoder_layer_work.restype = i64
     lib.dyntree_decoder_layer.argtypes = [vp, vp, i64, vp, vp, vp, vp, i64, i64, vp, i64, vp, i64]
@@ -230,6 +269,16 @@ def vnni_mismatch(kernels: NativeKernels) -> Optional[str]:
             if not torch.equal(ref.view(torch.int32), got.view(torch.int32)):
                 worst = (ref - got).abs().max().item()
                 return f"the VNNI kernels differ from the AVX2 kernels ({type_name}, {m} rows, max |d| {worst:.3g})"
+    for type_name, n, k in VNNI_CHECK_SHAPES:
+        x8 = trial.repack_x8(type_name, synthetic_blocks(type_name, n, k, seed=3), n, k)
+        bias = torch.randn(n, generator=gen)
+        for m in VNNI_CHECK_ROWS:
+            x = torch.randn(m, k + 32, generator=gen)[:, :k] * 3
+            ref = trial.matmul(type_name, x, x8, n, k, bias, int8_activations=True, vnni_min_rows=0, x8=True)
+            got = trial.matmul(type_name, x, x8, n, k, bias, int8_activations=True, vnni_min_rows=1, x8=True)
+            if not torch.equal(ref.view(torch.int32), got.view(torch.int32)):
+                return (f"the VNNI x8 tile differs from the AVX2 one ({type_name}, {m} rows, "
+                        f"max |d| {(ref - got).abs().max().item():.3g})")
     return None
 
 

@@ -55,4 +55,82 @@ static inline float q4k_row_total(__m256 tot, __m128 mins_acc) {
     return hsum(tot) - _mm_cvtss_f32(m);
 }
 
+/* ---- Q4_K x8 (ggml_kernels.c: the layout, the repacking and the arithmetic) ---- */
+enum { Q4K_X8_BYTES = 1248, X8_ROWS = 4 };
+
+static inline __m256i bcast_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Q4_K x8, after block b's integer sums isum[r] (sum_j sc_j * sum(q x)_j per column) of R activation rows: the
+ * mins' sums sum_j m_j * sum(x8)_j, then acc[r] = fma(float(isum), d*dx, acc[r]); acc[r] = fma(-float(mins), dmin*dx,
+ * acc[r]) with o the block's x8 bytes, dx row r's activation scale and b32 its sums of int8 activations per 32 */
+static inline __attribute__((always_inline)) void q4k_x8_block_floats(const int R, const uint8_t *o,
+                                                                       const __m256i *isum, int64_t b, const float *d8,
+                                                                       const int16_t *b32, int64_t K, __m256 *acc) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16)));
+    __m256i m16[4];
+    for (int p = 0; p < 4; p++) m16[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(o + 160 + 16 * p)));
+    for (int r = 0; r < R; r++) {
+        const int16_t *bs = b32 + r * (K / 32) + b * 8;
+        __m256i nsum = _mm256_madd_epi16(m16[0], bcast_i32(bs));
+        for (int p = 1; p < 4; p++) nsum = _mm256_add_epi32(nsum, _mm256_madd_epi16(m16[p], bcast_i32(bs + 2 * p)));
+        const __m256 dx = _mm256_set1_ps(d8[r * (K / 256) + b]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, dx), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(nsum), _mm256_mul_ps(dmin, dx), acc[r]);
+    }
+}
+
+/* ---- Q6_K x8 (ggml_kernels.c) ---- */
+enum { Q6K_X8_BYTES = 1680 };
+
+/* sub-block s's 4 groups of 4 values x 8 columns as unsigned bytes (0..63): u[t] holds values 16 s + 4 t .. + 3 */
+static inline __attribute__((always_inline)) void q6k_x8_quants(const uint8_t *o, int s, __m256i m4, __m256i m30,
+                                                                 __m256i *u) {
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(o + 144 + 64 * s));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(o + 144 + 64 * s + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(o + 144 + 1024 + 32 * s));
+    u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+    u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+}
+
+/* sub-block s's 8 column scales, each twice, as int16 (vpmaddwd's operand) */
+static inline __m256i q6k_x8_scales(const uint8_t *o, int s) {
+    const __m128i sc = _mm_loadl_epi64((const __m128i *)(o + 16 + 8 * s));
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc, sc));
+}
+
+/* isum[r] = -32 * sum_s sc_s * (sum of row r's int8 activations in sub-block s), per column (b16: sums per 16) */
+static inline __attribute__((always_inline)) void q6k_x8_offsets(const int R, const uint8_t *o, int64_t b,
+                                                                  const int16_t *b16, int64_t K, __m256i *isum) {
+    __m256i pairs[8];
+    for (int p = 0; p < 8; p++) {
+        const __m128i a = _mm_loadl_epi64((const __m128i *)(o + 16 + 16 * p));
+        const __m128i c = _mm_loadl_epi64((const __m128i *)(o + 16 + 16 * p + 8));
+        pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c)); /* (sc_2p, sc_2p+1) per column */
+    }
+    for (int r = 0; r < R; r++) {
+        const int16_t *bs = b16 + r * (K / 16) + b * 16;
+        __m256i t = _mm256_madd_epi16(pairs[0], bcast_i32(bs));
+        for (int p = 1; p < 8; p++) t = _mm256_add_epi32(t, _mm256_madd_epi16(pairs[p], bcast_i32(bs + 2 * p)));
+        isum[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t, 5));
+    }
+}
+
+/* Q6_K x8, after block b's integer sums isum[r] of R activation rows: acc[r] = fma(float(isum), d*dx, acc[r]) */
+static inline __attribute__((always_inline)) void q6k_x8_block_floats(const int R, const uint8_t *o,
+                                                                       const __m256i *isum, int64_t b, const float *d8,
+                                                                       int64_t K, __m256 *acc) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, _mm256_set1_ps(d8[r * (K / 256) + b])),
+                                 acc[r]);
+}
+
 #endif
