@@ -215,6 +215,7 @@ def test_the_table_takes_x8_only_where_it_wins_at_one_row_and_at_the_most_rows()
 
 
 def test_a_gguf_model_on_x8_packs_the_gguf_rows_and_loads_them_again(tmp_path, monkeypatch, nk):
+    from safetensors.torch import load_file
     from test_ggml_kernels import _write_tiny_qwen2
 
     from dyntree_core.models.gguf_model import load_gguf_model
@@ -229,8 +230,6 @@ def test_a_gguf_model_on_x8_packs_the_gguf_rows_and_loads_them_again(tmp_path, m
     assert {(m.type_name, m.x8) for m in layers} == {("Q4_K", True), ("Q6_K", True)}  # the Q6_K head too (320 rows)
     packed = list((tmp_path / "packed").rglob("*.safetensors"))
     assert len(packed) == 1
-    from safetensors.torch import load_file
-
     stored = load_file(str(packed[0]))
     q = model.model.layers[0].self_attn.q_proj
     assert torch.equal(stored["model.layers.0.self_attn.q_proj.blocks"], q.ggml_blocks())  # the GGUF's rows
@@ -240,3 +239,22 @@ def test_a_gguf_model_on_x8_packs_the_gguf_rows_and_loads_them_again(tmp_path, m
         assert all(m.x8 for m in again.modules() if isinstance(m, GGMLLinear))
         assert torch.equal(again(ids).logits, got)
         assert torch.allclose(got, rows(ids).logits, rtol=1e-4, atol=1e-3)
+
+
+def test_a_tied_embedding_shares_the_heads_x8_blocks_and_looks_up_the_same_rows(tmp_path, monkeypatch, nk):
+    from test_ggml_kernels import _reference, _write_tiny_qwen2
+
+    from dyntree_core.models.gguf_model import load_gguf_model
+    from dyntree_core.quant.ggml_embedding import GGMLEmbedding
+
+    path, cfg = _write_tiny_qwen2(tmp_path, "Q6_K", True)
+    monkeypatch.setenv("DYNTREE_KERNELS", "native_x8")
+    model = load_gguf_model(path, cfg, "int4")
+    emb, head = model.model.embed_tokens, model.lm_head
+    assert isinstance(emb, GGMLEmbedding) and emb.x8 and head.x8
+    assert emb.blocks.data_ptr() == head.blocks.data_ptr()  # one copy of the table
+    ids = torch.tensor([[3, 17, 99, 5, 250, 31, 8, 319, 0, 7, 8]])
+    table = _reference("Q6_K", head.ggml_blocks(), 320, 256)
+    assert torch.equal(emb(ids), table[ids]) and emb(ids).shape == (1, 11, 256)
+    with pytest.raises(IndexError, match=r"\[0, 320\)"):
+        emb(torch.tensor([[320]]))

@@ -50,7 +50,8 @@ from .env import env_var
 
 EXTRA_CANDIDATES = ("aten_int8", "dense_bf16_split", "dense_fp32", "dense_bf16", "torch_int8_dynamic",
                     "torchao_int4")
-POLICY_ROWS = (("aten", 0), ("aten", 16), ("native", 0), ("native_mm", 0), ("native_q8", 0), ("table", 0))
+POLICY_ROWS = (("aten", 0), ("aten", 16), ("native", 0), ("native_mm", 0), ("native_q8", 0), ("native_q8_vnni", 0),
+               ("native_x8", 0), ("table", 0))
 
 
 def torchao_status() -> dict:
@@ -173,8 +174,9 @@ def measure_all(shape: kt.LayerShape, rows: list[int], extra: tuple[str, ...], i
     return out
 
 
-def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
-    """t(n) ms of the embedded target at int4 under each kernel policy (one model loaded at a time)."""
+def target_forward_times(ns: list[int], say: Callable[[str], None], policies: Optional[list[str]] = None) -> dict:
+    """t(n) ms of the embedded target at int4 under each kernel policy (``policies``: labels of ``POLICY_ROWS``,
+    None: all; one model loaded at a time)."""
     from ..models.load import load_model, resolve_spec
     from ..planning.forward_timer import ForwardTimer
     from ..quant.linear import enable_dense_rows
@@ -183,6 +185,8 @@ def target_forward_times(ns: list[int], say: Callable[[str], None]) -> dict:
     out = {}
     for policy, dense_rows in POLICY_ROWS:
         label = policy + (f"+bf16_split>={dense_rows}" if dense_rows else "")
+        if policies is not None and label not in policies:
+            continue
         with env_var("DYNTREE_KERNELS", policy):
             model = load_model(src, precision="int4")
             if dense_rows:
@@ -300,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shapes (as 'Q4_K 8960 1536') to also time inductor's compiled int8 weight-only GEMM on")
     p.add_argument("--forward-ns", type=int, nargs="*", default=[1, 16, 64],
                    help="t(n) of the target per kernel policy (none: skip)")
+    p.add_argument("--policies", nargs="*", default=None, metavar="POLICY",
+                   help="kernel policies of the t(n) rows (labels of POLICY_ROWS, e.g. native_q8 table; default all)")
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--overhead", nargs="*", default=[], choices=("float32", "aten", "native", "native_fused"),
                    help="1-token forward of a 28-layer, width-256 twin per kind (cost outside the weight products)")
@@ -369,7 +375,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         say(f"  profile {spec}: " + "; ".join(f"{r['op']} {r['share']:.0%}" for r in record["profiles"][spec][:6]))
         save()
     if args.forward_ns:
-        record["target_forward_ms"] = target_forward_times(args.forward_ns, say)
+        record["target_forward_ms"] = target_forward_times(args.forward_ns, say, args.policies)
         save()
         if not args.no_llamacpp:
             record["llamacpp_forward_ms"] = llamacpp_forward_times(args.forward_ns, say)

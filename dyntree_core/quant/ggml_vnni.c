@@ -184,6 +184,7 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             __m256i dot[X8_ROWS];
+            x8_prefetch(o, Q4K_X8_BYTES, j, 8);
             for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
             for (int l = 0; l < 4; l++) {
                 const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 224 + 128 * j + 32 * l));
@@ -224,6 +225,7 @@ ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
         q6k_x8_offsets(R, o, b, b16, K, isum);
         for (int s = 0; s < 16; s++) {
             __m256i u[4];
+            x8_prefetch(o, Q6K_X8_BYTES, s, 16);
             q6k_x8_quants(o, s, m4, m30, u);
             const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * s)));
             for (int r = 0; r < R; r++) {

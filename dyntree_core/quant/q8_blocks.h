@@ -56,9 +56,17 @@ static inline float q4k_row_total(__m256 tot, __m128 mins_acc) {
 }
 
 /* ---- Q4_K x8 (ggml_kernels.c: the layout, the repacking and the arithmetic) ---- */
-enum { Q4K_X8_BYTES = 1248, X8_ROWS = 4 };
+enum { Q4K_X8_BYTES = 1248, X8_ROWS = 4, X8_PREFETCH_BLOCKS = 2 };
 
-static inline __m256i bcast_i32(const void *p) {
+/* Share `part` of `parts` of the block X8_PREFETCH_BLOCKS ahead of o (of `bytes` bytes) into L1: a group's blocks are
+ * one sequential stream, but without this the streamed Q6_K head ran at half the row kernels' bandwidth on a Zen 4
+ * (14 vs 29 GB/s; 30 GB/s with it) */
+static inline __attribute__((always_inline)) void x8_prefetch(const uint8_t *o, int bytes, int part, int parts) {
+    const uint8_t *p = o + X8_PREFETCH_BLOCKS * bytes + part * bytes / parts;
+    for (int i = 0; i < bytes / parts; i += 64) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
+static inline __attribute__((always_inline)) __m256i bcast_i32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
@@ -101,7 +109,7 @@ static inline __attribute__((always_inline)) void q6k_x8_quants(const uint8_t *o
 }
 
 /* sub-block s's 8 column scales, each twice, as int16 (vpmaddwd's operand) */
-static inline __m256i q6k_x8_scales(const uint8_t *o, int s) {
+static inline __attribute__((always_inline)) __m256i q6k_x8_scales(const uint8_t *o, int s) {
     const __m128i sc = _mm_loadl_epi64((const __m128i *)(o + 16 + 8 * s));
     return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc, sc));
 }
