@@ -169,9 +169,10 @@ void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t
 }
 
 /* Q4_K x8 (ggml_kernels.c's q4k_x8_tile, its layout and arithmetic): a sub-block's products of 8 columns by one
- * activation row summed by 8 vpdpbusd into int32 lanes, then times the columns' scales (vpmulld): 10 instructions
- * per row and sub-block where the AVX2 tile issues 17 (8 vpmaddubsw, 7 int16 adds, a vpmaddwd and an add). The
- * same integer sums, so the same outputs bit for bit. */
+ * activation row summed by 8 vpdpbusd into int32 lanes, then times the columns' scales (vpmulld): 11 instructions
+ * per row and sub-block where the AVX2 tile issues 17 (8 vpmaddubsw, 7 int16 adds, a vpmaddwd and an add). Two
+ * chains of 4 per row (low and high nibbles), joined before the scales: one chain of 8 was bound by vpdpbusd's
+ * latency. The same integer sums, so the same outputs bit for bit. */
 ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
                              const int16_t *b32, int64_t K, __m256 *acc) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -183,21 +184,23 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
         __m256i isum[X8_ROWS];
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            __m256i dot[X8_ROWS];
+            __m256i dlo[X8_ROWS], dhi[X8_ROWS];
             x8_prefetch(o, Q4K_X8_BYTES, j, 8);
-            for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm256_setzero_si256();
             for (int l = 0; l < 4; l++) {
                 const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 224 + 128 * j + 32 * l));
                 const __m256i lo = _mm256_and_si256(bytes, mask);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                 for (int r = 0; r < R; r++) {
                     const int8_t *x = q8 + r * K + b * 256 + 32 * j + 4 * l;
-                    dot[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(dot[r], lo, bcast_i32(x)), hi, bcast_i32(x + 16));
+                    dlo[r] = _mm256_dpbusd_epi32(dlo[r], lo, bcast_i32(x));
+                    dhi[r] = _mm256_dpbusd_epi32(dhi[r], hi, bcast_i32(x + 16));
                 }
             }
             const __m256i s32 = _mm256_cvtepu8_epi32(
                 _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)), odd));
-            for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], s32));
+            for (int r = 0; r < R; r++)
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(_mm256_add_epi32(dlo[r], dhi[r]), s32));
         }
         q4k_x8_block_floats(R, o, isum, b, d8, b32, K, acc);
     }
@@ -230,11 +233,12 @@ ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
             const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * s)));
             for (int r = 0; r < R; r++) {
                 const int8_t *x = q8 + r * K + b * 256 + 16 * s;
-                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast_i32(x));
-                dot = _mm256_dpbusd_epi32(dot, u[1], bcast_i32(x + 4));
-                dot = _mm256_dpbusd_epi32(dot, u[2], bcast_i32(x + 8));
-                dot = _mm256_dpbusd_epi32(dot, u[3], bcast_i32(x + 12));
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot, s32));
+                const __m256i zero = _mm256_setzero_si256();  /* two chains of 2: vpdpbusd's latency */
+                const __m256i da = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, u[0], bcast_i32(x)), u[1],
+                                                       bcast_i32(x + 4));
+                const __m256i db = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, u[2], bcast_i32(x + 8)), u[3],
+                                                       bcast_i32(x + 12));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(_mm256_add_epi32(da, db), s32));
             }
         }
         q6k_x8_block_floats(R, o, isum, b, d8, K, acc);
