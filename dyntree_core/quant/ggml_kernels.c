@@ -801,6 +801,8 @@ X8_TILE(4)
 #ifndef DYNTREE_NO_VNNI
 void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
                               const int16_t *b32, int64_t K, __m256 *acc);
+void dyntree_q4k_x8_tile2_vnni(int R, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
+                               const float *d8, const int16_t *b32, int64_t K, __m256 *acc);
 #endif
 
 /* y [M, N] = x [M, K] @ W^T (+ bias), W in the x8 layout (dyntree_q4k_x8_repack), x quantized as Q8_K; from
@@ -828,25 +830,34 @@ int dyntree_q4k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const f
     const int vnni = vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
     if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
 #endif
+    const int64_t groups = N / 8, gstride = nb * Q4K_X8_BYTES;
+    /* with VNNI two groups per tile (16 columns on zmm) where two are left, else one */
+    const int64_t step = vnni ? 2 : 1;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < N / 8; g++) {
-        const uint8_t *wg = w + g * nb * Q4K_X8_BYTES;
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < (groups + step - 1) / step; gi++) {
+        const int64_t g = gi * step;
+        const int G = groups - g >= step ? (int)step : 1;
+        const uint8_t *wg = w + g * gstride;
         for (int64_t m0 = 0; m0 < M;) {
             const int R = M - m0 >= X8_ROWS ? X8_ROWS : (int)(M - m0);
-            __m256 acc[X8_ROWS];
+            __m256 acc[2 * X8_ROWS];
             const int8_t *qm = q8 + m0 * K;
             const float *dm = d8 + m0 * nb;
             const int16_t *bm = bs + m0 * (K / 32);
             if (vnni) {
 #ifndef DYNTREE_NO_VNNI
-                dyntree_q4k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
+                if (G == 2) dyntree_q4k_x8_tile2_vnni(R, wg, gstride, nb, qm, dm, bm, K, acc);
+                else dyntree_q4k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
 #endif
             } else if (R == 4) q4k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
             else if (R == 3) q4k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
             else if (R == 2) q4k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
             else q4k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
-            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * g, _mm256_add_ps(acc[r], bv));
+            for (int h = 0; h < G; h++) {
+                const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * (g + h)) : _mm256_setzero_ps();
+                for (int r = 0; r < R; r++)
+                    _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * (g + h), _mm256_add_ps(acc[h * X8_ROWS + r], bv));
+            }
             m0 += R;
         }
     }

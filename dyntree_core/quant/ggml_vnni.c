@@ -206,6 +206,65 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     }
 }
 
+/* Two groups (16 columns) on zmm: group g's 32 bytes in the low half, g+1's (gstride on) in the high half, so each
+ * activation broadcast serves 16 columns; acc[r] gets group g's columns of row r, acc[X8_ROWS + r] group g+1's */
+ROWS_KERNEL void q4k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
+                              const float *d8, const int16_t *b32, int64_t K, __m256 *acc) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m128i odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int r = 0; r < R; r++) acc[r] = acc[X8_ROWS + r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q4K_X8_BYTES, *o2 = o + gstride;
+        __m512i isum[X8_ROWS];
+        for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i dlo[X8_ROWS], dhi[X8_ROWS];
+            x8_prefetch(o, Q4K_X8_BYTES, j, 8);
+            x8_prefetch(o2, Q4K_X8_BYTES, j, 8);
+            for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
+            for (int l = 0; l < 4; l++) {
+                const int64_t at = 224 + 128 * j + 32 * l;
+                const __m512i bytes = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(o + at))),
+                    _mm256_loadu_si256((const __m256i *)(o2 + at)), 1);
+                const __m512i lo = _mm512_and_si512(bytes, mask);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = q8 + r * K + b * 256 + 32 * j + 4 * l;
+                    int32_t xl, xh;
+                    memcpy(&xl, x, 4);
+                    memcpy(&xh, x + 16, 4);
+                    dlo[r] = _mm512_dpbusd_epi32(dlo[r], lo, _mm512_set1_epi32(xl));
+                    dhi[r] = _mm512_dpbusd_epi32(dhi[r], hi, _mm512_set1_epi32(xh));
+                }
+            }
+            const __m512i s32 = _mm512_inserti64x4(  /* (one vpmovzxbd to zmm is not in SIMDe) */
+                _mm512_castsi256_si512(_mm256_cvtepu8_epi32(
+                    _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)), odd))),
+                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o2 + 32 + 16 * j)), odd)), 1);
+            for (int r = 0; r < R; r++)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(dlo[r], dhi[r]), s32));
+        }
+        __m256i lo8[X8_ROWS], hi8[X8_ROWS];
+        for (int r = 0; r < R; r++) {
+            lo8[r] = _mm512_castsi512_si256(isum[r]);
+            hi8[r] = _mm512_extracti64x4_epi64(isum[r], 1);
+        }
+        q4k_x8_block_floats(R, o, lo8, b, d8, b32, K, acc);
+        q4k_x8_block_floats(R, o2, hi8, b, d8, b32, K, acc + X8_ROWS);
+    }
+}
+
+void dyntree_q4k_x8_tile2_vnni(int R, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
+                               const float *d8, const int16_t *b32, int64_t K, __m256 *acc) {
+    switch (R) {
+    case 4: q4k_x8_vnni2(4, wg, gstride, nb, q8, d8, b32, K, acc); return;
+    case 3: q4k_x8_vnni2(3, wg, gstride, nb, q8, d8, b32, K, acc); return;
+    case 2: q4k_x8_vnni2(2, wg, gstride, nb, q8, d8, b32, K, acc); return;
+    default: q4k_x8_vnni2(1, wg, gstride, nb, q8, d8, b32, K, acc);
+    }
+}
+
 void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
                               const int16_t *b32, int64_t K, __m256 *acc) {
     switch (R) {
