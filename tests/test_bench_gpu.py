@@ -74,8 +74,11 @@ def _check_resident(r):
     kernels = r["forward_kernels"]["0.5B"]
     assert [k["rows"] for k in kernels] == [1, 63] and all(k["modelled"] > 0 and k["math_sdpa"] == 0 for k in kernels)
     for t in r["targets"]:
-        assert t["hf_generate_ms_per_token"] > 0 and t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0
-        assert t["hf_static_ms_per_token"] > 0 and t["hf_static_warmup_s"] > 0
+        assert t["floor_ms_per_token"] > 0 and t["weight_bytes"] > 0 and t["hf_static_warmup_s"] > 0
+        # per token = a difference of two timed calls: only a real run's is meaningful (a dry run's tiny model on a
+        # loaded CI machine gave -0.24 ms); a dry run holds it finite (``_numbers``)
+        if r["timings_meaningful"]:
+            assert t["hf_generate_ms_per_token"] > 0 and t["hf_static_ms_per_token"] > 0
         assert set(t["ar_vs_hf_generate"]) == set(t["ar_vs_hf_static"]) == {
             "torch graph", "torch graph_no_cudnn", "torch graph_torch_layers", "torch host", "triton host"}
         for kind, ratio in t["ar_vs_hf_generate"].items():
