@@ -17,34 +17,10 @@ from dyntree_core.quant import native
 from dyntree_core.quant.ggml_linear import GGMLLinear
 from dyntree_core.quant.native import synthetic_blocks
 
-from test_ggml_kernels import _fma32, _k_quant_ints, _quantize_q8k
-from test_ggml_vnni import _same_bits
+from test_ggml_kernels import _fma32, _k_quant_ints, _quantize_q8k, nk  # noqa: F401 (nk: a fixture)
+from test_ggml_vnni import _same_bits, vk  # noqa: F401 (vk: a fixture, the real VNNI instructions or SIMDe's)
 
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 17)
-
-
-@pytest.fixture(scope="module")
-def nk() -> native.NativeKernels:
-    got = native.native_kernels()
-    if got is None:
-        pytest.fail(f"native kernels unavailable: {native.native_unavailable_reason()}")
-    return got
-
-
-@pytest.fixture(scope="module", params=["native", "simde"])
-def vk(request) -> native.NativeKernels:
-    """Kernels whose VNNI x8 tile runs here: the real instructions, or the SIMDe build."""
-    if request.param == "native":
-        got = native.native_kernels()
-        if got is None or not got.vnni:
-            pytest.skip(f"the VNNI kernels do not run on this CPU ({got.vnni_reason if got else 'no native kernels'})")
-        return got
-    if not native.SIMDE_HEADER.is_file():
-        pytest.skip(f"no SIMDe headers ({native.SIMDE_HEADER}; Debian's libsimde-dev)")
-    sk = native.build_simde_kernels()
-    if sk is None:
-        pytest.skip(f"no native kernels here ({native.native_unavailable_reason()})")
-    return replace(sk, vnni=True)
 
 
 def _x8_reference(type_name, blocks, n, k, x, bias):

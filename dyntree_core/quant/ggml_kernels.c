@@ -22,10 +22,9 @@
  * dyntree_q6k_x8_repack), taken by dyntree_ggml_matmul_q8v (int8 activations) only */
 enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K_X8 = 112, T_Q6_K_X8 = 114 };
 
-int dyntree_q4k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
-                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows);
-int dyntree_q6k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
-                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows);
+static void x8_products(int type, const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
+                        int64_t ldb, const float *bias, float *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                        int vnni);
 
 /* 8 unsigned bytes -> 8 floats */
 static inline __m256 u8x8(const uint8_t *p) {
@@ -575,8 +574,11 @@ int dyntree_ggml_vnni(void) {
  * CPU has them (dyntree_ggml_vnni): the same outputs, bit for bit. T_Q4_K_X8 / T_Q6_K_X8 weights go to the x8 tiles. */
 int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                             int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
-    if (type == T_Q4_K_X8) return dyntree_q4k_x8_matmul(x, ldx, w, bias, y, ldy, M, N, K, vnni_min_rows);
-    if (type == T_Q6_K_X8) return dyntree_q6k_x8_matmul(x, ldx, w, bias, y, ldy, M, N, K, vnni_min_rows);
+    const int x8 = type == T_Q4_K_X8 || type == T_Q6_K_X8; /* from here on `type` names the blocks' GGML type */
+    if (x8) {
+        type = type == T_Q4_K_X8 ? T_Q4_K : T_Q6_K;
+        if (N % 8) return -1;
+    }
     int be, bb;
     const int kq = type == T_Q4_K || type == T_Q6_K; /* activations per 256 (Q8_K), else per 32 (Q8_0) */
     if (block_info(type, &be, &bb) || K % (kq ? 256 : 32)) return -1;
@@ -605,6 +607,13 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
     const int vnni = kq && vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
     if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
 #endif
+    if (x8) {
+        x8_products(type, w, q8, d8, bs, ldb, bias, y, ldy, M, N, K, vnni);
+        free(q8);
+        free(d8);
+        free(bs);
+        return 0;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * row_bytes;
@@ -668,7 +677,7 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
  * Arithmetic (one for every M, so a tree's rows get plain decoding's numbers): per block b, with the integer
  * sums I_b = sum_j sc_j * sum(q x)_j and N_b = sum_j m_j * sum(x8)_j (exact), the output accumulates
  * acc = fma(float(I_b), d_b * dx_b, acc); acc = fma(-float(N_b), dmin_b * dx_b, acc) in block order from 0;
- * then y = acc + bias. tests/test_q4k_x8.py holds it against a numpy model of exactly this.
+ * then y = acc + bias. tests/test_x8_tiles.py holds it against a numpy model of exactly this.
  *
  * Layout per group of 8 rows and block (Q4K_X8_BYTES = 1248 bytes, in block order, groups in row order):
  *   d[8], dmin[8]  fp16                                   (32 bytes)
@@ -676,13 +685,6 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
  *   mn[4 pair][8 col][2] u8, mins of sub 2p and 2p+1      (64)
  *   qs[8 sub][4 l][32]  byte 4c + t: low nibble q[c][32 sub + 4 l + t], high nibble q[c][32 sub + 4 (l + 4) + t]
  * --------------------------------------------------------------------------------------------------------- */
-#ifndef X8_G
-#define X8_G 1
-#endif
-#ifndef X8_R
-#define X8_R 4
-#endif
-
 /* rows [N, K] of Q4_K blocks -> the x8 layout (N % 8 == 0); returns 0, or -1 on a shape it does not take */
 int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
     if (N % 8 || K % 256) return -1;
@@ -805,68 +807,6 @@ void dyntree_q4k_x8_tile2_vnni(int R, const uint8_t *wg, int64_t gstride, int64_
                                const float *d8, const int16_t *b32, int64_t K, __m256 *acc);
 #endif
 
-/* y [M, N] = x [M, K] @ W^T (+ bias), W in the x8 layout (dyntree_q4k_x8_repack), x quantized as Q8_K; from
- * vnni_min_rows rows on (0: never) the AVX-512 VNNI tile where the CPU has it (the same integers: bit-identical) */
-int dyntree_q4k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
-                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
-    if (N % 8 || K % 256) return -1;
-    const int64_t nb = K / 256;
-    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64 + 64));
-    float *d8 = (float *)malloc((size_t)(M * nb) * sizeof(float));
-    int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
-    if (!q8 || !d8 || !bs) {
-        free(q8);
-        free(d8);
-        free(bs);
-        return -2;
-    }
-#pragma omp parallel for schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nb, bs + m * (K / 16));
-    for (int64_t i = 0; i < M * (K / 32); i++) bs[i] = (int16_t)(bs[2 * i] + bs[2 * i + 1]);
-#ifdef DYNTREE_NO_VNNI
-    const int vnni = 0;
-    (void)vnni_min_rows;
-#else
-    const int vnni = vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
-    if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
-#endif
-    const int64_t groups = N / 8, gstride = nb * Q4K_X8_BYTES;
-    /* with VNNI two groups per tile (16 columns on zmm) where two are left, else one */
-    const int64_t step = vnni ? 2 : 1;
-#pragma omp parallel for schedule(static)
-    for (int64_t gi = 0; gi < (groups + step - 1) / step; gi++) {
-        const int64_t g = gi * step;
-        const int G = groups - g >= step ? (int)step : 1;
-        const uint8_t *wg = w + g * gstride;
-        for (int64_t m0 = 0; m0 < M;) {
-            const int R = M - m0 >= X8_ROWS ? X8_ROWS : (int)(M - m0);
-            __m256 acc[2 * X8_ROWS];
-            const int8_t *qm = q8 + m0 * K;
-            const float *dm = d8 + m0 * nb;
-            const int16_t *bm = bs + m0 * (K / 32);
-            if (vnni) {
-#ifndef DYNTREE_NO_VNNI
-                if (G == 2) dyntree_q4k_x8_tile2_vnni(R, wg, gstride, nb, qm, dm, bm, K, acc);
-                else dyntree_q4k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
-#endif
-            } else if (R == 4) q4k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
-            else if (R == 3) q4k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
-            else if (R == 2) q4k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
-            else q4k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
-            for (int h = 0; h < G; h++) {
-                const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * (g + h)) : _mm256_setzero_ps();
-                for (int r = 0; r < R; r++)
-                    _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * (g + h), _mm256_add_ps(acc[h * X8_ROWS + r], bv));
-            }
-            m0 += R;
-        }
-    }
-    free(q8);
-    free(d8);
-    free(bs);
-    return 0;
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * Q6_K rows repacked 8 at a time ("Q6_K x8"), the Q4_K x8 tiles' scheme for 6-bit weights: 16 values share a
  * signed scale, and two vpmaddubsw (63 x 127 x 2 each) fit an int16 lane, so a sub-block of 16 values takes 4
@@ -983,52 +923,47 @@ void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t
                               const int16_t *b16, int64_t K, __m256 *acc);
 #endif
 
-int dyntree_q6k_x8_matmul(const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y, int64_t ldy,
-                          int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
-    if (N % 8 || K % 256) return -1;
-    const int64_t nb = K / 256;
-    int8_t *q8 = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64 + 64));
-    float *d8 = (float *)malloc((size_t)(M * nb) * sizeof(float));
-    int16_t *bs = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
-    if (!q8 || !d8 || !bs) {
-        free(q8);
-        free(d8);
-        free(bs);
-        return -2;
-    }
-#pragma omp parallel for schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++) quantize_row_q8k(x + m * ldx, K, q8 + m * K, d8 + m * nb, bs + m * (K / 16));
-#ifdef DYNTREE_NO_VNNI
-    const int vnni = 0;
-    (void)vnni_min_rows;
-#else
-    const int vnni = vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
-    if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
-#endif
+/* the x8 tiles' products (dyntree_ggml_matmul_q8v's x8 types, after its activation quantization): groups of 8
+ * weight rows of a Q4_K or Q6_K weight in the x8 layout against up to X8_ROWS activation rows at a time; with VNNI
+ * Q4_K takes two groups per tile (16 columns on zmm) where two are left */
+static void x8_products(int type, const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
+                        int64_t ldb, const float *bias, float *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                        int vnni) {
+    const int64_t nb = K / 256, groups = N / 8;
+    const int64_t gstride = nb * (type == T_Q4_K ? Q4K_X8_BYTES : Q6K_X8_BYTES);
+    const int64_t step = vnni && type == T_Q4_K ? 2 : 1;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < N / 8; g++) {
-        const uint8_t *wg = w + g * nb * Q6K_X8_BYTES;
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < (groups + step - 1) / step; gi++) {
+        const int64_t g = gi * step;
+        const int G = groups - g >= step ? (int)step : 1;
+        const uint8_t *wg = w + g * gstride;
         for (int64_t m0 = 0; m0 < M;) {
             const int R = M - m0 >= X8_ROWS ? X8_ROWS : (int)(M - m0);
-            __m256 acc[X8_ROWS];
+            __m256 acc[2 * X8_ROWS];
             const int8_t *qm = q8 + m0 * K;
             const float *dm = d8 + m0 * nb;
-            const int16_t *bm = bs + m0 * (K / 16);
+            const int16_t *bm = bs + m0 * ldb;
             if (vnni) {
 #ifndef DYNTREE_NO_VNNI
-                dyntree_q6k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
+                if (type == T_Q6_K) dyntree_q6k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
+                else if (G == 2) dyntree_q4k_x8_tile2_vnni(R, wg, gstride, nb, qm, dm, bm, K, acc);
+                else dyntree_q4k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
 #endif
-            } else if (R == 4) q6k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
-            else if (R == 3) q6k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
-            else if (R == 2) q6k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
-            else q6k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
-            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * g, _mm256_add_ps(acc[r], bv));
+            } else if (type == T_Q6_K) {
+                if (R == 4) q6k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
+                else if (R == 3) q6k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
+                else if (R == 2) q6k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
+                else q6k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
+            } else if (R == 4) q4k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
+            else if (R == 3) q4k_x8_tile_3(wg, nb, qm, dm, bm, K, acc);
+            else if (R == 2) q4k_x8_tile_2(wg, nb, qm, dm, bm, K, acc);
+            else q4k_x8_tile_1(wg, nb, qm, dm, bm, K, acc);
+            for (int h = 0; h < G; h++) {
+                const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * (g + h)) : _mm256_setzero_ps();
+                for (int r = 0; r < R; r++)
+                    _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * (g + h), _mm256_add_ps(acc[h * X8_ROWS + r], bv));
+            }
             m0 += R;
         }
     }
-    free(q8);
-    free(d8);
-    free(bs);
-    return 0;
 }

@@ -265,13 +265,12 @@ void dyntree_q4k_x8_tile2_vnni(int R, const uint8_t *wg, int64_t gstride, int64_
     }
 }
 
-void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
-                              const int16_t *b32, int64_t K, __m256 *acc) {
+/* R = 1..4 activation rows against one group of 8 weight rows (out: X8_ROWS accumulators); CASE's arguments */
+void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *bs, int64_t K, __m256 *out) {
     switch (R) {
-    case 4: q4k_x8_vnni(4, wg, nb, q8, d8, b32, K, acc); return;
-    case 3: q4k_x8_vnni(3, wg, nb, q8, d8, b32, K, acc); return;
-    case 2: q4k_x8_vnni(2, wg, nb, q8, d8, b32, K, acc); return;
-    default: q4k_x8_vnni(1, wg, nb, q8, d8, b32, K, acc);
+    CASE(q4k_x8_vnni, 4); CASE(q4k_x8_vnni, 3); CASE(q4k_x8_vnni, 2);
+    default: q4k_x8_vnni(1, wr, nb, q8, d8, bs, K, out);
     }
 }
 
@@ -304,12 +303,10 @@ ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     }
 }
 
-void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
-                              const int16_t *b16, int64_t K, __m256 *acc) {
+void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                              const int16_t *bs, int64_t K, __m256 *out) {
     switch (R) {
-    case 4: q6k_x8_vnni(4, wg, nb, q8, d8, b16, K, acc); return;
-    case 3: q6k_x8_vnni(3, wg, nb, q8, d8, b16, K, acc); return;
-    case 2: q6k_x8_vnni(2, wg, nb, q8, d8, b16, K, acc); return;
-    default: q6k_x8_vnni(1, wg, nb, q8, d8, b16, K, acc);
+    CASE(q6k_x8_vnni, 4); CASE(q6k_x8_vnni, 3); CASE(q6k_x8_vnni, 2);
+    default: q6k_x8_vnni(1, wr, nb, q8, d8, bs, K, out);
     }
 }

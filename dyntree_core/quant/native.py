@@ -256,29 +256,24 @@ VNNI_CHECK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 11, 17)
 
 def vnni_mismatch(kernels: NativeKernels) -> Optional[str]:
     """None when the VNNI row kernels give the AVX2 kernels' outputs bit for bit on synthetic blocks (with a bias
-    and a row stride wider than K), else what differed. ``kernels.vnni`` need not be set: this decides it."""
+    and a row stride wider than K), and the VNNI x8 tiles the AVX2 tiles', else what differed. ``kernels.vnni``
+    need not be set: this decides it."""
     gen = torch.Generator().manual_seed(7)
     trial = replace(kernels, vnni=True)
-    for type_name, n, k in VNNI_CHECK_SHAPES:
-        blocks = synthetic_blocks(type_name, n, k, seed=3)
-        bias = torch.randn(n, generator=gen)
-        for m in VNNI_CHECK_ROWS:
-            x = torch.randn(m, k + 32, generator=gen)[:, :k] * 3
-            ref = trial.matmul(type_name, x, blocks, n, k, bias, int8_activations=True, vnni_min_rows=0)
-            got = trial.matmul(type_name, x, blocks, n, k, bias, int8_activations=True, vnni_min_rows=1)
-            if not torch.equal(ref.view(torch.int32), got.view(torch.int32)):
-                worst = (ref - got).abs().max().item()
-                return f"the VNNI kernels differ from the AVX2 kernels ({type_name}, {m} rows, max |d| {worst:.3g})"
-    for type_name, n, k in VNNI_CHECK_SHAPES:
-        x8 = trial.repack_x8(type_name, synthetic_blocks(type_name, n, k, seed=3), n, k)
-        bias = torch.randn(n, generator=gen)
-        for m in VNNI_CHECK_ROWS:
-            x = torch.randn(m, k + 32, generator=gen)[:, :k] * 3
-            ref = trial.matmul(type_name, x, x8, n, k, bias, int8_activations=True, vnni_min_rows=0, x8=True)
-            got = trial.matmul(type_name, x, x8, n, k, bias, int8_activations=True, vnni_min_rows=1, x8=True)
-            if not torch.equal(ref.view(torch.int32), got.view(torch.int32)):
-                return (f"the VNNI x8 tile differs from the AVX2 one ({type_name}, {m} rows, "
-                        f"max |d| {(ref - got).abs().max().item():.3g})")
+    for x8 in (False, True):
+        what = "the VNNI x8 tile differs from the AVX2 one" if x8 else "the VNNI kernels differ from the AVX2 kernels"
+        for type_name, n, k in VNNI_CHECK_SHAPES:
+            blocks = synthetic_blocks(type_name, n, k, seed=3)
+            if x8:
+                blocks = trial.repack_x8(type_name, blocks, n, k)
+            bias = torch.randn(n, generator=gen)
+            for m in VNNI_CHECK_ROWS:
+                x = torch.randn(m, k + 32, generator=gen)[:, :k] * 3
+                ref = trial.matmul(type_name, x, blocks, n, k, bias, True, vnni_min_rows=0, x8=x8)
+                got = trial.matmul(type_name, x, blocks, n, k, bias, True, vnni_min_rows=1, x8=x8)
+                if not torch.equal(ref.view(torch.int32), got.view(torch.int32)):
+                    worst = (ref - got).abs().max().item()
+                    return f"{what} ({type_name}, {m} rows, max |d| {worst:.3g})"
     return None
 
 
