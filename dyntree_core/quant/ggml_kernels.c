@@ -800,13 +800,6 @@ X8_TILE(2)
 X8_TILE(3)
 X8_TILE(4)
 
-#ifndef DYNTREE_NO_VNNI
-void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
-                              const int16_t *b32, int64_t K, __m256 *acc);
-void dyntree_q4k_x8_tile2_vnni(int R, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
-                               const float *d8, const int16_t *b32, int64_t K, __m256 *acc);
-#endif
-
 /* ---------------------------------------------------------------------------------------------------------
  * Q6_K rows repacked 8 at a time ("Q6_K x8"), the Q4_K x8 tiles' scheme for 6-bit weights: 16 values share a
  * signed scale, and two vpmaddubsw (63 x 127 x 2 each) fit an int16 lane, so a sub-block of 16 values takes 4
@@ -919,35 +912,35 @@ X8_TILE6(3)
 X8_TILE6(4)
 
 #ifndef DYNTREE_NO_VNNI
-void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
-                              const int16_t *b16, int64_t K, __m256 *acc);
+/* ggml_vnni.c: R = 1..X8_VNNI_ROWS rows against G = 1 or 2 groups (acc[r] group g, acc[X8_VNNI_ROWS + r] g+1) */
+void dyntree_x8_tile_vnni(int q6k, int R, int G, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
+                          const float *d8, const int16_t *bs, int64_t K, __m256 *acc);
 #endif
 
 /* the x8 tiles' products (dyntree_ggml_matmul_q8v's x8 types, after its activation quantization): groups of 8
  * weight rows of a Q4_K or Q6_K weight in the x8 layout against up to X8_ROWS activation rows at a time; with VNNI
- * Q4_K takes two groups per tile (16 columns on zmm) where two are left */
+ * up to X8_VNNI_ROWS rows, and from X8_PAIR_MIN_ROWS rows on two groups per tile (16 columns on zmm) where two
+ * are left */
 static void x8_products(int type, const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                         int64_t ldb, const float *bias, float *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                         int vnni) {
     const int64_t nb = K / 256, groups = N / 8;
     const int64_t gstride = nb * (type == T_Q4_K ? Q4K_X8_BYTES : Q6K_X8_BYTES);
-    const int64_t step = vnni && type == T_Q4_K ? 2 : 1;
+    const int64_t step = vnni && M >= X8_PAIR_MIN_ROWS ? 2 : 1, rows = vnni ? X8_VNNI_ROWS : X8_ROWS;
 #pragma omp parallel for schedule(static)
     for (int64_t gi = 0; gi < (groups + step - 1) / step; gi++) {
         const int64_t g = gi * step;
         const int G = groups - g >= step ? (int)step : 1;
         const uint8_t *wg = w + g * gstride;
         for (int64_t m0 = 0; m0 < M;) {
-            const int R = M - m0 >= X8_ROWS ? X8_ROWS : (int)(M - m0);
-            __m256 acc[2 * X8_ROWS];
+            const int R = M - m0 >= rows ? (int)rows : (int)(M - m0);
+            __m256 acc[2 * X8_VNNI_ROWS];
             const int8_t *qm = q8 + m0 * K;
             const float *dm = d8 + m0 * nb;
             const int16_t *bm = bs + m0 * ldb;
             if (vnni) {
 #ifndef DYNTREE_NO_VNNI
-                if (type == T_Q6_K) dyntree_q6k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
-                else if (G == 2) dyntree_q4k_x8_tile2_vnni(R, wg, gstride, nb, qm, dm, bm, K, acc);
-                else dyntree_q4k_x8_tile_vnni(R, wg, nb, qm, dm, bm, K, acc);
+                dyntree_x8_tile_vnni(type == T_Q6_K, R, G, wg, gstride, nb, qm, dm, bm, K, acc);
 #endif
             } else if (type == T_Q6_K) {
                 if (R == 4) q6k_x8_tile_4(wg, nb, qm, dm, bm, K, acc);
@@ -961,7 +954,7 @@ static void x8_products(int type, const uint8_t *w, const int8_t *q8, const floa
             for (int h = 0; h < G; h++) {
                 const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * (g + h)) : _mm256_setzero_ps();
                 for (int r = 0; r < R; r++)
-                    _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * (g + h), _mm256_add_ps(acc[h * X8_ROWS + r], bv));
+                    _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * (g + h), _mm256_add_ps(acc[h * X8_VNNI_ROWS + r], bv));
             }
             m0 += R;
         }

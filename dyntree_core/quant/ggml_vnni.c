@@ -17,6 +17,9 @@
 #ifdef DYNTREE_VNNI_SIMDE
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#define madd512 simde_mm512_madd_epi16 /* SIMDe's native alias of _mm512_madd_epi16 takes the masked form's 4 */
+#else
+#define madd512 _mm512_madd_epi16
 #endif
 #include <immintrin.h>
 #include <stdint.h>
@@ -25,6 +28,28 @@
 #include "q8_blocks.h"
 
 #define ROWS_KERNEL static inline __attribute__((always_inline))
+
+/* zmm conversions, lane by lane; SIMDe (0.7.4) has no zmm vcvtph2ps, vpmovzxbw or vcvtdq2ps, so its build converts
+ * the two halves with the ymm instructions: the same values */
+#ifdef DYNTREE_VNNI_SIMDE
+static inline __m512 join_ps(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+static inline __m512 cvtph512(__m256i h) {
+    return join_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+}
+static inline __m512i cvtepu8_16_512(__m256i v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v))),
+                              _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), 1);
+}
+static inline __m512 cvtepi32_ps512(__m512i v) {
+    return join_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v)), _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)));
+}
+#else
+#define cvtph512 _mm512_cvtph_ps
+#define cvtepu8_16_512 _mm512_cvtepu8_epi16
+#define cvtepi32_ps512 _mm512_cvtepi32_ps
+#endif
 
 int dyntree_vnni_supported(void) {
 #ifdef DYNTREE_VNNI_SIMDE
@@ -168,6 +193,101 @@ void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t
     }
 }
 
+/* acc + x . w per int32 lane: 4 unsigned weight bytes w by the 4 signed activation bytes at x (one int32, in every
+ * lane). The real build takes x as vpdpbusd's broadcast memory operand, one instruction where the intrinsics'
+ * _mm512_set1_epi32 makes GCC issue a vpbroadcastd beside it; SIMDe's build the intrinsics. */
+static inline __attribute__((always_inline)) __m512i dpbusd_x(__m512i acc, __m512i w, const int8_t *x) {
+#ifdef DYNTREE_VNNI_SIMDE
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
+    return acc;
+#endif
+}
+
+/* zmm of group g's 32 bytes at o + at (low half) and group g+1's at o2 + at (high half) */
+static inline __attribute__((always_inline)) __m512i two_groups(const uint8_t *o, const uint8_t *o2, int64_t at) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(o + at))),
+                              _mm256_loadu_si256((const __m256i *)(o2 + at)), 1);
+}
+
+/* ymm of the 16 bytes at o + at (low half) and the 16 at o2 + at (high half) */
+static inline __attribute__((always_inline)) __m256i two_16(const uint8_t *o, const uint8_t *o2, int64_t at) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(o + at))),
+                                   _mm_loadu_si128((const __m128i *)(o2 + at)), 1);
+}
+
+static inline __attribute__((always_inline)) __m512i bcast512_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* q8_blocks.h's q4k_x8_block_floats on two groups at once (lanes 0..7: the group at o, 8..15: at o2): the same
+ * operations per lane, so the same bits, on half the instructions */
+ROWS_KERNEL void q4k_x8_block_floats2(const int R, const uint8_t *o, const uint8_t *o2, const __m512i *isum,
+                                      int64_t b, const float *d8, const int16_t *b32, int64_t K, __m512 *acc) {
+    const __m512 d = cvtph512(two_16(o, o2, 0)), dmin = cvtph512(two_16(o, o2, 16));
+    __m512i m16[4];
+    for (int p = 0; p < 4; p++) m16[p] = cvtepu8_16_512(two_16(o, o2, 160 + 16 * p));
+    for (int r = 0; r < R; r++) {
+        const int16_t *bs = b32 + r * (K / 32) + b * 8;
+        __m512i nsum = madd512(m16[0], bcast512_i32(bs));
+        for (int p = 1; p < 4; p++) nsum = _mm512_add_epi32(nsum, madd512(m16[p], bcast512_i32(bs + 2 * p)));
+        const __m512 dx = _mm512_set1_ps(d8[r * (K / 256) + b]);
+        acc[r] = _mm512_fmadd_ps(cvtepi32_ps512(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(cvtepi32_ps512(nsum), _mm512_mul_ps(dmin, dx), acc[r]);
+    }
+}
+
+/* q8_blocks.h's q6k_x8_offsets on two groups at once, as above */
+ROWS_KERNEL void q6k_x8_offsets2(const int R, const uint8_t *o, const uint8_t *o2, int64_t b, const int16_t *b16,
+                                 int64_t K, __m512i *isum) {
+    __m512i pairs[8];
+    for (int p = 0; p < 8; p++) {
+        const __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(o + 16 + 16 * p)),
+                                            _mm_loadl_epi64((const __m128i *)(o + 16 + 16 * p + 8)));
+        const __m128i a2 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(o2 + 16 + 16 * p)),
+                                             _mm_loadl_epi64((const __m128i *)(o2 + 16 + 16 * p + 8)));
+        pairs[p] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(a), a2, 1));
+    }
+    for (int r = 0; r < R; r++) {
+        const int16_t *bs = b16 + r * (K / 16) + b * 16;
+        __m512i t = madd512(pairs[0], bcast512_i32(bs));
+        for (int p = 1; p < 8; p++) t = _mm512_add_epi32(t, madd512(pairs[p], bcast512_i32(bs + 2 * p)));
+        isum[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(t, 5));
+    }
+}
+
+/* q8_blocks.h's q6k_x8_block_floats on two groups at once, as above */
+ROWS_KERNEL void q6k_x8_block_floats2(const int R, const uint8_t *o, const uint8_t *o2, const __m512i *isum,
+                                      int64_t b, const float *d8, int64_t K, __m512 *acc) {
+    const __m512 d = cvtph512(two_16(o, o2, 0));
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_fmadd_ps(cvtepi32_ps512(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(d8[r * (K / 256) + b])),
+                                 acc[r]);
+}
+
+/* acc[r] = group g's columns of row r (the low half), acc[X8_VNNI_ROWS + r] group g+1's */
+ROWS_KERNEL void x8_split(const int R, const __m512 *facc, __m256 *acc) {
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_castps512_ps256(facc[r]);
+        acc[X8_VNNI_ROWS + r] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(facc[r]), 1));
+    }
+}
+
+/* x8_prefetch for two groups read side by side (o, and o2 = o + gstride): a pair's blocks X8_PREFETCH_BLOCKS
+ * ahead, or past its end the next pair's (the low group's stream then runs into the high group's bytes, which are
+ * being read, and the high group's into the next pair's low group) */
+static inline __attribute__((always_inline)) void x8_prefetch2(int64_t b, int64_t nb, const uint8_t *o,
+                                                               const uint8_t *o2, int64_t gstride, int bytes,
+                                                               int part, int parts) {
+    x8_prefetch(b + X8_PREFETCH_BLOCKS < nb ? o : o2 + gstride, bytes, part, parts);
+    x8_prefetch(o2, bytes, part, parts);
+}
+
 /* Q4_K x8 (ggml_kernels.c's q4k_x8_tile, its layout and arithmetic): a sub-block's products of 8 columns by one
  * activation row summed by 8 vpdpbusd into int32 lanes, then times the columns' scales (vpmulld): 11 instructions
  * per row and sub-block where the AVX2 tile issues 17 (8 vpmaddubsw, 7 int16 adds, a vpmaddwd and an add). Two
@@ -181,10 +301,10 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = wg + b * Q4K_X8_BYTES;
-        __m256i isum[X8_ROWS];
+        __m256i isum[X8_VNNI_ROWS];
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            __m256i dlo[X8_ROWS], dhi[X8_ROWS];
+            __m256i dlo[X8_VNNI_ROWS], dhi[X8_VNNI_ROWS];
             x8_prefetch(o, Q4K_X8_BYTES, j, 8);
             for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm256_setzero_si256();
             for (int l = 0; l < 4; l++) {
@@ -206,74 +326,6 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     }
 }
 
-/* Two groups (16 columns) on zmm: group g's 32 bytes in the low half, g+1's (gstride on) in the high half, so each
- * activation broadcast serves 16 columns; acc[r] gets group g's columns of row r, acc[X8_ROWS + r] group g+1's */
-ROWS_KERNEL void q4k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
-                              const float *d8, const int16_t *b32, int64_t K, __m256 *acc) {
-    const __m512i mask = _mm512_set1_epi8(0x0F);
-    const __m128i odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
-    for (int r = 0; r < R; r++) acc[r] = acc[X8_ROWS + r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *o = wg + b * Q4K_X8_BYTES, *o2 = o + gstride;
-        __m512i isum[X8_ROWS];
-        for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-            __m512i dlo[X8_ROWS], dhi[X8_ROWS];
-            x8_prefetch(o, Q4K_X8_BYTES, j, 8);
-            x8_prefetch(o2, Q4K_X8_BYTES, j, 8);
-            for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
-            for (int l = 0; l < 4; l++) {
-                const int64_t at = 224 + 128 * j + 32 * l;
-                const __m512i bytes = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(o + at))),
-                    _mm256_loadu_si256((const __m256i *)(o2 + at)), 1);
-                const __m512i lo = _mm512_and_si512(bytes, mask);
-                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *x = q8 + r * K + b * 256 + 32 * j + 4 * l;
-                    int32_t xl, xh;
-                    memcpy(&xl, x, 4);
-                    memcpy(&xh, x + 16, 4);
-                    dlo[r] = _mm512_dpbusd_epi32(dlo[r], lo, _mm512_set1_epi32(xl));
-                    dhi[r] = _mm512_dpbusd_epi32(dhi[r], hi, _mm512_set1_epi32(xh));
-                }
-            }
-            const __m512i s32 = _mm512_inserti64x4(  /* (one vpmovzxbd to zmm is not in SIMDe) */
-                _mm512_castsi256_si512(_mm256_cvtepu8_epi32(
-                    _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)), odd))),
-                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o2 + 32 + 16 * j)), odd)), 1);
-            for (int r = 0; r < R; r++)
-                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(dlo[r], dhi[r]), s32));
-        }
-        __m256i lo8[X8_ROWS], hi8[X8_ROWS];
-        for (int r = 0; r < R; r++) {
-            lo8[r] = _mm512_castsi512_si256(isum[r]);
-            hi8[r] = _mm512_extracti64x4_epi64(isum[r], 1);
-        }
-        q4k_x8_block_floats(R, o, lo8, b, d8, b32, K, acc);
-        q4k_x8_block_floats(R, o2, hi8, b, d8, b32, K, acc + X8_ROWS);
-    }
-}
-
-void dyntree_q4k_x8_tile2_vnni(int R, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
-                               const float *d8, const int16_t *b32, int64_t K, __m256 *acc) {
-    switch (R) {
-    case 4: q4k_x8_vnni2(4, wg, gstride, nb, q8, d8, b32, K, acc); return;
-    case 3: q4k_x8_vnni2(3, wg, gstride, nb, q8, d8, b32, K, acc); return;
-    case 2: q4k_x8_vnni2(2, wg, gstride, nb, q8, d8, b32, K, acc); return;
-    default: q4k_x8_vnni2(1, wg, gstride, nb, q8, d8, b32, K, acc);
-    }
-}
-
-/* R = 1..4 activation rows against one group of 8 weight rows (out: X8_ROWS accumulators); CASE's arguments */
-void dyntree_q4k_x8_tile_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
-                              const int16_t *bs, int64_t K, __m256 *out) {
-    switch (R) {
-    CASE(q4k_x8_vnni, 4); CASE(q4k_x8_vnni, 3); CASE(q4k_x8_vnni, 2);
-    default: q4k_x8_vnni(1, wr, nb, q8, d8, bs, K, out);
-    }
-}
-
 /* Q6_K x8 (ggml_kernels.c's q6k_x8_tile): a sub-block's 16 values x 8 columns by 4 vpdpbusd into int32 lanes, then
  * times the columns' scales (vpmulld): the same integers, so the same outputs bit for bit */
 ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
@@ -282,7 +334,7 @@ ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = wg + b * Q6K_X8_BYTES;
-        __m256i isum[X8_ROWS];
+        __m256i isum[X8_VNNI_ROWS];
         q6k_x8_offsets(R, o, b, b16, K, isum);
         for (int s = 0; s < 16; s++) {
             __m256i u[4];
@@ -303,10 +355,113 @@ ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     }
 }
 
-void dyntree_q6k_x8_tile_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
-                              const int16_t *bs, int64_t K, __m256 *out) {
-    switch (R) {
-    CASE(q6k_x8_vnni, 4); CASE(q6k_x8_vnni, 3); CASE(q6k_x8_vnni, 2);
-    default: q6k_x8_vnni(1, wr, nb, q8, d8, bs, K, out);
+/* Q4_K x8 (ggml_kernels.c's q4k_x8_tile, its layout and arithmetic) on zmm, G (1 or 2) groups of 8 columns: group
+ * g's bytes in the low half, g+1's (gstride on) in the high half, so each activation broadcast serves 16 columns.
+ * A sub-block's products of the columns by one activation row summed by 8 vpdpbusd into int32 lanes, then times
+ * the columns' scales (vpmulld). Up to X8_VNNI_ROWS activation rows per tile, so one unpacking of the nibbles
+ * serves up to 8 rows; below 4 rows each row runs two chains (low and high nibbles), joined before the scales,
+ * since one chain of 8 is bound by vpdpbusd's latency. acc[r] gets group g's columns of row r, acc[X8_VNNI_ROWS + r]
+ * group g+1's. The same integer sums as the AVX2 tiles, so the same outputs bit for bit. */
+ROWS_KERNEL void q4k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, int64_t nb,
+                             const int8_t *q8, const float *d8, const int16_t *b32, int64_t K, __m256 *acc) {
+    const int chains = R < 4 ? 2 : 1;
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m128i odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    __m512 facc[X8_VNNI_ROWS];
+    for (int r = 0; r < R; r++) facc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q4K_X8_BYTES, *o2 = o + gstride;
+        __m512i isum[X8_VNNI_ROWS];
+        for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i dlo[X8_VNNI_ROWS], dhi[X8_VNNI_ROWS];
+            x8_prefetch2(b, nb, o, o2, gstride, Q4K_X8_BYTES, j, 8);
+            for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
+            for (int l = 0; l < 4; l++) {
+                const __m512i bytes = two_groups(o, o2, 224 + 128 * j + 32 * l);
+                const __m512i lo = _mm512_and_si512(bytes, mask);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
+                for (int r = 0; r < R; r++) dlo[r] = dpbusd_x(dlo[r], lo, q8 + r * K + b * 256 + 32 * j + 4 * l);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = q8 + r * K + b * 256 + 32 * j + 4 * l + 16;
+                    if (chains == 2) dhi[r] = dpbusd_x(dhi[r], hi, x);
+                    else dlo[r] = dpbusd_x(dlo[r], hi, x);
+                }
+            }
+            const __m512i s32 = _mm512_inserti64x4(  /* (one vpmovzxbd to zmm is not in SIMDe) */
+                _mm512_castsi256_si512(_mm256_cvtepu8_epi32(
+                    _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)), odd))),
+                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(o2 + 32 + 16 * j)), odd)), 1);
+            for (int r = 0; r < R; r++) {
+                const __m512i d = chains == 2 ? _mm512_add_epi32(dlo[r], dhi[r]) : dlo[r];
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d, s32));
+            }
+        }
+        q4k_x8_block_floats2(R, o, o2, isum, b, d8, b32, K, facc);
     }
+    x8_split(R, facc, acc);
+}
+
+/* Q6_K x8 (ggml_kernels.c's q6k_x8_tile) on zmm, G groups as above: a sub-block's 16 values x the columns by 4
+ * vpdpbusd into int32 lanes, then times the columns' scales (vpmulld); up to X8_VNNI_ROWS rows per tile, two chains
+ * per row below 4 rows. The same integers, so the same outputs bit for bit. */
+ROWS_KERNEL void q6k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, int64_t nb,
+                             const int8_t *q8, const float *d8, const int16_t *b16, int64_t K, __m256 *acc) {
+    const int chains = R < 4 ? 2 : 1;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 facc[X8_VNNI_ROWS];
+    for (int r = 0; r < R; r++) facc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = wg + b * Q6K_X8_BYTES, *o2 = o + gstride;
+        __m512i isum[X8_VNNI_ROWS];
+        q6k_x8_offsets2(R, o, o2, b, b16, K, isum);
+        for (int s = 0; s < 16; s++) {
+            x8_prefetch2(b, nb, o, o2, gstride, Q6K_X8_BYTES, s, 16);
+            /* q6k_x8_quants on both groups: u[t] = values 16 s + 4 t .. + 3 of the columns, 0..63 */
+            const __m512i l0 = two_groups(o, o2, 144 + 64 * s), l1 = two_groups(o, o2, 144 + 64 * s + 32);
+            const __m512i h = two_groups(o, o2, 144 + 1024 + 32 * s);
+            const __m512i u[4] = {
+                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(h, m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(h, 2), m30)),
+            };
+            const __m512i s32 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * s)))),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o2 + 16 + 8 * s))), 1);
+            __m512i da[X8_VNNI_ROWS], db[X8_VNNI_ROWS];
+            for (int r = 0; r < R; r++) da[r] = db[r] = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = q8 + r * K + b * 256 + 16 * s + 4 * t;
+                    if (chains == 2 && t >= 2) db[r] = dpbusd_x(db[r], u[t], x);
+                    else da[r] = dpbusd_x(da[r], u[t], x);
+                }
+            for (int r = 0; r < R; r++) {
+                const __m512i d = chains == 2 ? _mm512_add_epi32(da[r], db[r]) : da[r];
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d, s32));
+            }
+        }
+        q6k_x8_block_floats2(R, o, o2, isum, b, d8, K, facc);
+    }
+    x8_split(R, facc, acc);
+}
+
+/* R = 1..X8_VNNI_ROWS activation rows against G = 1 (ymm) or 2 (zmm) groups of 8 weight rows (gstride bytes apart)
+ * of a Q4_K (q6k 0) or Q6_K (q6k 1) weight in the x8 layout; acc[r]: group g's columns of row r, acc[X8_VNNI_ROWS
+ * + r] group g+1's */
+#define X8_CASE(F, F2, N)                                                                                     \
+    case N:                                                                                                   \
+        if (G == 2) F2(N, wg, gstride, nb, q8, d8, bs, K, acc);                                               \
+        else F(N, wg, nb, q8, d8, bs, K, acc);                                                                \
+        return
+#define X8_CASES(F, F2)                                                                                       \
+    switch (R) {                                                                                              \
+        X8_CASE(F, F2, 8); X8_CASE(F, F2, 7); X8_CASE(F, F2, 6); X8_CASE(F, F2, 5);                           \
+        X8_CASE(F, F2, 4); X8_CASE(F, F2, 3); X8_CASE(F, F2, 2); default: X8_CASE(F, F2, 1);                  \
+    }
+void dyntree_x8_tile_vnni(int q6k, int R, int G, const uint8_t *wg, int64_t gstride, int64_t nb, const int8_t *q8,
+                          const float *d8, const int16_t *bs, int64_t K, __m256 *acc) {
+    if (q6k) X8_CASES(q6k_x8_vnni, q6k_x8_vnni2) else X8_CASES(q4k_x8_vnni, q4k_x8_vnni2)
 }

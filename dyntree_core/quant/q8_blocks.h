@@ -56,7 +56,11 @@ static inline float q4k_row_total(__m256 tot, __m128 mins_acc) {
 }
 
 /* ---- Q4_K x8 (ggml_kernels.c: the layout, the repacking and the arithmetic) ---- */
-enum { Q4K_X8_BYTES = 1248, X8_ROWS = 4, X8_PREFETCH_BLOCKS = 2 };
+/* X8_ROWS / X8_VNNI_ROWS: activation rows per AVX2 / VNNI tile. X8_PAIR_MIN_ROWS: from this many rows on the VNNI
+ * tiles take two groups per zmm (ggml_vnni.c); below it one group per ymm, since two groups read side by side are
+ * two memory streams, which ran at ~2/3 of one stream's bandwidth on a Zen 4 (the Q6_K head at 1 row: 7.9 vs 5.5 ms;
+ * weights from DRAM at 1-4 rows; from 5 rows the pairs win: docs/CPU_KERNELS.md) */
+enum { Q4K_X8_BYTES = 1248, X8_ROWS = 4, X8_VNNI_ROWS = 8, X8_PAIR_MIN_ROWS = 5, X8_PREFETCH_BLOCKS = 2 };
 
 /* Share `part` of `parts` of the block X8_PREFETCH_BLOCKS ahead of o (of `bytes` bytes) into L1: a group's blocks are
  * one sequential stream, but without this the streamed Q6_K head ran at half the row kernels' bandwidth on a Zen 4

@@ -1,0 +1,90 @@
+"""t(n) of the embedded target at int4 (the kernel table's choices) from this tree and from another commit,
+alternated one process at a time, so that both sides see the same spells of a machine whose speed drifts.
+
+    .venv/bin/python scripts/forward_ab.py --base HEAD~1 [--rounds 3] [--ns 1 4 8 16 32 64] [--json OUT]
+
+Each side runs in its own process from its own source tree (the base from a temporary ``git worktree``), so
+each loads its own kernels (built or cached under their digest) and its own kernel table. Prints t(n) per round
+and the per-round ratios this / base with their medians; ``--json`` writes all of it with the machine's facts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import json, os, sys, torch
+os.environ["DYNTREE_KERNELS"] = "table"
+from dyntree_core.models.load import load_model, resolve_spec
+from dyntree_core.planning.forward_timer import ForwardTimer
+ns = [int(a) for a in sys.argv[1:]]
+model = load_model(resolve_spec("embedded", "target"), precision="int4")
+with torch.inference_mode():
+    timer = ForwardTimer(model, 128, max(ns))
+    timer.once(1)
+    print(json.dumps({str(n): timer.best(n, 5 if n <= 8 else 3) * 1e3 for n in ns}))
+"""
+
+
+def run_side(tree: Path, ns: list[int]) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", CHILD, *map(str, ns)], cwd=tree, env=env, capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="the commit to compare against")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ns", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from dyntree_core.machine import machine_info
+
+    base_rev = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    head_rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip())
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        wt = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), base_rev], cwd=ROOT, check=True)
+        try:
+            for r in range(args.rounds):
+                base = run_side(wt, args.ns)
+                this = run_side(ROOT, args.ns)
+                rounds.append({"base": base, "this": this})
+                print(f"round {r + 1}: " + "  ".join(f"t({n}) {base[str(n)]:.1f} -> {this[str(n)]:.1f}"
+                                                     for n in args.ns), flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=ROOT, check=False)
+    ratios = {str(n): statistics.median(x["this"][str(n)] / x["base"][str(n)] for x in rounds) for n in args.ns}
+    medians = {side: {str(n): statistics.median(x[side][str(n)] for x in rounds) for n in args.ns}
+               for side in ("base", "this")}
+    print("median ratio this / base: " + "  ".join(f"t({n}) {v:.2f}" for n, v in ratios.items()))
+    for side in ("base", "this"):
+        m = medians[side]
+        print(f"{side} medians: " + "  ".join(f"t({n}) {v:.1f}" for n, v in m.items())
+              + (f"  t({max(args.ns)})/t(1) {m[str(max(args.ns))] / m['1']:.1f}" if "1" in m else ""))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "script": "scripts/forward_ab.py", "argv": sys.argv[1:], "base": base_rev, "this": head_rev,
+            "this_uncommitted_changes": dirty, "machine_info": machine_info().to_dict(), "rounds": rounds,
+            "median_ms": medians, "median_ratio_this_over_base": ratios}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
