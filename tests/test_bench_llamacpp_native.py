@@ -150,3 +150,46 @@ def test_speed_bench_records_why_native_rows_are_missing(tmp_path, monkeypatch, 
     rec = json.loads(out.read_text())
     assert "no GGUF" in rec["llama_cpp_native"]["skipped"]
     assert "make peers" in capsys.readouterr().err
+
+
+def test_per_prompt_ratios_compare_each_row_with_llama_cpp_on_the_same_prompt():
+    from dyntree_core.bench.speed import LLAMACPP_PLAIN, per_prompt_ratios
+
+    def cell(row, ms, ds="code"):
+        return {"row": row, "dataset": ds, "temperature": 0.0, "per_prompt_ms_per_token": ms}
+
+    cells = [cell(LLAMACPP_PLAIN, [30.0, 40.0]), cell("llama.cpp ngram-simple (n_max 16)", [20.0, 50.0]),
+             cell("auto", [15.0, 30.0]), cell("auto", [10.0], ds="wiki")]
+    got = per_prompt_ratios(cells)
+    auto = got["code T=0"]["auto"]["vs"]
+    assert auto[LLAMACPP_PLAIN]["ratios"] == [0.5, 0.75] and auto[LLAMACPP_PLAIN]["median"] == 0.625
+    assert auto["llama.cpp's fastest row"]["ratios"] == [0.75, 0.75]  # per prompt: ngram on 1, plain on 2
+    assert "wiki T=0" not in got  # no llama.cpp row there: nothing to compare with
+
+
+@pytest.mark.slow
+def test_interleave_runs_every_row_on_a_prompt_before_the_next_prompt(tmp_path, monkeypatch, capsys,
+                                                                        one_torch_thread):
+    from dyntree_core.bench import speed
+
+    calls = []
+    real = speed._ours
+
+    def logged(dec, ids, n, seed, per_prompt=None):
+        calls.append((dec.config.method == "autoregressive", seed))
+        return real(dec, ids, n, seed, per_prompt)
+
+    monkeypatch.setattr(speed, "_ours", logged)
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    common = ["--pair", "tiny", "--datasets", "code", "--prompts", "2", "--prompt-tokens", "16", "--new-tokens", "4",
+              "--temperatures", "0", "--precisions", "float32", "--auto-precisions", "float32", "--fixed",
+              "chain:2", "--no-hf", "--llamacpp-rows", "--json", str(tmp_path / "s.json")]
+    assert speed.main(common) == 0
+    assert [s for _, s in calls] == [0, 1, 0, 1, 0, 1]  # row by row: each row over both prompts
+    calls.clear()
+    assert speed.main([*common, "--interleave"]) == 0
+    assert [s for _, s in calls] == [0, 0, 0, 1, 1, 1]  # prompt by prompt: every row on prompt 0 first
+    assert [ar for ar, _ in calls[:3]] == [True, False, False]  # in the rows' order
+    rec = json.loads((tmp_path / "s.json").read_text())
+    assert [c["row"].split(" ")[0] for c in rec["cells"]] == ["autoregressive", "auto", "fixed:"]
+    assert all(len(c["per_prompt_ms_per_token"]) == 2 for c in rec["cells"]) and rec["per_prompt_ratios"] == {}

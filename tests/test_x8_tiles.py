@@ -69,7 +69,7 @@ def test_the_x8_kernels_are_their_arithmetic_bit_for_bit_at_every_row_count(nk, 
     x8 = nk.repack_x8(type_name, blocks, n, k)
     x, gen = _inputs(k)
     bias = torch.randn(n, generator=gen)
-    for m in ROWS:  # every tile height (1..4) and their combinations
+    for m in ROWS:  # every tile height (AVX2 1..4, VNNI 1..8; VNNI pairs of groups from 5 rows) and combinations
         got = nk.matmul(type_name, x[:m], x8, n, k, bias, int8_activations=True, x8=True)
         assert _same_bits(got, _x8_reference(type_name, blocks, n, k, x[:m], bias)), m
         # rows stay independent: each row alone gives its row of the batch (trees get plain decoding's numbers)

@@ -29,6 +29,11 @@ the profile, the acceptance vector, the plan and its reason. At T>0 autoregressi
 only at the precision auto finds fastest (``--all-ar-temperatures`` for all): an autoregressive step
 costs the same at any temperature.
 The JSON is rewritten after every cell, so an interrupted run keeps what it measured.
+
+``--interleave``: the rows of a temperature run prompt by prompt (every row on a dataset's first prompt, then on
+its second, ...) instead of row by row, so that a machine whose speed drifts over minutes slows every row alike;
+the per-prompt ratios (``record["per_prompt_ratios"]``: each row against ``llama.cpp plain`` and against the
+fastest llama.cpp row of the same prompt, where those rows ran) then compare like with like.
 """
 
 from __future__ import annotations
@@ -128,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which native llama.cpp rows to run with --llamacpp-bin")
     p.add_argument("--llamacpp-bench-ns", type=int, nargs="*", default=[1, 4, 16, 32, 64],
                    help="llama-bench prompt sizes (pp n: one forward of n rows) with --llamacpp-bin (none: skip)")
+    p.add_argument("--interleave", action="store_true",
+                   help="run the rows of each temperature prompt by prompt (every row on prompt 1, then on prompt 2, "
+                        "...): a drifting machine's spells fall on every row alike")
     p.add_argument("--no-ours", action="store_true",
                    help="skip our rows and transformers' (only llama.cpp's; plans are still made for the prompts)")
     p.add_argument("--json", type=Path, default=None)
@@ -195,25 +203,54 @@ def main(argv: Optional[list[str]] = None) -> int:
     prompts = {ds: [list(tok(p.text, add_special_tokens=False)["input_ids"])[:args.prompt_tokens]
                     for p in load_prompts(ds, args.prompts)] for ds in args.datasets}
 
+    pending: list[tuple] = []  # --interleave: (row, temp, runner, extra, per_prompt) until run_pending()
+
+    def run_one(cell: Cell, runner, per_prompt: Optional[list[dict]], i: int, ids: list[int]) -> None:
+        ms, tps, ntok = runner(ids, args.seed + i)
+        cell.ms_per_token.append(ms)
+        cell.tokens_per_step.append(tps)
+        cell.tokens += ntok
+        for k, v in (per_prompt.pop() if per_prompt else {}).items():
+            cell.extra.setdefault(k, []).append(v)
+
+    def done(cell: Cell) -> None:
+        say(f"{cell.row:<44} {cell.dataset:<5} T={cell.temperature:<4g} {statistics.median(cell.ms_per_token):8.1f} "
+            f"ms/token ({statistics.fmean(cell.tokens_per_step):.2f} tokens/step, "
+            f"{time.perf_counter() - t_start:.0f} s)")
+        save()
+
     def run_rows(row: str, temp: float, runner, extra: Optional[dict] = None,
                  per_prompt: Optional[list[dict]] = None) -> None:
         """One cell per dataset; ``extra``: fields every cell of the row records; ``per_prompt``: the list the
-        runner appends one dict to per prompt, each of whose fields the cell records as a per-prompt list."""
+        runner appends one dict to per prompt, each of whose fields the cell records as a per-prompt list.
+        With ``--interleave`` the row waits for ``run_pending``."""
+        if args.interleave:
+            pending.append((row, temp, runner, extra, per_prompt))
+            return
         for ds, plist in prompts.items():
             cell = Cell(row, ds, temp, extra=dict(extra or {}))
             cells.append(cell)
             for i, ids in enumerate(plist):
-                ms, tps, ntok = runner(ids, args.seed + i)
-                cell.ms_per_token.append(ms)
-                cell.tokens_per_step.append(tps)
-                cell.tokens += ntok
-                for k, v in (per_prompt.pop() if per_prompt else {}).items():
-                    cell.extra.setdefault(k, []).append(v)
-            say(f"{row:<44} {ds:<5} T={temp:<4g} {statistics.median(cell.ms_per_token):8.1f} ms/token "
-                f"({statistics.fmean(cell.tokens_per_step):.2f} tokens/step, {time.perf_counter() - t_start:.0f} s)")
-            save()
+                run_one(cell, runner, per_prompt, i, ids)
+            done(cell)
+
+    def run_pending() -> None:
+        """--interleave: every pending row on a dataset's first prompt, then on its second, ..."""
+        for ds, plist in prompts.items():
+            here = [(Cell(row, ds, temp, extra=dict(extra or {})), runner, pp)
+                    for row, temp, runner, extra, pp in pending]
+            cells.extend(c for c, _, _ in here)
+            for i, ids in enumerate(plist):
+                for cell, runner, pp in here:
+                    run_one(cell, runner, pp, i, ids)
+            for cell, _, _ in here:
+                done(cell)
+        pending.clear()
 
     def ours(pair, cfg: DecodeConfig, per_prompt: Optional[list[dict]] = None):
+        if args.interleave:  # a decoder per prompt: the rows' decoders take turns preparing the same models
+            return lambda ids, seed: _ours(SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None),
+                                           ids, args.new_tokens, seed, per_prompt)
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
         return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, per_prompt)
 
@@ -264,8 +301,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.hf_prompt_lookup > 0 and "prompt_lookup" in args.hf_rows:
                 k = args.hf_prompt_lookup
                 run_rows(f"hf_prompt_lookup k={k} @ {tp}", temp, hf(None, prompt_lookup_tokens=k))
+        run_pending()
+    record["per_prompt_ratios"] = per_prompt_ratios(record["cells"])
     save()
     print_table(record, sys.stdout)
+    print_ratios(record["per_prompt_ratios"], sys.stdout)
     say(f"wrote {out_path}")
     return 0
 
@@ -365,6 +405,48 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
         run_rows(f"llama-cpp-python ngram k={args.llamacpp_ngram}", 0.0,
                  lambda ids, seed: lc.generate_decode(llm, ids, args.new_tokens, eos_set))
         del llm
+
+
+LLAMACPP_PLAIN = "llama.cpp plain (llama-completion)"
+
+
+def per_prompt_ratios(cells: list[dict]) -> dict:
+    """``{"<dataset> T=<t>": {row: {"vs": {reference: {"median", "min", "max", "ratios"}}}}}``: each row's ms/token
+    over ``llama.cpp plain``'s and over the fastest llama.cpp row's on the same prompt, where those rows ran there
+    (llama.cpp's own rows: ``--llamacpp-bin``)."""
+    out: dict = {}
+    for ds, t in sorted({(c["dataset"], c["temperature"]) for c in cells}, key=lambda k: (k[1], k[0])):
+        here = [c for c in cells if (c["dataset"], c["temperature"]) == (ds, t)]
+        peers = [c["per_prompt_ms_per_token"] for c in here if c["row"].startswith("llama.cpp ")]
+        plain = next((c["per_prompt_ms_per_token"] for c in here if c["row"] == LLAMACPP_PLAIN), None)
+        refs = {}
+        if plain is not None:
+            refs[LLAMACPP_PLAIN] = plain
+        if peers and len({len(p) for p in peers}) == 1:
+            refs["llama.cpp's fastest row"] = [min(v) for v in zip(*peers)]
+        rows = {}
+        for c in here:
+            mine = c["per_prompt_ms_per_token"]
+            vs = {}
+            for name, ref in refs.items():
+                if len(ref) != len(mine) or not mine:
+                    continue
+                r = [a / b for a, b in zip(mine, ref)]
+                vs[name] = {"median": statistics.median(r), "min": min(r), "max": max(r), "ratios": r}
+            if vs:
+                rows[c["row"]] = {"vs": vs}
+        if rows:
+            out[f"{ds} T={t:g}"] = rows
+    return out
+
+
+def print_ratios(ratios: dict, out=None) -> None:
+    out = out or sys.stdout
+    for col, rows in ratios.items():
+        print(f"\nper-prompt ratios, {col} (median, range):", file=out)
+        for row, r in rows.items():
+            print(f"  {row}: " + "; ".join(f"/ {ref} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+                                           for ref, v in r["vs"].items()), file=out)
 
 
 def print_table(record: dict, out=None) -> None:
