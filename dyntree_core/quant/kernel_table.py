@@ -44,8 +44,14 @@ from .. import measured
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 from .native import synthetic_blocks as native_synthetic_blocks
 
-TABLE_VERSION = 5  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni; 5: x8
-DEFAULT_MS: tuple[int, ...] = (1, 4, 16, 64, 256)
+TABLE_VERSION = 6  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni; 5: x8;
+#                   6: M = 2 measured
+#: the row counts timed. 2 is there for the VNNI switch (``vnni_min_rows``): a tree step of two nodes is common
+#: (suffix trees average 1.6), and without it the table put 85 of the target's 169 x8 layers on their VNNI tile
+#: only from 4 rows, while the VNNI tile from 1 row made t(2) 10% faster and left t(1) as it was (Zen 4,
+#: ``scripts/vnni_rows_ab.py``: t(2) 29.6 -> 26.7 ms, t(1) ratio 0.999); measuring M = 2, the table took it
+#: from 1 row on 126 layers and from 2 on 42, and the same script then found t(2) as fast (ratio 1.004)
+DEFAULT_MS: tuple[int, ...] = (1, 2, 4, 16, 64, 256)
 #: torch's kernel takes a shape only when it beats the fastest GGML kernel by more than this fraction: a decoder
 #: layer whose projections are all ``GGMLLinear`` runs as one C call (``quant.native_layer``), which saved
 #: 0.35 ms per layer of the 1.5B target and 0.72 ms per layer of the 0.5B draft on a 2-core AVX2 EPYC, while
