@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _profiler
 
+from .huge_pages import in_huge_pages
 from .native import BLOCKS, INT8_ACTIVATION_TYPES, X8, X8_TYPES, NativeKernels, native_kernels, x8_shape
 
 #: floats of float32 weight dequantized per ``dequant_mm`` chunk (16 MiB): fits in L3, bounds the buffer
@@ -90,7 +91,7 @@ class GGMLLinear(nn.Module):
         self.type_name = type_name
         self.x8 = bool(x8)
         self.out_features, self.in_features = n, int(in_features)
-        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("blocks", in_huge_pages(blocks.contiguous()))  # (one forward reads each once: DRAM)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.int8_activations = bool(int8_activations)
         self.mm_min_rows = 0
