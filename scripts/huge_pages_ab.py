@@ -1,0 +1,38 @@
+"""t(1) of the embedded target at int4 with its GGMLLinear blocks in 2 MiB pages (as loaded, ``quant/huge_pages.py``)
+against the same blocks copied into ordinary 4 KiB pages, alternated in one process on one loaded model (6
+rounds; the C decoder layers re-planned at each switch): medians and the median per-round ratio.
+
+    .venv/bin/python scripts/huge_pages_ab.py
+"""
+import os
+import statistics
+
+import torch
+
+os.environ["DYNTREE_KERNELS"] = "table"
+from dyntree_core.models.load import load_model, resolve_spec  # noqa: E402
+from dyntree_core.planning.forward_timer import ForwardTimer  # noqa: E402
+from dyntree_core.quant.ggml_linear import GGMLLinear  # noqa: E402
+from dyntree_core.quant.native_layer import forget_plan  # noqa: E402
+
+model = load_model(resolve_spec("embedded", "target"), precision="int4")
+layers = [m for m in model.modules() if isinstance(m, GGMLLinear)]
+huge = [m.blocks for m in layers]
+small = [b.clone() for b in huge]  # torch's allocator: 4 KiB pages
+print(f"{sum(b.data_ptr() % (2 << 20) == 0 for b in huge)} of {len(layers)} layers' blocks at 2 MiB pages; "
+      + "".join(line.strip() for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")))
+runs: dict[str, list[float]] = {"2 MiB": [], "4 KiB": []}
+with torch.inference_mode():
+    timer = ForwardTimer(model, 128, 4)
+    timer.once(1)
+    for r in range(6):
+        for label, bufs in (("2 MiB", huge), ("4 KiB", small)):
+            for m, b in zip(layers, bufs):
+                m.blocks = b
+            for mod in model.modules():
+                forget_plan(mod)
+            timer.once(1)
+            runs[label].append(timer.best(1, 7) * 1e3)
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in runs.items()), flush=True)
+print("t(1) medians: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in runs.items())
+      + f"; ratio 2 MiB / 4 KiB {statistics.median(a / b for a, b in zip(runs['2 MiB'], runs['4 KiB'])):.3f}")
