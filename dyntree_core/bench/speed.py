@@ -203,7 +203,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     prompts = {ds: [list(tok(p.text, add_special_tokens=False)["input_ids"])[:args.prompt_tokens]
                     for p in load_prompts(ds, args.prompts)] for ds in args.datasets}
 
-    pending: list[tuple] = []  # --interleave: (row, temp, runner, extra, per_prompt) until run_pending()
+    pending: list[tuple] = []  # (row, temp, runner, extra, per_prompt) until run_pending()
 
     def run_one(cell: Cell, runner, per_prompt: Optional[list[dict]], i: int, ids: list[int]) -> None:
         ms, tps, ntok = runner(ids, args.seed + i)
@@ -223,19 +223,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                  per_prompt: Optional[list[dict]] = None) -> None:
         """One cell per dataset; ``extra``: fields every cell of the row records; ``per_prompt``: the list the
         runner appends one dict to per prompt, each of whose fields the cell records as a per-prompt list.
-        With ``--interleave`` the row waits for ``run_pending``."""
-        if args.interleave:
-            pending.append((row, temp, runner, extra, per_prompt))
-            return
-        for ds, plist in prompts.items():
-            cell = Cell(row, ds, temp, extra=dict(extra or {}))
-            cells.append(cell)
-            for i, ids in enumerate(plist):
-                run_one(cell, runner, per_prompt, i, ids)
-            done(cell)
+        It runs now, or with ``--interleave`` at the temperature's ``run_pending`` beside the other rows."""
+        pending.append((row, temp, runner, extra, per_prompt))
+        if not args.interleave:
+            run_pending()
 
     def run_pending() -> None:
-        """--interleave: every pending row on a dataset's first prompt, then on its second, ..."""
+        """Every pending row on a dataset's first prompt, then on its second, ..."""
         for ds, plist in prompts.items():
             here = [(Cell(row, ds, temp, extra=dict(extra or {})), runner, pp)
                     for row, temp, runner, extra, pp in pending]

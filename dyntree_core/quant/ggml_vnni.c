@@ -193,14 +193,19 @@ void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t
     }
 }
 
+/* the int32 at p in every lane of a zmm (q8_blocks.h's bcast_i32 on ymm) */
+static inline __attribute__((always_inline)) __m512i bcast512_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
 /* acc + x . w per int32 lane: 4 unsigned weight bytes w by the 4 signed activation bytes at x (one int32, in every
  * lane). The real build takes x as vpdpbusd's broadcast memory operand, one instruction where the intrinsics'
  * _mm512_set1_epi32 makes GCC issue a vpbroadcastd beside it; SIMDe's build the intrinsics. */
 static inline __attribute__((always_inline)) __m512i dpbusd_x(__m512i acc, __m512i w, const int8_t *x) {
 #ifdef DYNTREE_VNNI_SIMDE
-    int32_t v;
-    memcpy(&v, x, 4);
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
+    return _mm512_dpbusd_epi32(acc, w, bcast512_i32(x));
 #else
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
     return acc;
@@ -217,12 +222,6 @@ static inline __attribute__((always_inline)) __m512i two_groups(const uint8_t *o
 static inline __attribute__((always_inline)) __m256i two_16(const uint8_t *o, const uint8_t *o2, int64_t at) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(o + at))),
                                    _mm_loadu_si128((const __m128i *)(o2 + at)), 1);
-}
-
-static inline __attribute__((always_inline)) __m512i bcast512_i32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
 }
 
 /* q8_blocks.h's q4k_x8_block_floats on two groups at once (lanes 0..7: the group at o, 8..15: at o2): the same
@@ -355,8 +354,8 @@ ROWS_KERNEL void q6k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
     }
 }
 
-/* Q4_K x8 (ggml_kernels.c's q4k_x8_tile, its layout and arithmetic) on zmm, G (1 or 2) groups of 8 columns: group
- * g's bytes in the low half, g+1's (gstride on) in the high half, so each activation broadcast serves 16 columns.
+/* Q4_K x8 (ggml_kernels.c's q4k_x8_tile, its layout and arithmetic) on zmm, two groups of 8 columns: group g's
+ * bytes in the low half, g+1's (gstride on) in the high half, so each activation broadcast serves 16 columns.
  * A sub-block's products of the columns by one activation row summed by 8 vpdpbusd into int32 lanes, then times
  * the columns' scales (vpmulld). Up to X8_VNNI_ROWS activation rows per tile, so one unpacking of the nibbles
  * serves up to 8 rows; below 4 rows each row runs two chains (low and high nibbles), joined before the scales,
@@ -402,7 +401,7 @@ ROWS_KERNEL void q4k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, i
     x8_split(R, facc, acc);
 }
 
-/* Q6_K x8 (ggml_kernels.c's q6k_x8_tile) on zmm, G groups as above: a sub-block's 16 values x the columns by 4
+/* Q6_K x8 (ggml_kernels.c's q6k_x8_tile) on zmm, two groups as above: a sub-block's 16 values x the columns by 4
  * vpdpbusd into int32 lanes, then times the columns' scales (vpmulld); up to X8_VNNI_ROWS rows per tile, two chains
  * per row below 4 rows. The same integers, so the same outputs bit for bit. */
 ROWS_KERNEL void q6k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, int64_t nb,
