@@ -165,6 +165,27 @@ def test_per_prompt_ratios_compare_each_row_with_llama_cpp_on_the_same_prompt():
     assert auto[LLAMACPP_PLAIN]["ratios"] == [0.5, 0.75] and auto[LLAMACPP_PLAIN]["median"] == 0.625
     assert auto["llama.cpp's fastest row"]["ratios"] == [0.75, 0.75]  # per prompt: ngram on 1, plain on 2
     assert "wiki T=0" not in got  # no llama.cpp row there: nothing to compare with
+    assert "by_spell" not in auto[LLAMACPP_PLAIN]  # no bandwidth probes: no spells
+
+
+def test_ratios_by_spell_compare_prompts_whose_runs_saw_the_same_bandwidth():
+    from dyntree_core.bench.speed import LLAMACPP_PLAIN, per_prompt_ratios, spell_split
+
+    def cell(row, ms, gbps):
+        return {"row": row, "dataset": "news", "temperature": 0.0, "per_prompt_ms_per_token": ms,
+                "read_gb_per_s_before": gbps}
+
+    # prompt 0 slow for both, 1 fast for both, 2 straddles a spell change, 3 slow for both
+    cells = [cell(LLAMACPP_PLAIN, [32.0, 29.0, 33.0, 34.0], [34.0, 57.0, 33.0, 31.0]),
+             cell("autoregressive @ int4", [33.0, 23.2, 24.0, 34.0], [33.5, 58.0, 56.0, 32.5])]
+    assert spell_split(cells) == round((34.0 * 56.0) ** 0.5, 1)  # the widest gap: 34 -> 56
+    spells = per_prompt_ratios(cells)["news T=0"]["autoregressive @ int4"]["vs"][LLAMACPP_PLAIN]["by_spell"]
+    slower, faster = [k for k in spells if k != "prompts across spells"]
+    assert slower.startswith("slower (< 43.6") and faster.startswith("faster (> 43.6")
+    assert spells[slower] == {"median": (33 / 32 + 1.0) / 2, "prompts": 2}
+    assert spells[faster] == {"median": 23.2 / 29.0, "prompts": 1} and spells["prompts across spells"] == 1
+    # probes spread without a gap: one spell, no split
+    assert spell_split([cell("x", [1.0] * 4, [30.0, 33.0, 36.0, 39.0])]) is None
 
 
 @pytest.mark.slow
@@ -193,3 +214,4 @@ def test_interleave_runs_every_row_on_a_prompt_before_the_next_prompt(tmp_path, 
     rec = json.loads((tmp_path / "s.json").read_text())
     assert [c["row"].split(" ")[0] for c in rec["cells"]] == ["autoregressive", "auto", "fixed:"]
     assert all(len(c["per_prompt_ms_per_token"]) == 2 for c in rec["cells"]) and rec["per_prompt_ratios"] == {}
+    assert all(len(c["read_gb_per_s_before"]) == 2 and min(c["read_gb_per_s_before"]) > 0 for c in rec["cells"])

@@ -34,6 +34,13 @@ The JSON is rewritten after every cell, so an interrupted run keeps what it meas
 its second, ...) instead of row by row, so that a machine whose speed drifts over minutes slows every row alike;
 the per-prompt ratios (``record["per_prompt_ratios"]``: each row against ``llama.cpp plain`` and against the
 fastest llama.cpp row of the same prompt, where those rows ran) then compare like with like.
+
+Before each prompt of each row the bench sums a ``--probe-mib`` buffer (``planning.profiling.read_gb_per_s``) and
+records the memory read bandwidth it saw (``read_gb_per_s_before``, per prompt): a one-token forward reads every
+weight, so plain decoding follows the machine's bandwidth. On a VM whose bandwidth jumps between spells (the
+2-core Zen 4 host: ~34 and ~57 GB/s, minutes each) the ratios are also given per spell
+(``record["per_prompt_ratios"][...][row]["vs"][reference]["by_spell"]``): prompts where both runs saw the
+slower, or both the faster, bandwidth (``spells``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import torch
 
 from ..planning.auto import plan_auto
 from ..planning.pair_cache import PairCache
+from ..planning.profiling import read_gb_per_s
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
 from ..machine import machine_info
@@ -138,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "...): a drifting machine's spells fall on every row alike")
     p.add_argument("--no-ours", action="store_true",
                    help="skip our rows and transformers' (only llama.cpp's; plans are still made for the prompts)")
+    p.add_argument("--probe-mib", type=int, default=512,
+                   help="memory read bandwidth probe before each prompt of each row: MiB summed (0: no probe)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -204,8 +214,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                     for p in load_prompts(ds, args.prompts)] for ds in args.datasets}
 
     pending: list[tuple] = []  # (row, temp, runner, extra, per_prompt) until run_pending()
+    probe = torch.ones(args.probe_mib << 18) if args.probe_mib > 0 else None
 
     def run_one(cell: Cell, runner, per_prompt: Optional[list[dict]], i: int, ids: list[int]) -> None:
+        if probe is not None:
+            cell.extra.setdefault("read_gb_per_s_before", []).append(
+                round(read_gb_per_s(samples=3, buffer=probe), 1))
         ms, tps, ntok = runner(ids, args.seed + i)
         cell.ms_per_token.append(ms)
         cell.tokens_per_step.append(tps)
@@ -296,6 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 k = args.hf_prompt_lookup
                 run_rows(f"hf_prompt_lookup k={k} @ {tp}", temp, hf(None, prompt_lookup_tokens=k))
         run_pending()
+    del probe
     record["per_prompt_ratios"] = per_prompt_ratios(record["cells"])
     save()
     print_table(record, sys.stdout)
@@ -404,29 +419,68 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
 LLAMACPP_PLAIN = "llama.cpp plain (llama-completion)"
 
 
+#: consecutive sorted bandwidth probes this many times apart split a run into a slower and a faster spell
+SPELL_GAP = 1.2
+
+
+def spell_split(cells: list[dict]) -> Optional[float]:
+    """The read bandwidth (GB/s) between a run's slower and faster spell: the geometric middle of the widest gap
+    between its sorted probes (``read_gb_per_s_before``), where that gap is at least ``SPELL_GAP``; None for a run
+    without probes or whose probes spread without a gap (one spell)."""
+    probes = sorted(g for c in cells for g in c.get("read_gb_per_s_before") or () if g)
+    gaps = [(b / a, a, b) for a, b in zip(probes, probes[1:])]
+    if not gaps or max(gaps)[0] < SPELL_GAP:
+        return None
+    _, a, b = max(gaps)
+    return round((a * b) ** 0.5, 1)
+
+
+def _by_spell(ratios: list[float], probes: list[list[float]], split: float) -> dict:
+    """Medians of ``ratios`` over the prompts whose runs (``probes[i]``: every run the ratio compares) all saw
+    the slower, or all the faster, bandwidth; prompts whose runs straddle ``split`` are counted apart."""
+    sides: dict = {f"slower (< {split:g} GB/s)": [], f"faster (> {split:g} GB/s)": []}
+    mixed = 0
+    for r, ps in zip(ratios, probes):
+        below = {p < split for p in ps}
+        if len(below) != 1:
+            mixed += 1
+            continue
+        sides[list(sides)[0 if below.pop() else 1]].append(r)
+    out = {k: {"median": statistics.median(v), "prompts": len(v)} for k, v in sides.items() if v}
+    out["prompts across spells"] = mixed
+    return out
+
+
 def per_prompt_ratios(cells: list[dict]) -> dict:
-    """``{"<dataset> T=<t>": {row: {"vs": {reference: {"median", "min", "max", "ratios"}}}}}``: each row's ms/token
-    over ``llama.cpp plain``'s and over the fastest llama.cpp row's on the same prompt, where those rows ran there
-    (llama.cpp's own rows: ``--llamacpp-bin``)."""
+    """``{"<dataset> T=<t>": {row: {"vs": {reference: {"median", "min", "max", "ratios"[, "by_spell"]}}}}}``: each
+    row's ms/token over ``llama.cpp plain``'s and over the fastest llama.cpp row's on the same prompt, where those
+    rows ran there (llama.cpp's own rows: ``--llamacpp-bin``); ``by_spell`` (``_by_spell``) where the run's
+    bandwidth probes fall into two spells (``spell_split``)."""
     out: dict = {}
+    split = spell_split(cells)
     for ds, t in sorted({(c["dataset"], c["temperature"]) for c in cells}, key=lambda k: (k[1], k[0])):
         here = [c for c in cells if (c["dataset"], c["temperature"]) == (ds, t)]
-        peers = [c["per_prompt_ms_per_token"] for c in here if c["row"].startswith("llama.cpp ")]
-        plain = next((c["per_prompt_ms_per_token"] for c in here if c["row"] == LLAMACPP_PLAIN), None)
-        refs = {}
+        peers = [c for c in here if c["row"].startswith("llama.cpp ")]
+        plain = next((c for c in here if c["row"] == LLAMACPP_PLAIN), None)
+        refs = {}  # name: (per-prompt ms/token, the cells whose runs make it)
         if plain is not None:
-            refs[LLAMACPP_PLAIN] = plain
-        if peers and len({len(p) for p in peers}) == 1:
-            refs["llama.cpp's fastest row"] = [min(v) for v in zip(*peers)]
+            refs[LLAMACPP_PLAIN] = (plain["per_prompt_ms_per_token"], [plain])
+        if peers and len({len(c["per_prompt_ms_per_token"]) for c in peers}) == 1:
+            refs["llama.cpp's fastest row"] = ([min(v) for v in zip(*(c["per_prompt_ms_per_token"] for c in peers))],
+                                               peers)
         rows = {}
         for c in here:
             mine = c["per_prompt_ms_per_token"]
             vs = {}
-            for name, ref in refs.items():
+            for name, (ref, ref_cells) in refs.items():
                 if len(ref) != len(mine) or not mine:
                     continue
                 r = [a / b for a, b in zip(mine, ref)]
                 vs[name] = {"median": statistics.median(r), "min": min(r), "max": max(r), "ratios": r}
+                runs = [c, *ref_cells]
+                if split is not None and all(len(x.get("read_gb_per_s_before") or ()) == len(mine) for x in runs):
+                    probes = [[x["read_gb_per_s_before"][i] for x in runs] for i in range(len(mine))]
+                    vs[name]["by_spell"] = _by_spell(r, probes, split)
             if vs:
                 rows[c["row"]] = {"vs": vs}
         if rows:
@@ -440,6 +494,9 @@ def print_ratios(ratios: dict, out=None) -> None:
         print(f"\nper-prompt ratios, {col} (median, range):", file=out)
         for row, r in rows.items():
             print(f"  {row}: " + "; ".join(f"/ {ref} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+                                           + "".join(f"; {side}: {m['median']:.2f} on {m['prompts']}"
+                                                     for side, m in v.get("by_spell", {}).items()
+                                                     if isinstance(m, dict))
                                            for ref, v in r["vs"].items()), file=out)
 
 

@@ -92,10 +92,12 @@ def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
     prof.ns = new
 
 
-def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5) -> float:
+def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5, buffer: Optional[torch.Tensor] = None) -> float:
     """This process's read bandwidth from memory (GB/s): the fastest of ``samples`` sums of an ``nbytes`` float32
-    buffer (bigger than any cache), on torch's threads."""
-    x = torch.ones(nbytes // 4)
+    buffer (bigger than any cache), on torch's threads. ``buffer``: a float32 tensor to sum instead (its size
+    counts; a caller that probes often keeps one rather than allocate and fault in ``nbytes`` each time)."""
+    x = buffer if buffer is not None else torch.ones(nbytes // 4)
+    nbytes = x.numel() * x.element_size()
     x.sum()
     best = math.inf
     for _ in range(samples):
