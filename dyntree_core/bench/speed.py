@@ -310,7 +310,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                 k = args.hf_prompt_lookup
                 run_rows(f"hf_prompt_lookup k={k} @ {tp}", temp, hf(None, prompt_lookup_tokens=k))
         run_pending()
-    del probe
     record["per_prompt_ratios"] = per_prompt_ratios(record["cells"])
     save()
     print_table(record, sys.stdout)
