@@ -1,7 +1,8 @@
-"""t(n) of the embedded target at int4 (the kernel table's choices) from this tree and from another commit,
+"""t(n) of the embedded target (or ``--role draft``: its draft) at int4 (the kernel table's choices) from this tree and from another commit,
 alternated one process at a time, so that both sides see the same spells of a machine whose speed drifts.
 
-    .venv/bin/python scripts/forward_ab.py --base HEAD~1 [--rounds 3] [--ns 1 4 8 16 32 64] [--json OUT]
+    .venv/bin/python scripts/forward_ab.py --base HEAD~1 [--role target|draft] [--rounds 3] [--ns 1 4 8 16 32 64]
+        [--json OUT]
 
 Each side runs in its own process from its own source tree (the base from a temporary ``git worktree``), so
 each loads its own kernels (built or cached under their digest) and its own kernel table. Prints t(n) per round
@@ -26,8 +27,8 @@ import json, os, sys, torch
 os.environ["DYNTREE_KERNELS"] = "table"
 from dyntree_core.models.load import load_model, resolve_spec
 from dyntree_core.planning.forward_timer import ForwardTimer
-ns = [int(a) for a in sys.argv[1:]]
-model = load_model(resolve_spec("embedded", "target"), precision="int4")
+role, ns = sys.argv[1], [int(a) for a in sys.argv[2:]]
+model = load_model(resolve_spec("embedded", role), precision="int4")
 with torch.inference_mode():
     timer = ForwardTimer(model, 128, max(ns))
     timer.once(1)
@@ -35,9 +36,9 @@ with torch.inference_mode():
 """
 
 
-def run_side(tree: Path, ns: list[int]) -> dict[str, float]:
+def run_side(tree: Path, role: str, ns: list[int]) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CHILD, *map(str, ns)], cwd=tree, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, role, *map(str, ns)], cwd=tree, env=env, capture_output=True,
                          text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -45,6 +46,7 @@ def run_side(tree: Path, ns: list[int]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the commit to compare against")
+    ap.add_argument("--role", choices=("target", "draft"), default="target", help="which model of the pair")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ns", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     ap.add_argument("--json", type=Path)
@@ -64,8 +66,8 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), base_rev], cwd=ROOT, check=True)
         try:
             for r in range(args.rounds):
-                base = run_side(wt, args.ns)
-                this = run_side(ROOT, args.ns)
+                base = run_side(wt, args.role, args.ns)
+                this = run_side(ROOT, args.role, args.ns)
                 rounds.append({"base": base, "this": this})
                 print(f"round {r + 1}: " + "  ".join(f"t({n}) {base[str(n)]:.1f} -> {this[str(n)]:.1f}"
                                                      for n in args.ns), flush=True)
