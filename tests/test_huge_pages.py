@@ -82,3 +82,62 @@ def test_ggml_linear_keeps_its_blocks_in_huge_pages_and_a_tied_embedding_shares_
         assert torch.equal(layer(x), plain)
         emb = block_embedding("Q4_K", n, k, lambda: blocks, tied_head=layer)
         assert emb.blocks.data_ptr() == layer.blocks.data_ptr()
+
+
+@needs_thp
+def test_small_tensors_pack_side_by_side_into_one_advised_mapping_that_goes_with_the_last():
+    from dyntree_core.quant.huge_pages import packed_in_huge_pages
+
+    ts = [torch.arange(n, dtype=dt) for n, dt in ((1000, torch.int32), (77, torch.uint8), (5000, torch.float32))]
+    got = packed_in_huge_pages(ts)
+    assert all(torch.equal(g, t) and g.dtype == t.dtype and g.data_ptr() != t.data_ptr() for g, t in zip(got, ts))
+    addrs = [g.data_ptr() for g in got]
+    assert addrs[0] % HUGE_PAGE == 0 and all(a % 64 == 0 for a in addrs)
+    assert addrs == sorted(addrs) and addrs[1] == addrs[0] + 4032 and addrs[2] == addrs[1] + 128  # in order, 64-byte steps
+    maps = {tuple(_mapping(a)[:1]) for a in addrs}
+    assert len(maps) == 1 and "hg" in next(x for x in _mapping(addrs[0]) if x.startswith("VmFlags:")).split()
+    keep = got.pop()
+    del got
+    gc.collect()
+    assert _mapping(addrs[0]) is not None  # one copy left holds the whole mapping
+    del keep
+    gc.collect()
+    assert _mapping(addrs[0]) is None
+
+
+def test_packing_leaves_tensors_where_the_os_has_no_huge_pages(monkeypatch):
+    from dyntree_core.quant.huge_pages import packed_in_huge_pages
+
+    monkeypatch.setattr(huge_pages, "huge_pages_available", lambda: False)
+    ts = [torch.zeros(10), torch.ones(3)]
+    assert all(a is b for a, b in zip(packed_in_huge_pages(ts), ts))
+
+
+@needs_thp
+def test_a_model_s_small_blocks_move_into_one_mapping_with_the_same_outputs_and_shared_blocks_stay_shared(nk):
+    from torch import nn
+
+    from dyntree_core.quant.ggml_embedding import block_embedding
+    from dyntree_core.quant.ggml_linear import GGMLLinear, pack_small_blocks
+    from dyntree_core.quant.native import synthetic_blocks
+
+    k = 256
+    small = [GGMLLinear("Q4_K", synthetic_blocks("Q4_K", n, k, seed=n), k, kernels=nk, int8_activations=True)
+             for n in (64, 32)]
+    big = GGMLLinear("Q4_K", synthetic_blocks("Q4_K", 16384, k, seed=1), k, kernels=nk, int8_activations=True)
+    twin = GGMLLinear("Q4_K", small[0].blocks, k, kernels=nk, int8_activations=True)  # shares small[0]'s blocks
+    emb = block_embedding("Q4_K", 32, k, lambda: small[1].blocks, tied_head=small[1])
+    model = nn.ModuleList([*small, big, twin, emb])
+    x = torch.randn(3, k)
+    ids = torch.tensor([[0, 5, 31]])
+    before = [m(x) for m in model[:4]] + [emb(ids)]
+    big_at = big.blocks.data_ptr()
+    moved = pack_small_blocks(model)
+    assert moved == sum(m.blocks.numel() for m in small)  # the shared block counted once
+    assert big.blocks.data_ptr() == big_at and big_at % HUGE_PAGE == 0  # (already in its own mapping)
+    assert twin.blocks.data_ptr() == small[0].blocks.data_ptr()  # still shared, moved once
+    assert small[0].blocks.data_ptr() % HUGE_PAGE == 0
+    assert small[1].blocks.data_ptr() == small[0].blocks.data_ptr() + small[0].blocks.numel()  # (64-byte multiple)
+    assert emb.blocks.data_ptr() == small[1].blocks.data_ptr()  # the tied embedding follows its head
+    assert all(torch.equal(m(x), b) for m, b in zip(model[:4], before)) and torch.equal(emb(ids), before[4])
+    assert pack_small_blocks(nn.ModuleList([nn.Linear(2, 2)])) == 0

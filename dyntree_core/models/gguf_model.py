@@ -251,12 +251,14 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
 
 def fuse_native(model) -> None:
     """``quant.fused.fuse_forward`` on models with ``GGMLLinear`` layers (after any packed cache was written:
-    the cache keeps the unfused layout)."""
+    the cache keeps the unfused layout), then their blocks under 2 MiB into 2 MiB pages
+    (``quant.ggml_linear.pack_small_blocks``: the fused ones, before any forward plans the C layers)."""
     from ..quant.fused import fuse_forward
-    from ..quant.ggml_linear import GGMLLinear
+    from ..quant.ggml_linear import GGMLLinear, pack_small_blocks
 
     if any(isinstance(m, GGMLLinear) for m in model.modules()):
         fuse_forward(model)
+        pack_small_blocks(model)
 
 
 def _finish(model, precision: str) -> None:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _profiler
 
-from .huge_pages import in_huge_pages
+from .huge_pages import HUGE_PAGE, in_huge_pages, packed_in_huge_pages
 from .native import BLOCKS, INT8_ACTIVATION_TYPES, X8, X8_TYPES, NativeKernels, native_kernels, x8_shape
 
 #: floats of float32 weight dequantized per ``dequant_mm`` chunk (16 MiB): fits in L3, bounds the buffer
@@ -191,3 +191,26 @@ class GGMLLinear(nn.Module):
                 + (" in the x8 layout, " if self.x8 else ", ")
                 + ((f"int8 activations, VNNI from {self.effective_vnni_rows or 'never'} rows" if self.int8_activations
                     else f"dequant_mm from {self.mm_min_rows or 'never'} rows")))
+
+
+def pack_small_blocks(model: nn.Module) -> int:
+    """Move the blocks of ``model``'s ``GGMLLinear`` layers under 2 MiB (``in_huge_pages`` leaves them in 4 KiB
+    pages: q/k/v and o of a 1.5B model) side by side, in module order, into one mapping of 2 MiB pages
+    (``packed_in_huge_pages``); a block shared by two layers, or with a tied ``GGMLEmbedding``, moves once and
+    stays shared. Call it at load, before any forward plans the C decoder layers (they keep the blocks'
+    addresses). Returns how many bytes moved (0 where the OS has no 2 MiB pages)."""
+    small: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        b = m.blocks if isinstance(m, GGMLLinear) else None
+        if b is not None and b.device.type == "cpu" and b.numel() * b.element_size() < HUGE_PAGE:
+            small.setdefault(b.data_ptr(), b)
+    if not small:
+        return 0
+    copies = dict(zip(small, packed_in_huge_pages(list(small.values()))))
+    if all(copies[k] is small[k] for k in small):
+        return 0
+    for m in model.modules():
+        b = m._buffers.get("blocks")
+        if b is not None and b.data_ptr() in copies:
+            m.blocks = copies[b.data_ptr()]
+    return sum(b.numel() * b.element_size() for b in small.values())

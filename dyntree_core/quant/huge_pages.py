@@ -8,7 +8,8 @@ products, weights from DRAM, one process alternating the two copies): Q4_K [8960
 0.181 ms, the Q6_K head [151936, 1536] 4.48 -> 3.25 ms; at 16 rows 0.773 -> 0.718 ms.
 
 The mapping lives as long as the tensor: ``torch.frombuffer`` holds the ``mmap`` object, which unmaps when the
-last tensor on it goes (``tests/test_huge_pages.py``).
+last tensor on it goes (``tests/test_huge_pages.py``). Blocks under 2 MiB (the target's q/k/v and o, ~87 MB) go
+side by side into one such mapping (``packed_in_huge_pages``, through ``ggml_linear.pack_small_blocks`` at load).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes
 import mmap
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -36,6 +38,24 @@ def huge_pages_available(setting: Path = THP_SETTING) -> bool:
     return "[always]" in text or "[madvise]" in text
 
 
+def _huge_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping with ``nbytes`` from a 2 MiB boundary on, advised ``MADV_HUGEPAGE``, and that
+    boundary's offset in it."""
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    probe = ctypes.c_char.from_buffer(m)
+    start = (-ctypes.addressof(probe)) % HUGE_PAGE
+    del probe  # (an exported buffer would keep the mapping from ever closing)
+    m.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
+    return m, start
+
+
+def _copy_into(m: mmap.mmap, offset: int, t: torch.Tensor) -> torch.Tensor:
+    nbytes = t.numel() * t.element_size()
+    out = torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=offset)
+    out.copy_(t.contiguous().reshape(-1).view(torch.uint8))
+    return out.view(t.dtype).view(t.shape)
+
+
 def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
     """``t`` copied into a 2 MiB-aligned private mapping advised ``MADV_HUGEPAGE`` (same dtype, shape and
     values; contiguous); ``t`` itself where it is not on the CPU, smaller than a huge page, already at a huge
@@ -43,11 +63,21 @@ def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
     nbytes = t.numel() * t.element_size()
     if t.device.type != "cpu" or nbytes < HUGE_PAGE or t.data_ptr() % HUGE_PAGE == 0 or not huge_pages_available():
         return t
-    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    probe = ctypes.c_char.from_buffer(m)
-    start = (-ctypes.addressof(probe)) % HUGE_PAGE
-    del probe  # (an exported buffer would keep the mapping from ever closing)
-    m.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
-    out = torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=start)
-    out.copy_(t.contiguous().reshape(-1).view(torch.uint8))
-    return out.view(t.dtype).view(t.shape)
+    m, start = _huge_mapping(nbytes)
+    return _copy_into(m, start, t)
+
+
+def packed_in_huge_pages(tensors: Sequence[torch.Tensor], align: int = 64) -> list[torch.Tensor]:
+    """Copies of ``tensors`` side by side, in order, each at an ``align``-byte boundary, in one mapping of 2 MiB
+    pages (same dtypes, shapes and values; contiguous): for many tensors under 2 MiB each, which
+    ``in_huge_pages`` leaves in 4 KiB pages. ``tensors`` themselves (as a list) where one is not on the CPU or
+    the OS has no such pages. The mapping goes when the last of the copies does."""
+    tensors = list(tensors)
+    if not tensors or any(t.device.type != "cpu" for t in tensors) or not huge_pages_available():
+        return tensors
+    offsets, end = [], 0
+    for t in tensors:
+        offsets.append(end)
+        end += -(-t.numel() * t.element_size() // align) * align
+    m, start = _huge_mapping(end)
+    return [_copy_into(m, start + off, t) for off, t in zip(offsets, tensors)]
