@@ -44,8 +44,8 @@ from .. import measured
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 from .native import synthetic_blocks as native_synthetic_blocks
 
-TABLE_VERSION = 6  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni; 5: x8;
-#                   6: M = 2 measured
+TABLE_VERSION = 7  # 2: native_q8; 3: plans from the fastest of 7 calls (measure_for_plan); 4: native_q8_vnni; 5: x8;
+#                   6: M = 2 measured; 7: NATIVE_LAYER_MARGIN 1.0 (plans, so the profiles keyed on it, change)
 #: the row counts timed. 2 is there for the VNNI switch (``vnni_min_rows``): a tree step of two nodes is common
 #: (suffix trees average 1.6), and without it the table put 85 of the target's 169 x8 layers on their VNNI tile
 #: only from 4 rows, while the VNNI tile from 1 row made t(2) 10% faster and left t(1) as it was (Zen 4,
@@ -56,8 +56,11 @@ DEFAULT_MS: tuple[int, ...] = (1, 2, 4, 16, 64, 256)
 #: layer whose projections are all ``GGMLLinear`` runs as one C call (``quant.native_layer``), which saved
 #: 0.35 ms per layer of the 1.5B target and 0.72 ms per layer of the 0.5B draft on a 2-core AVX2 EPYC, while
 #: torch's int8 kernel won the draft's gate/up shape by 4% (0.187 vs 0.196 ms): all-GGML draft t(1) 20.7 ms,
-#: mixed 38.0 ms
-NATIVE_LAYER_MARGIN = 0.25
+#: mixed 38.0 ms. At 25% the choice still flipped with the measuring noise on the Zen 4 VM: torch's kernel won
+#: that shape by 19-53% (in cache, one row) from one table to the next, and where it took it the draft's t(1)
+#: was 30.8 against 17.4 ms (1.78x; 4 rounds alternated by process): a layer's glue costs ~0.58 ms there, torch's
+#: gate/up saved ~0.05. Only a kernel twice as fast at one row wins a shape from the GGML kernels.
+NATIVE_LAYER_MARGIN = 1.0
 RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8", "native_q8_vnni",
                                        "native_x8", "native_x8_vnni")
 #: GGML types with VNNI row kernels
