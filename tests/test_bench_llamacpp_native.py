@@ -178,14 +178,17 @@ def test_ratios_by_spell_compare_prompts_whose_runs_saw_the_same_bandwidth():
     # prompt 0 slow for both, 1 fast for both, 2 straddles a spell change, 3 slow for both
     cells = [cell(LLAMACPP_PLAIN, [32.0, 29.0, 33.0, 34.0], [34.0, 57.0, 33.0, 31.0]),
              cell("autoregressive @ int4", [33.0, 23.2, 24.0, 34.0], [33.5, 58.0, 56.0, 32.5])]
-    assert spell_split(cells) == round((34.0 * 56.0) ** 0.5, 1)  # the widest gap: 34 -> 56
+    assert spell_split(cells) == round((34.0 * 56.0) ** 0.5, 1)  # between the groups: 34 | 56
     spells = per_prompt_ratios(cells)["news T=0"]["autoregressive @ int4"]["vs"][LLAMACPP_PLAIN]["by_spell"]
     slower, faster = [k for k in spells if k != "prompts across spells"]
     assert slower.startswith("slower (< 43.6") and faster.startswith("faster (> 43.6")
     assert spells[slower] == {"median": (33 / 32 + 1.0) / 2, "prompts": 2}
     assert spells[faster] == {"median": 23.2 / 29.0, "prompts": 1} and spells["prompts across spells"] == 1
-    # probes spread without a gap: one spell, no split
+    # probes spread without two groups: one spell, no split
     assert spell_split([cell("x", [1.0] * 4, [30.0, 33.0, 36.0, 39.0])]) is None
+    # probes taken while the spell changed bridge the gap (37 -> 43 -> 50: no step of 1.2x); the groups still split
+    bridged = [31.3, 32.5, 33.4, 34.0, 34.7, 35.6, 37.0, 43.3, 49.7, 55.1, 58.9, 60.4, 61.6, 62.6, 64.2]
+    assert 37.0 < spell_split([cell("x", [1.0] * len(bridged), bridged)]) < 49.7
 
 
 @pytest.mark.slow

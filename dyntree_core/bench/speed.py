@@ -418,20 +418,30 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
 LLAMACPP_PLAIN = "llama.cpp plain (llama-completion)"
 
 
-#: consecutive sorted bandwidth probes this many times apart split a run into a slower and a faster spell
-SPELL_GAP = 1.2
+#: a run has two spells when the medians of its two clusters of bandwidth probes are this many times apart
+SPELL_GAP = 1.3
 
 
 def spell_split(cells: list[dict]) -> Optional[float]:
-    """The read bandwidth (GB/s) between a run's slower and faster spell: the geometric middle of the widest gap
-    between its sorted probes (``read_gb_per_s_before``), where that gap is at least ``SPELL_GAP``; None for a run
-    without probes or whose probes spread without a gap (one spell)."""
+    """The read bandwidth (GB/s) between a run's slower and faster spell: its probes (``read_gb_per_s_before``)
+    split in two where the split separates them best (Otsu's threshold: the largest between-group variance; a
+    probe taken while the spell changed falls on either side), at the geometric middle of the two probes
+    beside the split; None for a run without probes, or whose two groups' medians are less than ``SPELL_GAP``
+    apart (one spell)."""
     probes = sorted(g for c in cells for g in c.get("read_gb_per_s_before") or () if g)
-    gaps = [(b / a, a, b) for a, b in zip(probes, probes[1:])]
-    if not gaps or max(gaps)[0] < SPELL_GAP:
+    if len(probes) < 2:
         return None
-    _, a, b = max(gaps)
-    return round((a * b) ** 0.5, 1)
+    n, total = len(probes), sum(probes)
+    best, at, left = -1.0, 1, 0.0
+    for i in range(1, n):
+        left += probes[i - 1]
+        m0, m1 = left / i, (total - left) / (n - i)
+        score = i * (n - i) * (m1 - m0) ** 2
+        if score > best:
+            best, at = score, i
+    if statistics.median(probes[at:]) < SPELL_GAP * statistics.median(probes[:at]):
+        return None
+    return round((probes[at - 1] * probes[at]) ** 0.5, 1)
 
 
 def _by_spell(ratios: list[float], probes: list[list[float]], split: float) -> dict:
