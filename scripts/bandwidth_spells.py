@@ -22,13 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dyntree_core.machine import machine_info  # noqa: E402
-from dyntree_core.paths import cache_root  # noqa: E402
+from dyntree_core.models.load import resolve_spec  # noqa: E402
 from dyntree_core.planning.forward_timer import ForwardTimer  # noqa: E402
 from dyntree_core.planning.pair_cache import PairCache  # noqa: E402
 from dyntree_core.planning.profiling import read_gb_per_s  # noqa: E402
-
-GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-
 
 def llama_bench_ms(binary: Path, gguf: Path, threads: int) -> float:
     out = subprocess.run([str(binary), "-m", str(gguf), "-p", "0", "-n", "32", "-r", "2", "-t", str(threads),
@@ -43,7 +40,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     threads = torch.get_num_threads()
-    gguf = cache_root() / "gguf" / GGUF
+    gguf = Path(resolve_spec("embedded", "target").gguf)  # the file our target is read from
     target = PairCache("embedded", "embedded", device="cpu").pair("int4", "int4").target
     probe = torch.ones(1 << 27)  # 512 MiB
     rounds = []

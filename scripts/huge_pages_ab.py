@@ -16,6 +16,7 @@ os.environ["DYNTREE_KERNELS"] = "table"
 from dyntree_core.models.load import load_model, resolve_spec  # noqa: E402
 from dyntree_core.planning.forward_timer import ForwardTimer  # noqa: E402
 from dyntree_core.quant.ggml_linear import GGMLLinear  # noqa: E402
+from dyntree_core.quant.huge_pages import HUGE_PAGE  # noqa: E402
 from dyntree_core.quant.native_layer import forget_plan  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -25,10 +26,10 @@ ap.add_argument("--json", help="write the rounds, medians and ratio here")
 args = ap.parse_args()
 model = load_model(resolve_spec("embedded", "target"), precision="int4")
 layers = [m for m in model.modules() if isinstance(m, GGMLLinear)
-          and not (args.small_only and m.blocks.numel() >= 2 << 20)]
+          and not (args.small_only and m.blocks.numel() >= HUGE_PAGE)]
 huge = [m.blocks for m in layers]
 small = [b.clone() for b in huge]  # torch's allocator: 4 KiB pages
-print(f"{sum(b.data_ptr() % (2 << 20) == 0 for b in huge)} of {len(layers)} layers' blocks at a 2 MiB page's start "
+print(f"{sum(b.data_ptr() % HUGE_PAGE == 0 for b in huge)} of {len(layers)} layers' blocks at a 2 MiB page's start "
       f"({sum(b.numel() for b in huge) / 1e6:.1f} MB); "
       + "".join(line.strip() for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")))
 runs: dict[str, list[float]] = {"2 MiB": [], "4 KiB": []}
@@ -44,8 +45,9 @@ with torch.inference_mode():
             timer.once(1)
             runs[label].append(timer.best(1, 7) * 1e3)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in runs.items()), flush=True)
-print("t(1) medians: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in runs.items())
-      + f"; ratio 2 MiB / 4 KiB {statistics.median(a / b for a, b in zip(runs['2 MiB'], runs['4 KiB'])):.3f}")
+medians = {k: statistics.median(v) for k, v in runs.items()}
+ratio = statistics.median(a / b for a, b in zip(runs["2 MiB"], runs["4 KiB"]))
+print("t(1) medians: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()) + f"; ratio 2 MiB / 4 KiB {ratio:.3f}")
 if args.json:
     import json
 
@@ -54,6 +56,5 @@ if args.json:
     with open(args.json, "w") as f:
         json.dump({"script": "scripts/huge_pages_ab.py", "argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
                    "layers": len(layers), "megabytes": round(sum(b.numel() for b in huge) / 1e6, 1),
-                   "t1_ms": runs, "median_ms": {k: statistics.median(v) for k, v in runs.items()},
-                   "median_ratio_2mib_over_4kib": statistics.median(a / b for a, b in zip(runs["2 MiB"], runs["4 KiB"]))},
+                   "t1_ms": runs, "median_ms": medians, "median_ratio_2mib_over_4kib": ratio},
                   f, indent=1)

@@ -40,7 +40,7 @@ records the memory read bandwidth it saw (``read_gb_per_s_before``, per prompt):
 weight, so plain decoding follows the machine's bandwidth. On a VM whose bandwidth jumps between spells (the
 2-core Zen 4 host: ~34 and ~57 GB/s, minutes each) the ratios are also given per spell
 (``record["per_prompt_ratios"][...][row]["vs"][reference]["by_spell"]``): prompts where both runs saw the
-slower, or both the faster, bandwidth (``spells``).
+slower, or both the faster, bandwidth (``spell_split``).
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5, buffer: Optional[torc
     counts; a caller that probes often keeps one rather than allocate and fault in ``nbytes`` each time)."""
     x = buffer if buffer is not None else torch.ones(nbytes // 4)
     nbytes = x.numel() * x.element_size()
-    x.sum()
+    if buffer is None:
+        x.sum()  # (a fresh allocation: its first pass)
     best = math.inf
     for _ in range(samples):
         t0 = time.perf_counter()

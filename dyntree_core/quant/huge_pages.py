@@ -8,7 +8,7 @@ products, weights from DRAM, one process alternating the two copies): Q4_K [8960
 0.181 ms, the Q6_K head [151936, 1536] 4.48 -> 3.25 ms; at 16 rows 0.773 -> 0.718 ms.
 
 The mapping lives as long as the tensor: ``torch.frombuffer`` holds the ``mmap`` object, which unmaps when the
-last tensor on it goes (``tests/test_huge_pages.py``). Blocks under 2 MiB (the target's q/k/v and o, ~87 MB) go
+last tensor on it goes (``tests/test_huge_pages.py``). Blocks under 2 MiB (the target's q/k/v and o, 95 MB) go
 side by side into one such mapping (``packed_in_huge_pages``, through ``ggml_linear.pack_small_blocks`` at load).
 """
 
