@@ -19,8 +19,10 @@ from dyntree_core.quant import native
 from dyntree_core.quant.ggml_linear import GGMLLinear
 from dyntree_core.quant.native import synthetic_blocks
 
-#: target (Qwen2.5 1.5B) shapes, fewer output rows: every K the model has, a K of many blocks
-SHAPES = (("Q4_K", 48, 1536), ("Q6_K", 40, 1536), ("Q4_K", 24, 8960), ("Q6_K", 16, 8960))
+#: target (Qwen2.5 1.5B) shapes, fewer output rows: every K the model has, a K of many blocks; the draft's (0.5B)
+#: Q5_0 ones (K = 896)
+SHAPES = (("Q4_K", 48, 1536), ("Q6_K", 40, 1536), ("Q4_K", 24, 8960), ("Q6_K", 16, 8960), ("Q5_0", 40, 896),
+          ("Q5_0", 16, 4864))
 ROWS = (*range(1, 18), 32)
 
 
@@ -54,6 +56,7 @@ def test_vnni_rows_equal_the_avx2_rows_bit_for_bit(vk, type_name, n, k):
     x = torch.randn(max(ROWS), k + 64, generator=gen)[:, :k] * 4  # a row stride wider than K
     x[2] = 0.0  # an all-zero row: activation scale 0
     x[4, :256] *= 1e4  # one block of large values
+    x[5, 32:64] = -x[5, 32:64].abs()  # a block of negative values only: its absmax quantizes to -127
     before = vk.vnni_products()
     for m in ROWS:
         ref = vk.matmul(type_name, x[:m], blocks, n, k, bias, int8_activations=True, vnni_min_rows=0)
@@ -71,9 +74,12 @@ def test_vnni_min_rows_switches_by_row_count_and_skips_other_types(vk):
     for m in (1, 3, 4, 8):
         vk.matmul("Q4_K", x[:m], blocks, 16, 512, None, True, vnni_min_rows=4)
     assert vk.vnni_products() - before == 2  # 4 and 8 rows
-    q8_0 = synthetic_blocks("Q8_0", 16, 512, seed=2)
-    vk.matmul("Q8_0", x, q8_0, 16, 512, None, True, vnni_min_rows=1)  # no VNNI kernel for Q8_0
-    assert vk.vnni_products() - before == 2
+    q5_0 = synthetic_blocks("Q5_0", 16, 512, seed=2)
+    for m in (1, 2, 4, 8):
+        vk.matmul("Q5_0", x[:m], q5_0, 16, 512, None, True, vnni_min_rows=2)
+    assert vk.vnni_products() - before == 5  # and 2, 4 and 8 rows of Q5_0
+    vk.matmul("Q8_0", x, synthetic_blocks("Q8_0", 16, 512, seed=2), 16, 512, None, True, vnni_min_rows=1)
+    assert vk.vnni_products() - before == 5  # no VNNI kernel for Q8_0
 
 
 def test_a_cpu_without_vnni_never_enters_the_vnni_kernels():

@@ -553,7 +553,15 @@ void dyntree_q4k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t
                               const int16_t *bs, int64_t K, float *out);
 void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
                               const int16_t *bs, int64_t K, float *out);
+void dyntree_q5_0_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                               const int32_t *corr, int64_t K, float *out);
 #endif
+
+/* corr [K / 4] of one row of Q8_0 activations for the VNNI Q5_0 kernel: -16 times each 4 activations' sum, the
+ * offset of its unsigned weights */
+static void q5_0_vnni_corrections(const int8_t *q, int64_t K, int32_t *corr) {
+    for (int64_t i = 0; i < K / 4; i++) corr[i] = -16 * ((int32_t)q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+}
 
 /* products that took the VNNI row kernels since load (tests see which path ran) */
 static int64_t vnni_products;
@@ -570,7 +578,7 @@ int dyntree_ggml_vnni(void) {
 }
 
 /* y [M, N] = x [M, K] @ W^T (+ bias) with x quantized to int8 per 256 values (Q4_K, Q6_K weights) or per 32
- * (Q5_0, Q8_0). From vnni_min_rows rows on (0: never) Q4_K and Q6_K run the AVX-512 VNNI row kernels where the
+ * (Q5_0, Q8_0). From vnni_min_rows rows on (0: never) Q4_K, Q6_K and Q5_0 run the AVX-512 VNNI row kernels where the
  * CPU has them (dyntree_ggml_vnni): the same outputs, bit for bit. T_Q4_K_X8 / T_Q6_K_X8 weights go to the x8 tiles. */
 int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                             int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
@@ -604,9 +612,20 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
     const int vnni = 0;
     (void)vnni_min_rows;
 #else
-    const int vnni = kq && vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
+    const int vnni = type != T_Q8_0 && vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
     if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
 #endif
+    int32_t *corr = NULL; /* [M, K / 4]: the VNNI Q5_0 kernel's lane offsets */
+    if (vnni && !kq) {
+        corr = (int32_t *)malloc((size_t)(M * (K / 4)) * sizeof(int32_t));
+        if (!corr) {
+            free(q8);
+            free(d8);
+            free(bs);
+            return -2;
+        }
+        for (int64_t m = 0; m < M; m++) q5_0_vnni_corrections(q8 + m * K, K, corr + m * (K / 4));
+    }
     if (x8) {
         x8_products(type, w, q8, d8, bs, ldb, bias, y, ldy, M, N, K, vnni);
         free(q8);
@@ -630,7 +649,8 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
             const int16_t *bm = bs + m0 * ldb;
             if (vnni) {
 #ifndef DYNTREE_NO_VNNI
-                (type == T_Q4_K ? dyntree_q4k_q8_rows_vnni : dyntree_q6k_q8_rows_vnni)(R, wr, nb, qm, dm, bm, K, out);
+                if (!kq) dyntree_q5_0_q8_rows_vnni(R, wr, nb, qm, dm, corr + m0 * (K / 4), K, out);
+                else (type == T_Q4_K ? dyntree_q4k_q8_rows_vnni : dyntree_q6k_q8_rows_vnni)(R, wr, nb, qm, dm, bm, K, out);
 #endif
             } else if (!kq) {
                 if (R == 4) q32_q8_rows_4(type, bb, wr, nb, qm, dm, K, out);
@@ -655,6 +675,7 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
             m0 += R;
         }
     }
+    free(corr);
     free(q8);
     free(d8);
     free(bs);

@@ -16,7 +16,7 @@ Two ways to run it, both from the same bytes (no extra memory kept):
   docs/CPU_KERNELS.md). Its own arithmetic (float rounding apart from the row kernel's), the same at every M.
 
 ``mm_min_rows`` (from the kernel table) picks ``dequant_mm`` from that many input rows on (0: never; always 0
-with ``int8_activations``, so every M rounds the same way). ``vnni_min_rows`` (int8 activations, Q4_K/Q6_K) runs
+with ``int8_activations``, so every M rounds the same way). ``vnni_min_rows`` (int8 activations; Q4_K/Q6_K/Q5_0) runs
 the AVX-512 VNNI row kernels from that many rows on where the kernels have them: the same outputs, bit for bit.
 Without ``int8_activations`` both use the float32 weight the gguf package's dequantization gives, so they agree
 with each other and with the float32 model up to the order of float32 sums.

@@ -193,6 +193,54 @@ void dyntree_q6k_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t
     }
 }
 
+/* v + 16 in the bytes whose bit of k is set (one vpaddb under the mask; SIMDe 0.7.4 has no masked byte add, so
+ * its build blends v | 16 in: the same bytes, v < 16) */
+static inline __attribute__((always_inline)) __m256i add16_where(__m256i v, uint32_t k) {
+#ifdef DYNTREE_VNNI_SIMDE
+    return _mm256_mask_blend_epi8(k, v, _mm256_or_si256(v, _mm256_set1_epi8(16)));
+#else
+    return _mm256_mask_add_epi8(v, (__mmask32)k, v, _mm256_set1_epi8(16));
+#endif
+}
+
+/* Q5_0 weights against Q8_0 activations (ggml_kernels.c's q32_q8_rows): one vpdpbusd per block and row where the
+ * AVX2 kernel issues two vpsignb, vpmaddubsw and vpmaddwd, and the quants' fifth bits added by one byte-masked add
+ * from the 32-bit qh where it builds a byte mask in four instructions. vpdpbusd takes unsigned weights, so they are
+ * the quants q in 0..31 and each int32 lane starts from corr = -16 * (its 4 activations' sum): lane i ends at
+ * sum_{j=4i..4i+3} (q_j - 16) x_j, the AVX2 kernel's lane exactly. The float work is the AVX2 kernel's, in its
+ * order, so the outputs are bit-identical. corr: [R][K / 4] int32 (ggml_kernels.c's q5_0_vnni_corrections).
+ * (Q8_0 weights gained nothing this way: its AVX2 kernel reads at the memory's rate, CPU_KERNELS.md.) */
+ROWS_KERNEL void q5_0_vnni(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                           const int32_t *corr, int64_t K, float *out) {
+    __m256 tot[4];
+    for (int r = 0; r < R; r++) tot[r] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i nib_shift = _mm256_setr_epi64x(0, 0, 4, 4); /* low nibbles in the low half, high in the high */
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + b * 22;
+        const float d = f16(blk);
+        const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 6)));
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        const __m256i w = add16_where(_mm256_and_si256(_mm256_srlv_epi64(q, nib_shift), m4), qh);
+        for (int r = 0; r < R; r++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + r * K + 32 * b));
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(corr + r * (K / 4) + 8 * b));
+            const __m256i p = _mm256_dpbusd_epi32(c, w, x);
+            tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r * (K / 32) + b]), tot[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(tot[r]);
+}
+
+/* R rows (1, 2 or 4) of Q8_0 activations against one Q5_0 weight row */
+void dyntree_q5_0_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
+                               const int32_t *corr, int64_t K, float *out) {
+    if (R == 4) q5_0_vnni(4, wr, nb, q8, d8, corr, K, out);
+    else if (R == 2) q5_0_vnni(2, wr, nb, q8, d8, corr, K, out);
+    else q5_0_vnni(1, wr, nb, q8, d8, corr, K, out);
+}
+
 /* the int32 at p in every lane of a zmm (q8_blocks.h's bcast_i32 on ymm) */
 static inline __attribute__((always_inline)) __m512i bcast512_i32(const void *p) {
     int32_t v;

@@ -6,8 +6,8 @@ For a layer shape (GGML type, N, K) and M input rows the runtime candidates are:
   and zeros; ``Int8Linear`` for the other types: per-channel int8 requantized from the exact weight);
 * ``native_rows``: ``GGMLLinear``'s row kernel on the file's own blocks (``native``);
 * ``native_dequant_mm``: ``GGMLLinear`` dequantizing chunks of the weight to float32 for torch's GEMM;
-* ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K; llama.cpp's arithmetic);
-* ``native_q8_vnni``: the same on AVX-512 VNNI (Q4_K/Q6_K, where the CPU has it and the kernels passed their
+* ``native_q8``: ``GGMLLinear``'s row kernel with int8 activations (Q4_K/Q6_K/Q5_0/Q8_0; llama.cpp's arithmetic);
+* ``native_q8_vnni``: the same on AVX-512 VNNI (Q4_K/Q6_K/Q5_0, where the CPU has it and the kernels passed their
   load-time bit-identity check): the same outputs, bit for bit, so it may take any row count;
 * ``native_x8``: Q4_K/Q6_K with int8 activations on the rows repacked 8 at a time (``GGMLLinear``'s ``x8``): tiles of
   8 weight rows, its own float arithmetic; ``native_x8_vnni`` the same on AVX-512 VNNI, bit for bit.
@@ -64,7 +64,7 @@ NATIVE_LAYER_MARGIN = 1.0
 RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm", "native_q8", "native_q8_vnni",
                                        "native_x8", "native_x8_vnni")
 #: GGML types with VNNI row kernels
-VNNI_TYPES: tuple[str, ...] = ("Q4_K", "Q6_K")
+VNNI_TYPES: tuple[str, ...] = ("Q4_K", "Q6_K", "Q5_0")
 #: a candidate slower than this (ms) at some M is not timed at larger M
 SLOW_MS = 3000.0
 

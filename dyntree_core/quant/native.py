@@ -85,7 +85,7 @@ class NativeKernels:
         """``x`` float32 ``[M, K]`` (rows contiguous) @ the ``[N, K]`` weight in ``blocks`` (uint8, GGML rows)
         ``^T`` (+ ``bias`` float32 ``[N]``) -> float32 ``[M, N]``. ``int8_activations``: each row of ``x``
         quantized to int8 first (per 256 values for Q4_K/Q6_K, llama.cpp's Q8_K; per 32 for Q5_0/Q8_0, its Q8_0)
-        and integer dot products; from ``vnni_min_rows`` rows on (0: never) Q4_K/Q6_K take the AVX-512 VNNI
+        and integer dot products; from ``vnni_min_rows`` rows on (0: never) Q4_K/Q6_K/Q5_0 take the AVX-512 VNNI
         kernels where ``vnni`` (the same outputs, bit for bit). ``x8``: ``blocks`` is in the x8 layout
         (``repack_x8``; int8 activations only): 8 weight rows per tile, its own arithmetic (outputs differ from
         the row kernels' by float rounding, and are the same at every M)."""
@@ -250,7 +250,7 @@ def synthetic_blocks(type_name: str, n: int, k: int, seed: int = 0) -> torch.Ten
 
 
 #: (type, N, K) and row counts of the load-time check: every row grouping of the row kernels (1..8, a remainder)
-VNNI_CHECK_SHAPES = (("Q4_K", 24, 512), ("Q6_K", 24, 512))
+VNNI_CHECK_SHAPES = (("Q4_K", 24, 512), ("Q6_K", 24, 512), ("Q5_0", 24, 512))
 VNNI_CHECK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 11, 17)
 
 
@@ -263,6 +263,8 @@ def vnni_mismatch(kernels: NativeKernels) -> Optional[str]:
     for x8 in (False, True):
         what = "the VNNI x8 tile differs from the AVX2 one" if x8 else "the VNNI kernels differ from the AVX2 kernels"
         for type_name, n, k in VNNI_CHECK_SHAPES:
+            if x8 and type_name not in X8:
+                continue
             blocks = synthetic_blocks(type_name, n, k, seed=3)
             if x8:
                 blocks = trial.repack_x8(type_name, blocks, n, k)
