@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .methods import REGISTRY
-from .step_price import FallbackPrice
+from .step_price import FALLBACK_AFTER, FallbackPrice  # noqa: F401  (FALLBACK_AFTER: the rule's, re-exported)
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")
@@ -37,8 +37,6 @@ def default_threshold(budget: int) -> float:
 
 #: suffix / hybrid: drafted tokens <= ceil(spec_factor x match length) (SuffixDecoding's default)
 DEFAULT_SPEC_FACTOR = 1.0
-#: tree steps a run decodes before ``DecodeConfig.fallback`` is checked (then after every step)
-FALLBACK_AFTER = 8
 
 
 def parse_spec_factor(text: str) -> Optional[float]:
@@ -96,7 +94,8 @@ class DecodeConfig:
             no cap (``budget`` nodes whatever the match).
         fallback: a draft-tree method: from the ``FALLBACK_AFTER``-th tree step on, once the run's tree
             steps, each priced at the profile rows at its own shape, cost more per committed token than
-            plain decoding (``step_price.FallbackPrice``), the rest of the run decodes plainly (the tree
+            plain decoding (from ``check_from`` on: more than ``early_margin`` x that;
+            ``step_price.FallbackPrice.falls_back``), the rest of the run decodes plainly (the tree
             does not pay on this text; ``auto`` sets it from its plan's profile rows,
             ``AutoPlan.fallback_price``). Eager steps only (graph steps keep the tree). None = never. Every
             step stays exact and the switch depends only on steps already decoded: the run stays lossless.

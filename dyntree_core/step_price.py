@@ -107,6 +107,15 @@ class PricedRows:
         return draft + self.time(self.target, shape.size) + self.time(self.other, shape.size)
 
 
+#: tree steps a run decodes before ``DecodeConfig.fallback`` holds its steps to the plain price (then after every step)
+FALLBACK_AFTER = 8
+#: before that, from this step on, a run whose steps cost more than EARLY_MARGIN x the plain price per token falls
+#: back already (Zen 4, 30 prompts, auto's chain: news 1.12 -> 1.05 x plain decoding, wiki 1.08 -> 1.06, no code
+#: prompt fell back; at 1.1x one code prompt did: docs/CPU_KERNELS.md, "An earlier fallback")
+EARLY_CHECK_FROM = 3
+EARLY_MARGIN = 1.25
+
+
 @dataclass(frozen=True)
 class FallbackPrice:
     """When a draft-tree run stops drafting: once its tree steps, each priced at ``rows`` at its own shape,
@@ -117,12 +126,25 @@ class FallbackPrice:
 
     rows: PricedRows
     plain_s_per_token: float
+    #: the first tree step after which the run may fall back; before ``FALLBACK_AFTER`` only where its steps cost
+    #: more than ``early_margin`` x the plain price per token (few steps: a noisy average)
+    check_from: int = EARLY_CHECK_FROM
+    early_margin: float = EARLY_MARGIN
 
     @classmethod
     def from_dict(cls, d: dict) -> "FallbackPrice":
         r = d["rows"]
+        early = {k: d[k] for k in ("check_from", "early_margin") if k in d}
         return cls(PricedRows(*(tuple(r[k]) for k in ("ns", "target", "draft", "other"))),
-                   float(d["plain_s_per_token"]))
+                   float(d["plain_s_per_token"]), **early)
+
+    def falls_back(self, tree_steps: int, s_per_token: float) -> bool:
+        """Whether a run whose first ``tree_steps`` tree steps cost ``s_per_token`` each committed token (priced at
+        ``rows``) decodes plainly from the next step on."""
+        if tree_steps < self.check_from:
+            return False
+        margin = self.early_margin if tree_steps < FALLBACK_AFTER else 1.0
+        return s_per_token > margin * self.plain_s_per_token
 
     def problem(self) -> str:
         """Why these numbers cannot decide anything ('' when they can)."""
@@ -131,4 +153,7 @@ class FallbackPrice:
             return f"plain_s_per_token must be a positive number of seconds, got {self.plain_s_per_token!r}"
         if not self.rows.ns or not math.isfinite(self.rows.time(self.rows.target, 1)):
             return "the target row has no measured size"
+        if not (1 <= int(self.check_from) <= FALLBACK_AFTER) or not self.early_margin >= 1.0:
+            return (f"check_from must be 1..{FALLBACK_AFTER} and early_margin >= 1, got {self.check_from!r}, "
+                    f"{self.early_margin!r}")
         return ""

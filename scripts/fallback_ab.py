@@ -6,9 +6,13 @@ ratios (10 eval prompts of wiki / news / code, 128 prompt tokens, 64 new tokens,
 * ``auto, priced fallback``: the rule ``auto`` sets (each tree step priced at the profile rows at its own shape);
 * ``auto, tokens/step fallback``: the earlier rule, the plan's break-even in tokens per step whatever the
   step's shape (the same ``FallbackPrice`` with a flat target row of that many plain tokens, free drafts);
-* ``auto, no fallback``.
+* ``auto, no fallback``;
+* with ``--early FROM MARGIN ...``: ``auto, priced fallback from step FROM at MARGINx``, the priced rule checked
+  from tree step FROM on, at MARGIN x the plain price until step ``FALLBACK_AFTER`` (``FallbackPrice.check_from``,
+  ``early_margin``); ``--rows`` keeps only the rows named (plain always runs).
 
-    .venv/bin/python scripts/fallback_ab.py [--method chain] [--json bench/results/fallback_ab_<machine>.json]
+    .venv/bin/python scripts/fallback_ab.py [--method chain] [--early 3 1.25] [--rows priced early]
+        [--json bench/results/fallback_ab_<machine>.json]
 """
 import argparse, dataclasses, json, statistics, time
 from pathlib import Path
@@ -28,7 +32,13 @@ ap.add_argument("--json", type=Path, default=Path("bench/results") / f"fallback_
 ap.add_argument("--prompts", type=int, default=10)
 ap.add_argument("--method", default="auto", help="auto's choice (default), or the method auto priced best of that "
                 "kind (chain, sequoia), with its shape and fallback rule")
+ap.add_argument("--early", nargs="+", default=[], metavar="FROM MARGIN",
+                help="pairs: an early-checked priced rule from tree step FROM at MARGIN x the plain price")
+ap.add_argument("--rows", nargs="+", choices=("priced", "tokens", "none", "early"),
+                default=["priced", "tokens", "none", "early"], help="which rows besides plain decoding")
 args = ap.parse_args()
+if len(args.early) % 2:
+    ap.error("--early takes pairs FROM MARGIN")
 models = PairCache("embedded", "embedded", keep=2)
 plan = plan_auto(models, 0.0)
 cand = plan.best if args.method == "auto" else plan.best_of(args.method)
@@ -38,10 +48,17 @@ priced = dataclasses.replace(DecodeConfig(temperature=0.0, precision=cand.target
                                           draft_precision=cand.draft_precision), **plan.method_fields(cand))
 even = plan.break_even_tokens(cand)
 flat = None if even is None else FallbackPrice(PricedRows((1, 4096), (even, even), (0.0, 0.0), (0.0, 0.0)), 1.0)
-decs = {"plain": DecodeConfig(method="autoregressive", precision=priced.precision),
-        "auto, priced fallback": priced,
-        "auto, tokens/step fallback": dataclasses.replace(priced, fallback=flat),
-        "auto, no fallback": dataclasses.replace(priced, fallback=None)}
+decs = {"plain": DecodeConfig(method="autoregressive", precision=priced.precision)}
+if "priced" in args.rows:
+    decs["auto, priced fallback"] = priced
+if "tokens" in args.rows:
+    decs["auto, tokens/step fallback"] = dataclasses.replace(priced, fallback=flat)
+if "none" in args.rows:
+    decs["auto, no fallback"] = dataclasses.replace(priced, fallback=None)
+if "early" in args.rows and priced.fallback is not None:
+    for first, margin in zip(args.early[::2], args.early[1::2]):
+        rule = dataclasses.replace(priced.fallback, check_from=int(first), early_margin=float(margin))
+        decs[f"auto, priced fallback from step {first} at {margin}x"] = dataclasses.replace(priced, fallback=rule)
 print("auto chose", plan.best.label(), "; running", cand.label(), "break-even", even, "tokens/step; plain", priced.fallback and priced.fallback.plain_s_per_token,
       "s/token", flush=True)
 out = {}

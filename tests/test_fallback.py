@@ -9,15 +9,17 @@ import pytest
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
 from dyntree_core.config import FALLBACK_AFTER, ConfigError
-from dyntree_core.step_price import FallbackPrice, PricedRows, StepShape
+from dyntree_core.step_price import EARLY_CHECK_FROM, EARLY_MARGIN, FallbackPrice, PricedRows, StepShape
 from dyntree_core.testing import tiny_pair
 
 
-def below(tokens_per_step: float, draft_s: float = 0.0) -> FallbackPrice:
+def below(tokens_per_step: float, draft_s: float = 0.0, early: bool = False) -> FallbackPrice:
     """A rule that falls back under ``tokens_per_step`` when draft forwards are free: every target forward
-    costs ``tokens_per_step`` plain tokens; each draft forward adds ``draft_s`` of them."""
+    costs ``tokens_per_step`` plain tokens; each draft forward adds ``draft_s`` of them. Checked from step
+    ``FALLBACK_AFTER`` on only, unless ``early`` (the default rule's early check)."""
     flat = lambda s: (float(s), float(s))  # noqa: E731  (flat from 1 to 4,096 tokens)
-    return FallbackPrice(PricedRows(ns=(1, 4096), target=flat(tokens_per_step), draft=flat(draft_s), other=flat(0)), 1.0)
+    rows = PricedRows(ns=(1, 4096), target=flat(tokens_per_step), draft=flat(draft_s), other=flat(0))
+    return FallbackPrice(rows, 1.0) if early else FallbackPrice(rows, 1.0, check_from=FALLBACK_AFTER, early_margin=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +89,27 @@ def test_a_chain_pays_for_the_draft_forwards_its_steps_ran(pair, one_torch_threa
     assert switch == FALLBACK_AFTER - 1 and dear[switch + 1].method == "autoregressive"
 
 
+def test_the_early_check_ends_a_run_far_below_its_break_even_and_waits_near_it():
+    rule = below(2.0, early=True)
+    assert (rule.check_from, rule.early_margin) == (EARLY_CHECK_FROM, EARLY_MARGIN) and 1 < EARLY_CHECK_FROM < FALLBACK_AFTER
+    just_over = 1.0 + (EARLY_MARGIN - 1.0) / 2  # dearer than plain decoding, within the early margin
+    assert not rule.falls_back(EARLY_CHECK_FROM - 1, 10.0)  # too few steps to say anything
+    assert rule.falls_back(EARLY_CHECK_FROM, EARLY_MARGIN * 1.01) and not rule.falls_back(EARLY_CHECK_FROM, just_over)
+    assert not rule.falls_back(FALLBACK_AFTER - 1, just_over) and rule.falls_back(FALLBACK_AFTER, just_over)
+    assert not rule.falls_back(FALLBACK_AFTER, 1.0)  # as dear as plain decoding: the tree stays
+
+
+def test_a_run_far_below_its_break_even_falls_back_at_the_early_check(pair, one_torch_thread):
+    """The tiny pair's chain commits under 2 tokens a step against a break-even of 4.5: with the early check the
+    run decodes plainly after step EARLY_CHECK_FROM, token-identical to plain decoding."""
+    plain = [c.token_id for t in _run(pair, method="autoregressive") for c in t.committed]
+    traces = _run(pair, method="chain", depth=4, fallback=below(4.5, early=True))
+    switch = next(i for i, t in enumerate(traces) if t.fallback)
+    mean = sum(t.num_committed for t in traces[:switch + 1]) / (switch + 1)
+    assert mean * EARLY_MARGIN < 4.5 and switch == EARLY_CHECK_FROM - 1
+    assert [c.token_id for t in traces for c in t.committed] == plain
+
+
 def test_a_steps_price_is_its_own_shape():
     rows = PricedRows(ns=(1, 2, 4), target=(0.10, 0.12, 0.16), draft=(0.05, 0.06, 0.08), other=(0.01, 0.01, 0.02))
     assert rows.step_seconds(StepShape(levels=3, width=1.0, size=4)) == pytest.approx(3 * 0.05 + 0.16 + 0.02)
@@ -101,9 +124,13 @@ def test_the_rule_is_checked_and_survives_an_export(pair):
         DecodeConfig(method="chain", fallback=FallbackPrice(below(2.0).rows, 0.0))
     with pytest.raises(ConfigError, match="target row"):
         DecodeConfig(method="chain", fallback=FallbackPrice(PricedRows((1,), (None,), (0.0,), (0.0,)), 1.0))
-    rule = FallbackPrice(PricedRows((1, 2), (0.1, None), (0.05, 0.06), (0.0, 0.001)), 0.09)
+    with pytest.raises(ConfigError, match="early_margin"):
+        DecodeConfig(method="chain", fallback=FallbackPrice(below(2.0).rows, 1.0, early_margin=0.5))
     import json
-    assert FallbackPrice.from_dict(json.loads(json.dumps(DecodeConfig(method="chain", fallback=rule).to_dict()))["fallback"]) == rule
+    for rule in (FallbackPrice(PricedRows((1, 2), (0.1, None), (0.05, 0.06), (0.0, 0.001)), 0.09),
+                 FallbackPrice(PricedRows((1, 2), (0.1, None), (0.05, 0.06), (0.0, 0.001)), 0.09, 5, 1.5)):
+        exported = json.loads(json.dumps(DecodeConfig(method="chain", fallback=rule).to_dict()))["fallback"]
+        assert FallbackPrice.from_dict(exported) == rule
 
 
 def test_auto_sets_its_break_even_for_draft_model_trees_only():

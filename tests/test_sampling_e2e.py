@@ -192,13 +192,11 @@ def test_a_run_that_falls_back_to_plain_decoding_stays_lossless(pair, exact, mon
     1,355 samples: power >= 0.99 against w2 >= 0.04 at false-alarm rate ALPHA. Checked against plain steps that
     draw with a generator never advanced (one fixed uniform): it fails, p = 7e-72 (with the module's draft,
     whose first draft token is mostly accepted, the same bug went unseen: p = 0.09)."""
-    import dyntree_core.decode.engine as engine
-
-    monkeypatch.setattr(engine, "FALLBACK_AFTER", 1)
     noisy = on_lean_forward(tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0))
     assert all(torch.equal(a, b) for a, b in zip(noisy[1].parameters(), pair[1].parameters()))  # the module's target
     make = decoder_factory(noisy, method="chain", depth=1, temperature=1.0,
-                           fallback=FallbackPrice(PricedRows((1, 64), (64.0, 64.0), (0.0, 0.0), (0.0, 0.0)), 1.0))
+                           fallback=FallbackPrice(PricedRows((1, 64), (64.0, 64.0), (0.0, 0.0), (0.0, 0.0)), 1.0,
+                                                  check_from=1))
     methods = [t.method for t in make().generate(PROMPT, 4, seed=0)]
     assert methods[0] == "chain" and set(methods[1:]) == {"autoregressive"}
     counts = sample_first_two(make, PROMPT, samples_for(exact(1.0)))

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import interrupt
-from ..config import FALLBACK_AFTER, ConfigError, DecodeConfig
+from ..config import ConfigError, DecodeConfig
 from .draft_source import ModelDraftSource, NoModelSource
 from .forward import causal_forward, masked_forward
 from .kv import cache_length, compact, new_cache
@@ -464,9 +464,9 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ autoregressive step
     def _fall_back(self, state: _Step, trace: StepTrace) -> str:
-        """Count a tree step at its price (``DecodeConfig.fallback``); from the ``FALLBACK_AFTER``-th on, once
-        the tree steps cost more per committed token than plain decoding, switch the rest of the run to plain
-        decoding and say why ('' otherwise)."""
+        """Count a tree step at its price (``DecodeConfig.fallback``); once the tree steps cost more per committed
+        token than the rule allows (``FallbackPrice.falls_back``), switch the rest of the run to plain decoding and
+        say why ('' otherwise)."""
         rule = self.config.fallback
         if rule is None:
             return ""
@@ -477,7 +477,7 @@ class SpeculativeDecoder:
         state.tree_tokens += trace.num_committed
         state.tree_priced_s += priced
         per_token = state.tree_priced_s / max(1, state.tree_tokens)
-        if state.tree_steps < FALLBACK_AFTER or per_token <= rule.plain_s_per_token or trace.finish_reason is not None:
+        if not rule.falls_back(state.tree_steps, per_token) or trace.finish_reason is not None:
             return ""
         state.plain = True
         return (f"{self.config.method} steps committed {state.tree_tokens / state.tree_steps:.2f} tokens each over "

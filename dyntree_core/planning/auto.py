@@ -20,8 +20,8 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
-from ..config import FALLBACK_AFTER, DecodeConfig
-from ..step_price import FallbackPrice, PricedRows
+from ..config import DecodeConfig
+from ..step_price import EARLY_CHECK_FROM, EARLY_MARGIN, FALLBACK_AFTER, FallbackPrice, PricedRows
 from .acceptance import Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance
 from .forward_timer import Progress, Turn
 from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
@@ -197,7 +197,8 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
         if even is not None:
             reason += (f"; where this text's steps, priced at their own size, cost more per token than plain decoding "
                        f"(at this shape: under {even:.2f} tokens/step, the tree's break-even; checked from step "
-                       f"{FALLBACK_AFTER} on) the run decodes plainly from then on")
+                       f"{FALLBACK_AFTER} on, and from step {EARLY_CHECK_FROM} on at {EARLY_MARGIN:g}x the plain price) "
+                       f"the run decodes plainly from then on")
     fast_d = profile.fastest("draft", draft_precisions) or draft_precisions[0]
     per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,
