@@ -1,6 +1,6 @@
-"""Q4_K and Q6_K rows repacked 8 at a time (``ggml_kernels.c``'s "Q4_K x8" and "Q6_K x8"): the tile kernels compute
-exactly their stated arithmetic at every row count (a numpy model of it, bit for bit), their AVX-512 VNNI twins give
-the same bits, the layouts round-trip to the GGUF's bytes, and models on them keep plain decoding's tokens in trees,
+"""Q4_K, Q6_K and Q5_0 rows repacked 8 at a time (``ggml_kernels.c``'s "Q4_K x8", "Q6_K x8" and "Q5_0 x8"): the tile
+kernels compute exactly their stated arithmetic at every row count (a numpy model of it, bit for bit), their AVX-512
+VNNI twins give the same bits, the layouts round-trip to the GGUF's bytes, and models on them keep plain decoding's tokens in trees,
 through ``GGMLLinear``, the fused gate/up, the C decoder layer, the kernel table and the packed cache."""
 
 from __future__ import annotations
@@ -23,11 +23,37 @@ from test_ggml_vnni import _same_bits, vk  # noqa: F401 (vk: a fixture, the real
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 17)
 
 
+def _quantize_q8_0(x):
+    """llama.cpp's Q8_0 activations per 32 values, the kernels' way (as ``_quantize_q8k``, per 32)."""
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
+    mx = np.abs(xb).max(-1, keepdims=True)
+    safe = np.where(mx == 0, np.float32(1), mx)
+    q = np.where(mx == 0, 0, np.rint(xb * (np.float32(127) / safe))).astype(np.int64)
+    return q, (mx / np.float32(127))[..., 0]  # [M, nb, 32], [M, nb]
+
+
+def _q5_0_x8_reference(blocks, n, k, x, bias):
+    """Q5_0 x8: per block I = sum_v (u_v - 16) q_v with u = the 5-bit quants (the GGUF's low nibbles, high nibbles
+    and qh bits), then acc = fma(float(I), d*dx, acc) in block order from 0; y = acc + bias."""
+    raw = blocks.numpy().reshape(n, k // 32, 22).astype(np.int64)
+    d = raw[..., 0:2].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
+    qh = raw[..., 2] | raw[..., 3] << 8 | raw[..., 4] << 16 | raw[..., 5] << 24
+    u = np.concatenate([raw[..., 6:] & 0xF, raw[..., 6:] >> 4], -1) | (((qh[..., None] >> np.arange(32)) & 1) << 4)
+    q, dx = _quantize_q8_0(x)
+    ints = np.einsum("nbv,mbv->nbm", u - 16, q)
+    acc = np.zeros((n, q.shape[0]), np.float32)
+    for b in range(k // 32):
+        acc = _fma32(ints[:, b].astype(np.float32), d[:, b, None] * dx[None, :, b], acc)
+    return torch.from_numpy((acc + bias.numpy()[:, None]).T.copy())
+
+
 def _x8_reference(type_name, blocks, n, k, x, bias):
     """y [M, N] of the x8 kernels, bit for bit: per block the exact integers, Q4_K I = sum_j sc_j sum(u q)_j and
     N = sum_j m_j sum(q)_j (per 32 values), then acc = fma(float(I), d*dx, acc) and acc = fma(-float(N), dmin*dx,
     acc); Q6_K I = sum_v sc_v (u_v - 32) q_v, then acc = fma(float(I), d*dx, acc); in block order from 0; then
-    y = acc + bias."""
+    y = acc + bias. Q5_0: ``_q5_0_x8_reference``."""
+    if type_name == "Q5_0":
+        return _q5_0_x8_reference(blocks, n, k, x, bias)
     u, scale, d, dmin, mins = _k_quant_ints(type_name, blocks, n, k)
     q, dx = _quantize_q8k(x)
     m, nb = q.shape[0], k // 256
@@ -56,7 +82,8 @@ def _inputs(k, rows=max(ROWS), seed=5):
 def test_the_layout_round_trips_to_the_gguf_bytes(nk, type_name):
     blocks = synthetic_blocks(type_name, 48, 768, seed=3)
     x8 = nk.repack_x8(type_name, blocks, 48, 768)
-    assert tuple(x8.shape) == native.x8_shape(type_name, 48, 768) == (6, 3 * native.X8[type_name][1])
+    assert tuple(x8.shape) == native.x8_shape(type_name, 48, 768) == (6, 768 // native.BLOCKS[type_name][1]
+                                                                          * native.X8[type_name][1])
     assert torch.equal(nk.unpack_x8(type_name, x8, 48, 768), blocks)
     with pytest.raises(ValueError, match="N % 8"):
         native.x8_shape(type_name, 44, 768)

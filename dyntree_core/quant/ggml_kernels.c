@@ -18,13 +18,16 @@
 #include "avx2_sum.h"
 #include "q8_blocks.h"
 
-/* GGML type ids; T_Q4_K_X8 and T_Q6_K_X8 are ours (not GGML's): rows repacked 8 at a time (dyntree_q4k_x8_repack,
- * dyntree_q6k_x8_repack), taken by dyntree_ggml_matmul_q8v (int8 activations) only */
-enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K_X8 = 112, T_Q6_K_X8 = 114 };
+/* GGML type ids; T_Q4_K_X8, T_Q6_K_X8 and T_Q5_0_X8 are ours (not GGML's): rows repacked 8 at a time
+ * (dyntree_q4k_x8_repack, dyntree_q6k_x8_repack, dyntree_q5_0_x8_repack), taken by dyntree_ggml_matmul_q8v (int8
+ * activations) only */
+enum { T_Q4_K = 12, T_Q6_K = 14, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K_X8 = 112, T_Q6_K_X8 = 114, T_Q5_0_X8 = 106 };
 
 static void x8_products(int type, const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                         int64_t ldb, const float *bias, float *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                         int vnni);
+static void q5_0_x8_products(const uint8_t *w, const int8_t *q8, const float *d8, const int32_t *bsum,
+                             const float *bias, float *y, int64_t ldy, int64_t M, int64_t N, int64_t K, int vnni);
 
 /* 8 unsigned bytes -> 8 floats */
 static inline __m256 u8x8(const uint8_t *p) {
@@ -582,9 +585,10 @@ int dyntree_ggml_vnni(void) {
  * CPU has them (dyntree_ggml_vnni): the same outputs, bit for bit. T_Q4_K_X8 / T_Q6_K_X8 weights go to the x8 tiles. */
 int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t *w, const float *bias, float *y,
                             int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t vnni_min_rows) {
-    const int x8 = type == T_Q4_K_X8 || type == T_Q6_K_X8; /* from here on `type` names the blocks' GGML type */
+    const int x8 = type == T_Q4_K_X8 || type == T_Q6_K_X8 || type == T_Q5_0_X8; /* from here on `type` names the
+                                                                                 * blocks' GGML type */
     if (x8) {
-        type = type == T_Q4_K_X8 ? T_Q4_K : T_Q6_K;
+        type = type == T_Q4_K_X8 ? T_Q4_K : type == T_Q6_K_X8 ? T_Q6_K : T_Q5_0;
         if (N % 8) return -1;
     }
     int be, bb;
@@ -615,6 +619,26 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
     const int vnni = type != T_Q8_0 && vnni_min_rows > 0 && M >= vnni_min_rows && dyntree_vnni_supported();
     if (vnni) __atomic_fetch_add(&vnni_products, 1, __ATOMIC_RELAXED);
 #endif
+    if (x8 && type == T_Q5_0) { /* the tiles start each block's sums from -16 x its activations' sum */
+        int32_t *bsum = (int32_t *)malloc((size_t)(M * nd) * sizeof(int32_t));
+        if (!bsum) {
+            free(q8);
+            free(d8);
+            free(bs);
+            return -2;
+        }
+        for (int64_t i = 0; i < M * nd; i++) {
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += q8[32 * i + j];
+            bsum[i] = -16 * sum;
+        }
+        q5_0_x8_products(w, q8, d8, bsum, bias, y, ldy, M, N, K, vnni);
+        free(bsum);
+        free(q8);
+        free(d8);
+        free(bs);
+        return 0;
+    }
     int32_t *corr = NULL; /* [M, K / 4]: the VNNI Q5_0 kernel's lane offsets */
     if (vnni && !kq) {
         corr = (int32_t *)malloc((size_t)(M * (K / 4)) * sizeof(int32_t));
@@ -977,6 +1001,121 @@ static void x8_products(int type, const uint8_t *w, const int8_t *q8, const floa
                 for (int r = 0; r < R; r++)
                     _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * (g + h), _mm256_add_ps(acc[h * X8_VNNI_ROWS + r], bv));
             }
+            m0 += R;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Q5_0 rows repacked 8 at a time ("Q5_0 x8", the draft's q/k/v/o and gate/up): a tile of 8 weight rows against R
+ * activation rows, one output column per 32-bit lane, as Q4_K x8 does. Where the Q5_0 row kernel reduces 8 lanes per
+ * row and adds one block after another into one float chain per row, here 8 columns run side by side: 4 activation
+ * bytes broadcast to every lane meet 4 quants of each column (one vpmaddubsw + vpmaddwd, or one vpdpbusd).
+ *
+ * Arithmetic (the same for every M, so a tree's rows get plain decoding's numbers; its own, not the row kernel's:
+ * outputs differ from it by float rounding): per block b the exact integers I_c = sum_k (q_ck - 16) x_k, then
+ * acc_c = fma(float(I_c), d_c * dx_b, acc_c) in block order from 0; y = acc + bias (q5_0_x8.h;
+ * tests/test_x8_tiles.py holds it against a numpy model of exactly this).
+ *
+ * Layout per group of 8 rows and block (Q5_0_X8_BYTES = 176 = 8 x 22 bytes, in block order, groups in row order):
+ *   d[8]        fp16                                                     (16 bytes)
+ *   qh[8 t][4]  32-bit masks: bit 4c + j of mask t = the fifth bit of column c's value 4t + j   (32)
+ *   qs[4 l][32] byte 4c + j = column c's GGUF qs byte 4l + j: low nibble value 4l + j, high nibble 16 + 4l + j (128)
+ * --------------------------------------------------------------------------------------------------------- */
+int dyntree_q5_0_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
+    if (N % 8 || K % 32) return -1;
+    const int64_t nb = K / 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (g * nb + b) * Q5_0_X8_BYTES;
+            memset(o + 16, 0, 32);
+            for (int c = 0; c < 8; c++) {
+                const uint8_t *blk = w + ((g * 8 + c) * nb + b) * 22;
+                uint32_t qh;
+                memcpy(o + 2 * c, blk, 2);
+                memcpy(&qh, blk + 2, 4);
+                for (int t = 0; t < 8; t++)
+                    for (int j = 0; j < 4; j++)
+                        if ((qh >> (4 * t + j)) & 1) o[16 + 4 * t + c / 2] |= (uint8_t)(1u << (4 * (c & 1) + j));
+                for (int l = 0; l < 4; l++) memcpy(o + 48 + 32 * l + 4 * c, blk + 6 + 4 * l, 4);
+            }
+        }
+    return 0;
+}
+
+int dyntree_q5_0_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
+    if (N % 8 || K % 32) return -1;
+    const int64_t nb = K / 32;
+    for (int64_t g = 0; g < N / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *o = x8 + (g * nb + b) * Q5_0_X8_BYTES;
+            for (int c = 0; c < 8; c++) {
+                uint8_t *blk = w + ((g * 8 + c) * nb + b) * 22;
+                uint32_t qh = 0;
+                memcpy(blk, o + 2 * c, 2);
+                for (int t = 0; t < 8; t++)
+                    for (int j = 0; j < 4; j++)
+                        if ((o[16 + 4 * t + c / 2] >> (4 * (c & 1) + j)) & 1) qh |= 1u << (4 * t + j);
+                memcpy(blk + 2, &qh, 4);
+                for (int l = 0; l < 4; l++) memcpy(blk + 6 + 4 * l, o + 48 + 32 * l + 4 * c, 4);
+            }
+        }
+    return 0;
+}
+
+/* AVX2: 4 signed activation bytes at x (broadcast) times the unsigned quants, pairs summed in int16 (at most
+ * 2 x 31 x 127), then in int32 */
+static inline __attribute__((always_inline)) __m256i q50x8_dpbusd_avx2(__m256i acc, __m256i w, const int8_t *x) {
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast_i32(x)), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, p);
+}
+
+static inline __attribute__((always_inline)) __m256i q50x8_add16_avx2(__m256i v, uint32_t bits) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    m = _mm256_cmpeq_epi8(_mm256_or_si256(m, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)), _mm256_set1_epi64x(-1));
+    return _mm256_add_epi8(v, _mm256_and_si256(m, _mm256_set1_epi8(16)));
+}
+
+#define Q50X8_NAME q5_0_x8_tile
+#define Q50X8_DPBUSD q50x8_dpbusd_avx2
+#define Q50X8_ADD16 q50x8_add16_avx2
+#include "q5_0_x8.h"
+#undef Q50X8_NAME
+#undef Q50X8_DPBUSD
+#undef Q50X8_ADD16
+
+#ifndef DYNTREE_NO_VNNI
+/* ggml_vnni.c: the same tile on AVX-512 VNNI, R = 1..X8_VNNI_ROWS */
+void dyntree_q5_0_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                               const int32_t *bsum, int64_t K, __m256 *acc);
+#endif
+
+/* dyntree_ggml_matmul_q8v's Q5_0 x8 products: groups of 8 weight rows against up to X8_ROWS activation rows at a
+ * time (X8_VNNI_ROWS with VNNI); bsum [M, K / 32]: -16 x each block's activation sum */
+static void q5_0_x8_products(const uint8_t *w, const int8_t *q8, const float *d8, const int32_t *bsum,
+                             const float *bias, float *y, int64_t ldy, int64_t M, int64_t N, int64_t K, int vnni) {
+    const int64_t nb = K / 32, gstride = nb * Q5_0_X8_BYTES, rows = vnni ? X8_VNNI_ROWS : X8_ROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < N / 8; g++) {
+        const uint8_t *wg = w + g * gstride;
+        for (int64_t m0 = 0; m0 < M;) {
+            const int R = M - m0 >= rows ? (int)rows : (int)(M - m0);
+            __m256 acc[X8_VNNI_ROWS];
+            const int8_t *qm = q8 + m0 * K;
+            const float *dm = d8 + m0 * nb;
+            const int32_t *sm = bsum + m0 * nb;
+            if (vnni) {
+#ifndef DYNTREE_NO_VNNI
+                dyntree_q5_0_x8_tile_vnni(R, wg, nb, qm, dm, sm, K, acc);
+#endif
+            } else if (R == 4) q5_0_x8_tile(4, wg, nb, qm, dm, sm, K, acc);
+            else if (R == 3) q5_0_x8_tile(3, wg, nb, qm, dm, sm, K, acc);
+            else if (R == 2) q5_0_x8_tile(2, wg, nb, qm, dm, sm, K, acc);
+            else q5_0_x8_tile(1, wg, nb, qm, dm, sm, K, acc);
+            const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (m0 + r) * ldy + 8 * g, _mm256_add_ps(acc[r], bv));
             m0 += R;
         }
     }

@@ -512,3 +512,28 @@ void dyntree_x8_tile_vnni(int q6k, int R, int G, const uint8_t *wg, int64_t gstr
                           const float *d8, const int16_t *bs, int64_t K, __m256 *acc) {
     if (q6k) X8_CASES(q6k_x8_vnni, q6k_x8_vnni2) else X8_CASES(q4k_x8_vnni, q4k_x8_vnni2)
 }
+
+/* Q5_0 x8 (ggml_kernels.c's layout; the tile in q5_0_x8.h): one vpdpbusd per 4 values, 8 columns and row, and the
+ * fifth bits by one byte-masked add; the AVX2 tile's integer sums and float work, so its bits */
+static inline __attribute__((always_inline)) __m256i q50x8_dpbusd_vnni(__m256i acc, __m256i w, const int8_t *x) {
+    return _mm256_dpbusd_epi32(acc, w, bcast_i32(x));
+}
+
+#define Q50X8_NAME q5_0_x8_tile_vnni
+#define Q50X8_DPBUSD q50x8_dpbusd_vnni
+#define Q50X8_ADD16 add16_where
+#include "q5_0_x8.h"
+
+void dyntree_q5_0_x8_tile_vnni(int R, const uint8_t *wg, int64_t nb, const int8_t *q8, const float *d8,
+                               const int32_t *bsum, int64_t K, __m256 *acc) {
+    switch (R) {
+    case 8: q5_0_x8_tile_vnni(8, wg, nb, q8, d8, bsum, K, acc); return;
+    case 7: q5_0_x8_tile_vnni(7, wg, nb, q8, d8, bsum, K, acc); return;
+    case 6: q5_0_x8_tile_vnni(6, wg, nb, q8, d8, bsum, K, acc); return;
+    case 5: q5_0_x8_tile_vnni(5, wg, nb, q8, d8, bsum, K, acc); return;
+    case 4: q5_0_x8_tile_vnni(4, wg, nb, q8, d8, bsum, K, acc); return;
+    case 3: q5_0_x8_tile_vnni(3, wg, nb, q8, d8, bsum, K, acc); return;
+    case 2: q5_0_x8_tile_vnni(2, wg, nb, q8, d8, bsum, K, acc); return;
+    default: q5_0_x8_tile_vnni(1, wg, nb, q8, d8, bsum, K, acc);
+    }
+}

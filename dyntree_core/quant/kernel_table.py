@@ -118,10 +118,10 @@ def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
 
 
 def x8_takes(shape: LayerShape) -> bool:
-    """Whether the x8 layout takes this shape (Q4_K or Q6_K, N a multiple of 8)."""
-    from .native import X8_TYPES
+    """Whether the x8 layout takes this shape (Q4_K, Q6_K or Q5_0, N a multiple of 8)."""
+    from .native import BLOCKS, X8_TYPES
 
-    return shape.type_name in X8_TYPES and shape.n % 8 == 0 and shape.k % 256 == 0
+    return shape.type_name in X8_TYPES and shape.n % 8 == 0 and shape.k % BLOCKS[shape.type_name][1] == 0
 
 
 def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,

@@ -34,7 +34,8 @@ SOURCES = (Path(__file__).with_name("ggml_kernels.c"), Path(__file__).with_name(
 #: the AVX-512 VNNI row kernels: compiled apart with ``VNNI_FLAGS`` (or against SIMDe), linked into the same object
 VNNI_SOURCE = Path(__file__).with_name("ggml_vnni.c")
 #: headers they include (part of the digest)
-HEADERS = (Path(__file__).with_name("avx2_sum.h"), Path(__file__).with_name("q8_blocks.h"))
+HEADERS = (Path(__file__).with_name("avx2_sum.h"), Path(__file__).with_name("q8_blocks.h"),
+           Path(__file__).with_name("q5_0_x8.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 #: where Debian's libsimde-dev puts SIMDe (``build_simde_kernels``)
@@ -46,18 +47,21 @@ INT8_ACTIVATION_TYPES = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
 #: GGML type ids (``gguf.GGMLQuantizationType``) the kernels read, with (block elements, block bytes)
 BLOCKS: dict[str, tuple[int, int, int]] = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210),
                                            "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34)}
-#: rows repacked 8 at a time (``NativeKernels.repack_x8``; ``ggml_kernels.c``, "Q4_K x8" and "Q6_K x8"): per GGML
-#: type, the kernels' own type id (not GGML's) and the bytes per group of 8 rows and block of 256 columns
-X8: dict[str, tuple[int, int]] = {"Q4_K": (112, 1248), "Q6_K": (114, 1680)}
+#: rows repacked 8 at a time (``NativeKernels.repack_x8``; ``ggml_kernels.c``, "Q4_K x8", "Q6_K x8" and "Q5_0 x8"):
+#: per GGML type, the kernels' own type id (not GGML's) and the bytes per group of 8 rows and block (``BLOCKS``)
+X8: dict[str, tuple[int, int]] = {"Q4_K": (112, 1248), "Q6_K": (114, 1680), "Q5_0": (106, 176)}
 X8_TYPES = tuple(X8)
+#: their repack / unpack functions: dyntree_<name>_x8_repack
+X8_C_NAMES = {"Q4_K": "q4k", "Q6_K": "q6k", "Q5_0": "q5_0"}
 
 
 def x8_shape(type_name: str, n: int, k: int) -> tuple[int, int]:
     """The uint8 shape of an ``[n, k]`` weight in the x8 layout: one row per group of 8 weight rows."""
-    if type_name not in X8 or n % 8 or k % 256:
-        raise ValueError(f"the x8 layout takes {', '.join(X8)} with N % 8 == 0 and K % 256 == 0, "
-                         f"got {type_name} [{n}, {k}]")
-    return n // 8, k // 256 * X8[type_name][1]
+    elems = BLOCKS[type_name][1] if type_name in X8 else 0
+    if type_name not in X8 or n % 8 or k % elems:
+        raise ValueError(f"the x8 layout takes {', '.join(X8)} with N % 8 == 0 and K a multiple of their blocks "
+                         f"(256 values; Q5_0: 32), got {type_name} [{n}, {k}]")
+    return n // 8, k // elems * X8[type_name][1]
 
 
 class NativeKernelError(RuntimeError):
@@ -111,16 +115,16 @@ class NativeKernels:
     def repack_x8(self, type_name: str, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
         """uint8 ``x8_shape(type_name, n, k)``: ``blocks`` (GGML rows ``[n, k]``) in the x8 layout (a new tensor)."""
         out = torch.empty(x8_shape(type_name, n, k), dtype=torch.uint8)
-        fn = self.lib.dyntree_q4k_x8_repack if type_name == "Q4_K" else self.lib.dyntree_q6k_x8_repack
-        if not blocks.is_contiguous() or blocks.numel() != n * (k // 256) * BLOCKS[type_name][2] or \
+        fn = getattr(self.lib, f"dyntree_{X8_C_NAMES[type_name]}_x8_repack")
+        if not blocks.is_contiguous() or blocks.numel() != n * (k // BLOCKS[type_name][1]) * BLOCKS[type_name][2] or \
                 fn(blocks.data_ptr(), n, k, out.data_ptr()):
             raise NativeKernelError(f"{type_name} x8 repack of [{n}, {k}] refused")
         return out
 
     def unpack_x8(self, type_name: str, x8: torch.Tensor, n: int, k: int) -> torch.Tensor:
         """uint8 ``[n, row bytes]``: the GGML rows ``repack_x8`` made ``x8`` from, byte for byte."""
-        out = torch.empty(n, k // 256 * BLOCKS[type_name][2], dtype=torch.uint8)
-        fn = self.lib.dyntree_q4k_x8_unpack if type_name == "Q4_K" else self.lib.dyntree_q6k_x8_unpack
+        out = torch.empty(n, k // BLOCKS[type_name][1] * BLOCKS[type_name][2], dtype=torch.uint8)
+        fn = getattr(self.lib, f"dyntree_{X8_C_NAMES[type_name]}_x8_unpack")
         if not x8.is_contiguous() or tuple(x8.shape) != x8_shape(type_name, n, k) or \
                 fn(x8.data_ptr(), n, k, out.data_ptr()):
             raise NativeKernelError(f"{type_name} x8 unpack of [{n}, {k}] refused")
@@ -218,7 +222,7 @@ def _load(path: Path, digest: str, vnni_reason: Optional[str] = None, emulated: 
     lib.dyntree_ggml_vnni_products.restype = i64
     lib.dyntree_ggml_dequantize.argtypes = [ctypes.c_int, vp, vp, i64, i64]
     lib.dyntree_ggml_dequantize.restype = ctypes.c_int
-    for t in ("q4k", "q6k"):
+    for t in X8_C_NAMES.values():
         for op in ("repack", "unpack"):
             fn = getattr(lib, f"dyntree_{t}_x8_{op}")
             fn.argtypes, fn.restype = [vp, i64, i64, vp], ctypes.c_int

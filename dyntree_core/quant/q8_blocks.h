@@ -99,6 +99,9 @@ static inline __attribute__((always_inline)) void q4k_x8_block_floats(const int 
 /* ---- Q6_K x8 (ggml_kernels.c) ---- */
 enum { Q6K_X8_BYTES = 1680 };
 
+/* ---- Q5_0 x8 (ggml_kernels.c; its tile: q5_0_x8.h) ---- */
+enum { Q5_0_X8_BYTES = 176 };
+
 /* sub-block s's 4 groups of 4 values x 8 columns as unsigned bytes (0..63): u[t] holds values 16 s + 4 t .. + 3 */
 static inline __attribute__((always_inline)) void q6k_x8_quants(const uint8_t *o, int s, __m256i m4, __m256i m30,
                                                                  __m256i *u) {
