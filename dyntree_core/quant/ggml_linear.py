@@ -11,7 +11,7 @@ Two ways to run it, both from the same bytes (no extra memory kept):
 * ``dequant_mm``: the weight dequantized to float32 a chunk of rows at a time into a reused buffer, then
   torch's float32 GEMM (``torch.mm``); wins once enough rows share each dequantized weight.
 
-* ``x8`` (Q4_K and Q6_K with int8 activations): the rows repacked 8 at a time at construction
+* ``x8`` (Q4_K, Q6_K and Q5_0 with int8 activations): the rows repacked 8 at a time at construction
   (``native.repack_x8``: a tile of 8 weight rows against up to 4 activation rows, one output column per lane;
   docs/CPU_KERNELS.md). Its own arithmetic (float rounding apart from the row kernel's), the same at every M.
 
