@@ -1,5 +1,6 @@
 /* Q4_K and Q6_K weights against int8 (Q8_K) activations on AVX-512 VNNI: the int8-activation row kernels of
- * ggml_kernels.c with the same integer sums, 64 weights per instruction instead of 32.
+ * ggml_kernels.c with the same integer sums, 64 weights per instruction instead of 32. Further down: the Q5_0 row
+ * kernel (Q8_0 activations), and the x8 tiles of Q4_K, Q6_K and Q5_0 (each the AVX2 tile's bits).
  *
  * Per 64 weights and activation row the AVX2 kernels issue 2 loads, 2 vpmaddubsw, 2 vpmaddwd (times the
  * sub-block scales) and 2 vpaddd; here 1 load, 1 vpmaddubsw and 1 vpdpwssd (the scale product and the add in

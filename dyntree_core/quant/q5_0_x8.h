@@ -18,7 +18,7 @@ static inline __attribute__((always_inline)) void Q50X8_NAME(const int R, const 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = wg + b * Q5_0_X8_BYTES;
         x8_prefetch(o, Q5_0_X8_BYTES, 0, 1);
-        __m256i lo[8], hi[8]; /* two sums per row: values 0..15 and 16..31, so each chain is 4 deep */
+        __m256i lo[X8_VNNI_ROWS], hi[X8_VNNI_ROWS]; /* two sums per row: values 0..15 and 16..31, each 4 deep */
         for (int r = 0; r < R; r++) {
             lo[r] = _mm256_set1_epi32(bsum[r * nb + b]);
             hi[r] = _mm256_setzero_si256();
