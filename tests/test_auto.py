@@ -522,6 +522,52 @@ def _measure_table(monkeypatch, tmp_path, times, sizes=(1, 2, 4, 8, 16, 32), for
     return prof, _TableTimer.timed, msgs
 
 
+def test_a_row_measured_in_another_bandwidth_spell_is_measured_again(tmp_path, monkeypatch):
+    """The Zen 4 host's memory reads ~32 or ~50 GB/s by spells: a memory-bound row whose probes around it are not
+    the profile's spell is measured again after a wait, its probes recorded; one that never finds the spell is
+    kept and named; a model too small to be memory-bound is not probed at all."""
+    from dyntree_core.planning import profiling
+
+    probes = iter([50.0,  # the profile's spell (the probe's first read)
+                   50.0, 49.0,  # int4: in the spell
+                   51.0, 33.0,  # int8: the spell changed while it was measured -> again
+                   32.0, 32.5,  # ... still the slower spell -> again
+                   48.0, 50.5])  # ... back: kept
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(probes))
+    monkeypatch.setattr(profiling, "PROBE_BYTES", 1 << 12)
+    waits = []
+    monkeypatch.setattr(profiling.time, "sleep", waits.append)
+    ns = (1, 2, 4)
+    times = {"int4": {n: 0.03 * n for n in ns}, "int8": {n: 0.05 * n for n in ns}}
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path, times, sizes=ns,
+                                       forward_bytes=lambda role, p: 1 << 30)
+    assert next(probes, None) is None  # every probe was taken
+    assert [n for p, n in timed if p == "int4"] == [1, 2, 4] and [n for p, n in timed if p == "int8"] == [1, 2, 4] * 3
+    assert prof.target["int8"] == [times["int8"][n] for n in ns]
+    assert prof.meta["read_gb_per_s"] == 50.0 and waits == [profiling.SPELL_WAIT_S] * 2
+    assert prof.meta["row_gb_per_s"] == {"target:int4": [50.0, 49.0], "target:int8": [48.0, 50.5]}
+    assert "mixed_spells" not in prof.meta
+    assert sum("another spell of this host's bandwidth" in m for m in msgs) == 2
+    from dyntree_core.planning.auto import choose
+
+    plan = choose(prof, (0.0,), 0.0, ["int4", "int8"], ["int4"], methods=("autoregressive",))
+    assert "memory read at 50 GB/s when profiled" in plan.reason  # (which spell its predictions are for)
+
+    # a row that never finds the profile's spell is kept as measured and named
+    never = iter([50.0] + [32.0] * (2 * (profiling.SPELL_RETRIES + 1)))
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(never))
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path / "b", {"int4": times["int4"]}, sizes=ns,
+                                       forward_bytes=lambda role, p: 1 << 30)
+    assert len(timed) == 3 * (profiling.SPELL_RETRIES + 1) and prof.meta["mixed_spells"] == ["target:int4"]
+    assert prof.target["int4"] == [times["int4"][n] for n in ns] and any("kept as measured" in m for m in msgs)
+
+    # a model that reads less than SPELL_MIN_BYTES per forward: no probe (the byte rule's bandwidth given)
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: pytest.fail("probed a small model"))
+    prof, timed, _ = _measure_table(monkeypatch, tmp_path / "c", times, sizes=ns, forward_bytes=lambda role, p: 1 << 20,
+                                    read_gbps=50.0)
+    assert len(timed) == 6 and "row_gb_per_s" not in prof.meta
+
+
 def test_a_precision_slow_for_one_token_is_timed_at_the_largest_size_before_it_is_dropped(tmp_path, monkeypatch):
     """Issue 40's AMX case: bf16 2.5x int4's time for one token but a third of it for 32 is measured at every
     size (and a tree of 32 is priced at bf16); one slower at both ends (by 2.5x, or by 3x and 1.2x) keeps its

@@ -58,7 +58,7 @@ import torch
 
 from ..planning.auto import plan_auto
 from ..planning.pair_cache import PairCache
-from ..planning.profiling import read_gb_per_s
+from ..planning.profiling import SPELL_GAP, read_gb_per_s
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
 from ..machine import machine_info
@@ -418,8 +418,6 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
 LLAMACPP_PLAIN = "llama.cpp plain (llama-completion)"
 
 
-#: a run has two spells when the medians of its two clusters of bandwidth probes are this many times apart
-SPELL_GAP = 1.3
 
 
 def spell_split(cells: list[dict]) -> Optional[float]:

@@ -459,18 +459,20 @@ def write_metadata_dir(gguf_path: Path | str, out_dir: Path | str) -> dict:
     return {"vocab_size": vocab, "tokenizer_len": len(tok), "eos_token_id": tok.eos_token_id}
 
 
-def dense_forward_bytes(gguf_path: Path | str, precision: str) -> Optional[int]:
-    """Weight bytes one token's forward reads at a dense ``precision`` (``float32`` / ``bfloat16``): every matrix
-    but an embedding the head does not share (a forward reads only its rows); ``None`` at other precisions.
-    From the GGUF header alone."""
-    size = {"float32": 4, "bfloat16": 2}.get(precision)
-    if size is None:
+def gguf_forward_bytes(gguf_path: Path | str, precision: str) -> Optional[int]:
+    """Weight bytes one token's forward reads at ``precision``: every matrix but an embedding the head does not
+    share (a forward reads only its rows), at 4 / 2 / 1 bytes per weight (``float32`` / ``bfloat16`` / ``int8``),
+    or as the file's own blocks (``int4``: the GGUF's types); ``None`` at other precisions. From the GGUF's header
+    and tensor table alone (the file is mapped, not read)."""
+    size = {"float32": 4, "bfloat16": 2, "int8": 1}.get(precision)
+    if size is None and precision != "int4":
         return None
     tensors = read_gguf(gguf_path).tensors
     untied = "output.weight" in tensors
-    elems = sum(math.prod(t.shape) for name, t in tensors.items()
-                if len(t.shape) == 2 and not (untied and name == "token_embd.weight"))
-    return int(elems) * size
+    read = [t for name, t in tensors.items() if len(t.shape) == 2 and not (untied and name == "token_embd.weight")]
+    if size is None:
+        return int(sum(t.data.nbytes for t in read))
+    return int(sum(math.prod(t.shape) for t in read)) * size
 
 
 def gguf_vocab_size(gguf_path: Path | str) -> int:

@@ -169,7 +169,9 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
         best = best_ar
     ms = lambda c: c.seconds_per_token * 1e3  # noqa: E731
     machine = profile.machine
-    cpu = f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')})"
+    read = profile.meta.get("read_gb_per_s") if profile.meta.get("row_gb_per_s") else None  # (rows it bracketed)
+    cpu = (f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')}"
+           + (f"; memory read at {read:.0f} GB/s when profiled" if read else "") + ")")
     t1 = profile.target_time(best.target_precision, 1)
     reference = min((fastest_plain(profile), best_ar), key=lambda c: c.seconds_per_token)
     if best.method == "autoregressive":

@@ -66,15 +66,15 @@ class PairCache:
 
     def forward_bytes(self, role: str, precision: str) -> Optional[int]:
         """Weight bytes a one-token forward of ``model(role, precision)`` reads, known without loading it (a GGUF
-        preset at a dense precision: ``gguf_model.dense_forward_bytes``); None where it is not."""
+        preset on the CPU: ``gguf_model.gguf_forward_bytes``); None where it is not."""
         from ..models.load import resolve_spec
 
         src = resolve_spec(self.draft_spec if role == "draft" else self.target_spec, role)
         if not (src.kind == "preset" and src.gguf) or self.device != "cpu":
             return None
-        from ..models.gguf_model import dense_forward_bytes
+        from ..models.gguf_model import gguf_forward_bytes
 
-        return dense_forward_bytes(src.gguf, precision)
+        return gguf_forward_bytes(src.gguf, precision)
 
     def pair(self, target_precision: str, draft_precision: str):
         """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""

@@ -39,6 +39,18 @@ ModelLoader = Callable[[str, str], object]
 ForwardBytes = Callable[[str, str], Optional[int]]
 #: how much faster than the measured read of one big buffer a forward is assumed to read its weights
 READ_MARGIN = 1.25
+#: two read-bandwidth probes this far apart are two spells of a host whose memory bandwidth jumps between levels
+#: (docs/CPU_KERNELS.md: the Zen 4 VM reads ~32 or ~50-57 GB/s on 2 threads, seconds to minutes at a time, and a
+#: one-token forward follows it: 33 vs 24 ms); ``bench speed`` splits its prompts by the same gap
+SPELL_GAP = 1.3
+#: a memory-bound row measured outside the profile's spell is measured again, at most this many times, each after
+#: SPELL_WAIT_S (a spell lasts seconds to minutes)
+SPELL_RETRIES = 3
+SPELL_WAIT_S = 5.0
+#: rows whose forward reads less than this are not probed (their time is not the memory's)
+SPELL_MIN_BYTES = 64 << 20
+#: the probe's buffer: beyond any cache
+PROBE_BYTES = 256 << 20
 
 
 OTHER_STEPS = 3
@@ -108,6 +120,23 @@ def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5, buffer: Optional[torc
     return nbytes / best / 1e9
 
 
+class SpellProbe:
+    """The read bandwidth ``measure_into`` probes before and after each memory-bound row, against the profile's
+    own (``reference``, GB/s: its ``meta["read_gb_per_s"]``, else the first probe). Its buffer lives while rows are
+    measured and goes with the probe."""
+
+    def __init__(self, reference: Optional[float] = None):
+        self.buffer = torch.ones(PROBE_BYTES // 4)
+        self.reference = float(reference) if reference else self.read()
+
+    def read(self) -> float:
+        return round(read_gb_per_s(samples=3, buffer=self.buffer), 2)
+
+    def in_spell(self, gb_per_s: float) -> bool:
+        """Whether a probe of ``gb_per_s`` is the reference's spell (less than ``SPELL_GAP`` apart)."""
+        return max(gb_per_s, self.reference) < SPELL_GAP * min(gb_per_s, self.reference)
+
+
 def _ruled_out(prof: MachineProfile, role: str, prec: str, sizes: Sequence[int], prune_factor: float,
                forward_bytes: Optional[ForwardBytes]) -> Optional[str]:
     """Why (role, prec) is not loaded at all: its weights would take the process over its memory budget
@@ -160,6 +189,33 @@ def _fastest_at_the_largest(prof: MachineProfile, role: str, prec: str, largest:
                    "measured (dropped)")
 
 
+def _measure_sizes(prof: MachineProfile, role: str, prec: str, row: list, sizes: Sequence[int], timer: ForwardTimer,
+                   turn: Turn, prune_factor: float, say: Progress, t_start: float) -> list[int]:
+    """Time the sizes ``row`` lacks of ``sizes`` (``measure_into``'s pruning: a precision more than ``prune_factor``
+    x the best at some size is timed at the largest before the sizes between are dropped); the indices it filled."""
+    largest = max(sizes)
+    filled = []
+    for n in sizes:
+        i = prof.ns.index(n)
+        if row[i] is not None:
+            continue  # (the largest size, timed ahead of its turn)
+        with turn():
+            t = row[i] = timer.best(n, 3 if n <= 4 else 2)
+        filled.append(i)
+        best = _best_other(prof, role, prec, n)
+        say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
+        if best is not None and t > prune_factor * best:
+            at_largest = row[prof.ns.index(largest)] is None
+            fastest, verdict = _fastest_at_the_largest(prof, role, prec, largest, timer, turn)
+            if at_largest:
+                filled.append(prof.ns.index(largest))
+            say(f"      > {prune_factor:g}x the best precision ({best * 1e3:.0f} ms); {verdict}")
+            if not fastest:
+                prof.dropped[f"{role}:{prec}"] = n
+                break
+    return filled
+
+
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
                  prune_factor: float = 2.0, progress: Optional[Progress] = None, turn: Turn = nullcontext,
                  forward_bytes: Optional[ForwardBytes] = None) -> int:
@@ -171,7 +227,14 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
 
     Rows are measured fewest weight bytes first, so the best time of a role is known before the big
     precisions are considered. The engine's step (``other``) runs on the fastest precision of each
-    role; at most one model per role is in memory."""
+    role; at most one model per role is in memory.
+
+    On a host whose memory bandwidth jumps between spells, rows measured in different spells would price a
+    tree in one spell against plain decoding in another: each row that reads at least ``SPELL_MIN_BYTES``
+    (``forward_bytes``) is bracketed by two read probes (``SpellProbe``, recorded in ``meta["row_gb_per_s"]``),
+    and measured again (up to ``SPELL_RETRIES`` times, ``SPELL_WAIT_S`` apart) where either is not the
+    profile's spell (``meta["read_gb_per_s"]``); a row that never was is kept and named in
+    ``meta["mixed_spells"]``."""
     say = progress or (lambda _m: None)
     todo = [(role, prec, prof.missing(role, prec, ns)) for (role, prec), ns in wanted.items()]
     todo = [t for t in todo if t[2]]
@@ -183,6 +246,7 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     t_start = time.perf_counter()
     todo.sort(key=lambda t: (t[0] != "target", WEIGHT_BYTES.get(t[1], math.inf)))  # (stable: ties as asked)
     kept: dict[str, tuple[str, object]] = {}  # role -> (precision, model): the fastest one loaded so far
+    probe: Optional[SpellProbe] = None
     for done, (role, prec, sizes) in enumerate(todo, 1):
         why = _ruled_out(prof, role, prec, sizes, prune_factor, forward_bytes)
         if why is not None:
@@ -200,21 +264,36 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
         with torch.inference_mode():
             table = getattr(prof, role)
             row = table.setdefault(prec, [None] * len(prof.ns))
-            largest = max(sizes)
-            for n in sizes:
-                i = prof.ns.index(n)
-                if row[i] is not None:
-                    continue  # (the largest size, timed ahead of its turn)
+            nbytes = forward_bytes(role, prec) if forward_bytes is not None else None
+            probed = bool(nbytes) and nbytes >= SPELL_MIN_BYTES
+            if probed and probe is None:
                 with turn():
-                    t = row[i] = timer.best(n, 3 if n <= 4 else 2)
-                best = _best_other(prof, role, prec, n)
-                say(f"    {role} {prec} n={n}: {t * 1e3:.1f} ms  ({time.perf_counter() - t_start:.0f} s)")
-                if best is not None and t > prune_factor * best:
-                    fastest, verdict = _fastest_at_the_largest(prof, role, prec, largest, timer, turn)
-                    say(f"      > {prune_factor:g}x the best precision ({best * 1e3:.0f} ms); {verdict}")
-                    if not fastest:
-                        prof.dropped[f"{role}:{prec}"] = n
-                        break
+                    probe = SpellProbe(prof.meta.get("read_gb_per_s"))
+                prof.meta.setdefault("read_gb_per_s", probe.reference)
+            for attempt in range(SPELL_RETRIES + 1 if probed else 1):
+                if attempt:
+                    time.sleep(SPELL_WAIT_S)
+                with turn():
+                    before = probe.read() if probed else None
+                filled = _measure_sizes(prof, role, prec, row, sizes, timer, turn, prune_factor, say, t_start)
+                if not probed:
+                    break
+                with turn():
+                    after = probe.read()
+                key = f"{role}:{prec}"
+                prof.meta.setdefault("row_gb_per_s", {})[key] = [before, after]
+                if probe.in_spell(before) and probe.in_spell(after):
+                    break
+                around = f"memory read {before:.0f} / {after:.0f} GB/s around it against the profile's {probe.reference:.0f}"
+                if attempt == SPELL_RETRIES:
+                    prof.meta.setdefault("mixed_spells", []).append(key)
+                    say(f"    {role} {prec}: {around}, {SPELL_RETRIES + 1} times: kept as measured")
+                    break
+                say(f"    {role} {prec}: {around} (another spell of this host's bandwidth): measured again "
+                    f"in {SPELL_WAIT_S:g} s")
+                for i in filled:
+                    row[i] = None
+                prof.dropped.pop(key, None)
         if prof.fastest(role) == prec:  # (a slower one is not kept: the engine's steps below reload the fastest)
             kept[role] = (prec, model)
         del model, timer
@@ -230,6 +309,7 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                 prof.other[prof.ns.index(n)] = o
                 say(f"    the engine's step outside the forwards, n={n}: {o * 1e3:.1f} ms")
     kept.clear()
+    probe = None  # (its buffer)
     release_freed_memory()
     prof.seconds += time.perf_counter() - t_start
     prof.machine = machine_info().to_dict()
