@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .methods import REGISTRY
-from .step_price import FALLBACK_AFTER, FallbackPrice  # noqa: F401  (FALLBACK_AFTER: the rule's, re-exported)
+from .step_price import FallbackPrice
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 VERIFIERS: tuple[str, ...] = ("auto", "greedy", "token_level", "traversal", "point_mass")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from dyntree_core import DecodeConfig, SpeculativeDecoder
-from dyntree_core.config import FALLBACK_AFTER, ConfigError
-from dyntree_core.step_price import EARLY_CHECK_FROM, EARLY_MARGIN, FallbackPrice, PricedRows, StepShape
+from dyntree_core.config import ConfigError
+from dyntree_core.step_price import EARLY_CHECK_FROM, EARLY_MARGIN, FALLBACK_AFTER, FallbackPrice, PricedRows, StepShape
 from dyntree_core.testing import tiny_pair
 
 
