@@ -6,7 +6,7 @@ runs each prefill chunk inside ``stops_on(stop_event)``; the CPU forwards call `
 (``native_layer`` before each layer's C call, ``lean_forward`` before each layer's cache write), which raises
 ``Interrupted`` once the event is set, so the chunk ends within one layer. The run ends there (its caches, half
 written by the chunk, are dropped with it); outside ``stops_on`` (decoding steps, measurements) ``check()`` never
-raises.
+raises, and the C layers of a forward run in one call (``armed``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ def stops_on(event: Optional[threading.Event]) -> Iterator[None]:
         yield
     finally:
         _EVENT.reset(token)
+
+
+def armed() -> bool:
+    """Whether forwards here run inside ``stops_on`` with an event (a prefill chunk): they must check each layer."""
+    return _EVENT.get() is not None
 
 
 def check() -> None:

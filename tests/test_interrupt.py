@@ -92,6 +92,26 @@ def test_a_cpu_forward_stops_at_the_layer_after_the_event(ggml_model, monkeypatc
     assert logits.shape[0] == 4
 
 
+def test_outside_a_prefill_the_c_layers_run_in_one_call_with_the_same_logits(ggml_model, monkeypatch):
+    """A decode step's or a tree's forward (no ``stops_on``) runs every C layer in one call, with no check between
+    them; the same forward inside ``stops_on`` calls each layer after a check; the logits are the same, bit for
+    bit, and every layer's cache holds the new rows."""
+    from dyntree_core.quant import native_layer
+
+    if native_layer.native_plan(ggml_model) is None:
+        pytest.skip(f"no C layer plan: {native_layer.native_reason(ggml_model)}")
+    checks = []
+    real = interrupt.check
+    monkeypatch.setattr(interrupt, "check", lambda: checks.append(1) or real())
+    ids = torch.tensor([[1, 5, 9, 200]])
+    one_cache = new_cache(ggml_model, 16)
+    one = lean_forward(ggml_model, ids, torch.arange(4)[None], None, one_cache)
+    assert checks == [] and [layer.length for layer in one_cache.layers] == [4] * len(one_cache.layers)
+    with interrupt.stops_on(threading.Event()):
+        per_layer = lean_forward(ggml_model, ids, torch.arange(4)[None], None, new_cache(ggml_model, 16))
+    assert len(checks) == len(ggml_model.model.layers) and torch.equal(one, per_layer)
+
+
 def test_the_prefill_ends_within_a_chunk_and_counts_only_finished_chunks():
     """``_prefill`` with a feed of 4 layers that checks before each: the stop set in the second chunk's second
     layer ends the prefill there (its last two layers never run) with ``stopped`` progress at the first chunk's

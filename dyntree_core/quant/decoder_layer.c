@@ -217,3 +217,23 @@ int dyntree_decoder_layer(const layer_desc *L, float *h, int64_t n, const float 
         _mm256_storeu_ps(h + t, _mm256_add_ps(_mm256_loadu_ps(h + t), _mm256_loadu_ps(o + t)));
     return 0;
 }
+
+/* n_layers decoder layers (L[0..n_layers)) over the same n rows in one call: dyntree_decoder_layer layer after
+ * layer, the same numbers, with no Python between the layers (0.99x the per-layer calls' time for the 0.5B draft and
+ * the 1.5B target, n = 1 and 4, alternated in one process on the Zen 4 host). kbufs, vbufs,
+ * caps: each layer's cache buffers and their capacity; every layer holds `past` positions. On an error, *failed
+ * is the layer that refused and its code is returned. */
+int dyntree_decoder_layers(const layer_desc *L, int64_t n_layers, float *h, int64_t n, const float *cos,
+                           const float *sin, float *const *kbufs, float *const *vbufs, const int64_t *caps,
+                           int64_t past, const uint8_t *visible, int64_t ldvis, float *work, int64_t work_len,
+                           int64_t *failed) {
+    for (int64_t i = 0; i < n_layers; i++) {
+        const int rc = dyntree_decoder_layer(L + i, h, n, cos, sin, kbufs[i], vbufs[i], caps[i], past, visible, ldvis,
+                                             work, work_len);
+        if (rc) {
+            *failed = i;
+            return rc;
+        }
+    }
+    return 0;
+}

@@ -230,6 +230,8 @@ def _load(path: Path, digest: str, vnni_reason: Optional[str] = None, emulated: 
     lib.dyntree_decoder_layer_work.restype = i64
     lib.dyntree_decoder_layer.argtypes = [vp, vp, i64, vp, vp, vp, vp, i64, i64, vp, i64, vp, i64]
     lib.dyntree_decoder_layer.restype = ctypes.c_int
+    lib.dyntree_decoder_layers.argtypes = [vp, i64, vp, i64, vp, vp, vp, vp, vp, i64, vp, i64, vp, i64, vp]
+    lib.dyntree_decoder_layers.restype = ctypes.c_int
     kernels = NativeKernels(lib, path, digest, emulated=emulated)
     if vnni_reason is None and not lib.dyntree_ggml_vnni():
         vnni_reason = "the CPU lacks AVX-512 F/BW/VL/VNNI"

@@ -116,6 +116,18 @@ class NativePlan:
     vnni_rows: tuple[tuple[int, ...], ...] = ()
     work: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: ``descs`` side by side, and each forward's cache buffers and capacities per layer, for
+    #: ``dyntree_decoder_layers`` (all layers in one call)
+    desc_array: ctypes.Array = field(init=False, repr=False)
+    k_ptrs: ctypes.Array = field(init=False, repr=False)
+    v_ptrs: ctypes.Array = field(init=False, repr=False)
+    caps: ctypes.Array = field(init=False, repr=False)
+
+    def __post_init__(self):
+        n = len(self.descs)
+        self.desc_array = (LayerDesc * n)(*self.descs)
+        self.k_ptrs, self.v_ptrs = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        self.caps = (ctypes.c_int64 * n)()
 
     def __reduce__(self):  # copies and pickles of the model plan again: this one points into the original
         return (_no_plan, ())
@@ -219,6 +231,24 @@ def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.
             if n <= KEEP_WORK_ROWS:  # decode steps and trees keep theirs; a prefill chunk's is freed after it
                 plan.work = work
         record = _profiler._is_profiler_enabled
+        if not interrupt.armed() and not record:  # (not a prefill chunk, which a Stop ends between two layers)
+            for i, desc in enumerate(plan.descs):
+                k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
+                if start != past:
+                    raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")
+                plan.k_ptrs[i], plan.v_ptrs[i], plan.caps[i] = k_buf.data_ptr(), v_buf.data_ptr(), k_buf.shape[-2]
+            failed = ctypes.c_int64(-1)
+            rc = plan.lib.dyntree_decoder_layers(plan.desc_array, len(plan.descs), h.data_ptr(), n, cos.data_ptr(),
+                                                 sin.data_ptr(), plan.k_ptrs, plan.v_ptrs, plan.caps, past, vis_ptr,
+                                                 ldvis, work.data_ptr(), work.numel(), ctypes.byref(failed))
+            if rc:
+                raise RuntimeError(f"decoder layer {failed.value} refused {n} rows after {past} (code {rc})")
+            for i in range(len(plan.descs)):
+                cache.layers[i].length = past + n
+            h = inner.norm(h)
+            if logits_rows is not None:
+                h = h[logits_rows]
+            return model.lm_head(h)
         for i, desc in enumerate(plan.descs):
             interrupt.check()  # a Stop during a prefill chunk ends it here, between two layers
             k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
