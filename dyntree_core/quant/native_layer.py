@@ -1,6 +1,7 @@
 """The decoder layers of a GGUF model as one C call each (``decoder_layer.c``): RMSNorm, the q/k/v products,
 rotary, the key/value write, attention, the o product, the residuals and the gated MLP, with no torch op in
-between.
+between. Outside a prefill chunk (``interrupt.armed``) all the layers of a forward go in one call
+(``dyntree_decoder_layers``); a prefill chunk calls them one by one, so that a Stop ends it between two.
 
 On a 2-core CPU transformers' per-layer ops cost as much as a layer's products; ``decode.lean_forward`` cut them
 to ~35 ops per layer, and this cuts them to one call. ``lean_forward`` uses it whenever ``native_plan(model)``
