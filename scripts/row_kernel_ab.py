@@ -80,7 +80,8 @@ def main() -> None:
                     for name in names) + f", {names[1]} / {names[0]} {row[ratio]:.3f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"script": "scripts/row_kernel_ab.py", "argv": sys.argv[1:],
-                                         "machine_info": machine_info().to_dict(), "rounds": args.rounds, "pair": args.pair,
+                                         "machine_info": machine_info().to_dict(),
+                                         "rounds": args.rounds, "pair": args.pair,
                                          "results": results}, indent=1))
 
 

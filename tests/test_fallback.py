@@ -91,7 +91,8 @@ def test_a_chain_pays_for_the_draft_forwards_its_steps_ran(pair, one_torch_threa
 
 def test_the_early_check_ends_a_run_far_below_its_break_even_and_waits_near_it():
     rule = below(2.0, early=True)
-    assert (rule.check_from, rule.early_margin) == (EARLY_CHECK_FROM, EARLY_MARGIN) and 1 < EARLY_CHECK_FROM < FALLBACK_AFTER
+    assert (rule.check_from, rule.early_margin) == (EARLY_CHECK_FROM, EARLY_MARGIN)
+    assert 1 < EARLY_CHECK_FROM < FALLBACK_AFTER
     just_over = 1.0 + (EARLY_MARGIN - 1.0) / 2  # dearer than plain decoding, within the early margin
     assert not rule.falls_back(EARLY_CHECK_FROM - 1, 10.0)  # too few steps to say anything
     assert rule.falls_back(EARLY_CHECK_FROM, EARLY_MARGIN * 1.01) and not rule.falls_back(EARLY_CHECK_FROM, just_over)

@@ -282,11 +282,17 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                     after = probe.read()
                 key = f"{role}:{prec}"
                 prof.meta.setdefault("row_gb_per_s", {})[key] = [before, after]
+                mixed = prof.meta.setdefault("mixed_spells", [])
+                if key in mixed:
+                    mixed.remove(key)  # (measured anew)
                 if probe.in_spell(before) and probe.in_spell(after):
+                    if not mixed:
+                        del prof.meta["mixed_spells"]
                     break
-                around = f"memory read {before:.0f} / {after:.0f} GB/s around it against the profile's {probe.reference:.0f}"
+                around = (f"memory read {before:.0f} / {after:.0f} GB/s around it against the profile's "
+                          f"{probe.reference:.0f}")
                 if attempt == SPELL_RETRIES:
-                    prof.meta.setdefault("mixed_spells", []).append(key)
+                    mixed.append(key)
                     say(f"    {role} {prec}: {around}, {SPELL_RETRIES + 1} times: kept as measured")
                     break
                 say(f"    {role} {prec}: {around} (another spell of this host's bandwidth): measured again "
