@@ -244,6 +244,8 @@ def order_of(parents: torch.Tensor, child_rank: torch.Tensor, kind: str, levels:
 def count_nonzero_blocks(mask: torch.Tensor, block_size: int) -> int:
     """Number of ``block_size``×``block_size`` tiles of a ``[Q, K]`` bool mask with any True."""
     q, k = mask.shape
+    if q <= block_size and k <= block_size:  # (one tile)
+        return int(bool(mask.any()))
     nq, nk = -(-q // block_size), -(-k // block_size)
     padded = torch.zeros(nq * block_size, nk * block_size, dtype=torch.bool)
     padded[:q, :k] = mask

@@ -106,3 +106,31 @@ def test_synthetic_trees_are_deterministic_and_valid():
     assert not torch.equal(a.parents, dyspec_like_tree(200, seed=10).parents)
     with pytest.raises(ValueError):
         make_tree("nope", 10, 0)
+
+
+def test_a_steps_block_counts_skip_the_mask_where_one_tile_holds_it_and_stay_exact():
+    """``engine._block_counts`` (each step's trace): a tree of at most the smallest block size is one tile of every
+    size in every order, counted without building its mask; on random trees of 1..40 nodes the counts equal the
+    tiles of the ancestor mask in each node order, counted the long way."""
+    import random
+
+    from dyntree_core.decode.engine import _block_counts
+    from dyntree_core.tree import BLOCK_SIZES, ORDERS, tree_from_parents
+
+    rng = random.Random(0)
+    for n in range(1, 41):
+        for _ in range(3):
+            tree = tree_from_parents([-1] + [rng.randrange(i) for i in range(1, n)])
+            anc = tree.ancestor_mask()
+            want = {}
+            for order in ORDERS:
+                perm = tree.order(order)
+                m = anc[perm][:, perm]
+                want[order] = {}
+                for b in BLOCK_SIZES:
+                    k = -(-n // b)
+                    padded = torch.zeros(k * b, k * b, dtype=torch.bool)
+                    padded[:n, :n] = m
+                    want[order][b] = int(padded.view(k, b, k, b).any(3).any(1).sum())
+            assert _block_counts(tree) == want, n
+    assert count_nonzero_blocks(torch.zeros(3, 5, dtype=torch.bool), 16) == 0  # one empty tile

@@ -827,6 +827,8 @@ def _order_blocks(tree: TokenTree, perm: list[int]) -> dict[int, int]:
 
 
 def _block_counts(tree: TokenTree) -> dict[str, dict[int, int]]:
+    if tree.size <= min(BLOCK_SIZES):  # one tile of every size in any order (each node sees itself): no mask needed
+        return {order: {b: 1 for b in BLOCK_SIZES} for order in ORDERS}
     anc = tree.ancestor_mask()
     out: dict[str, dict[int, int]] = {}
     for order in ORDERS:
