@@ -486,13 +486,14 @@ def _hsum(v):
     return t[..., 0] + t[..., 1]
 
 
-def _quantize_q8k(x):
-    """llama.cpp's Q8_K per 256 values, the kernels' way: d = max|x| / 127, q = round-half-even(x * (127 / max))."""
-    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 256)
+def _quantize_q8k(x, block: int = 256):
+    """llama.cpp's Q8_K per 256 values (``block`` 32: its Q8_0), the kernels' way: d = max|x| / 127,
+    q = round-half-even(x * (127 / max))."""
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, block)
     mx = np.abs(xb).max(-1, keepdims=True)
     safe = np.where(mx == 0, np.float32(1), mx)
     q = np.where(mx == 0, 0, np.rint(xb * (np.float32(127) / safe))).astype(np.int64)
-    return q, (mx / np.float32(127))[..., 0]  # [M, nb, 256], [M, nb]
+    return q, (mx / np.float32(127))[..., 0]  # [M, nb, block], [M, nb]
 
 
 def _k_quant_ints(type_name, blocks, n, k):

@@ -23,15 +23,6 @@ from test_ggml_vnni import _same_bits, vk  # noqa: F401 (vk: a fixture, the real
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 17)
 
 
-def _quantize_q8_0(x):
-    """llama.cpp's Q8_0 activations per 32 values, the kernels' way (as ``_quantize_q8k``, per 32)."""
-    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
-    mx = np.abs(xb).max(-1, keepdims=True)
-    safe = np.where(mx == 0, np.float32(1), mx)
-    q = np.where(mx == 0, 0, np.rint(xb * (np.float32(127) / safe))).astype(np.int64)
-    return q, (mx / np.float32(127))[..., 0]  # [M, nb, 32], [M, nb]
-
-
 def _q5_0_x8_reference(blocks, n, k, x, bias):
     """Q5_0 x8: per block I = sum_v (u_v - 16) q_v with u = the 5-bit quants (the GGUF's low nibbles, high nibbles
     and qh bits), then acc = fma(float(I), d*dx, acc) in block order from 0; y = acc + bias."""
@@ -39,7 +30,7 @@ def _q5_0_x8_reference(blocks, n, k, x, bias):
     d = raw[..., 0:2].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
     qh = raw[..., 2] | raw[..., 3] << 8 | raw[..., 4] << 16 | raw[..., 5] << 24
     u = np.concatenate([raw[..., 6:] & 0xF, raw[..., 6:] >> 4], -1) | (((qh[..., None] >> np.arange(32)) & 1) << 4)
-    q, dx = _quantize_q8_0(x)
+    q, dx = _quantize_q8k(x, block=32)  # (Q8_0 activations)
     ints = np.einsum("nbv,mbv->nbm", u - 16, q)
     acc = np.zeros((n, q.shape[0]), np.float32)
     for b in range(k // 32):

@@ -1072,10 +1072,7 @@ static inline __attribute__((always_inline)) __m256i q50x8_dpbusd_avx2(__m256i a
 }
 
 static inline __attribute__((always_inline)) __m256i q50x8_add16_avx2(__m256i v, uint32_t bits) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
-    __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
-    m = _mm256_cmpeq_epi8(_mm256_or_si256(m, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)), _mm256_set1_epi64x(-1));
-    return _mm256_add_epi8(v, _mm256_and_si256(m, _mm256_set1_epi8(16)));
+    return _mm256_add_epi8(v, _mm256_and_si256(bytes_from_bits_32((const uint8_t *)&bits), _mm256_set1_epi8(16)));
 }
 
 #define Q50X8_NAME q5_0_x8_tile

@@ -196,6 +196,14 @@ def forget_plan(model: nn.Module) -> None:
         delattr(model, PLAN_ATTR)
 
 
+def _reserve(cache, i: int, desc: LayerDesc, n: int, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``i``'s key and value buffers with room for ``n`` rows after its ``past`` (every layer's) positions."""
+    k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
+    if start != past:
+        raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")
+    return k_buf, v_buf
+
+
 def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.Tensor,
                    visible: Optional[torch.Tensor], cache, logits_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``lean_forward`` with each decoder layer one C call (same arguments, same result up to float32 rounding).
@@ -234,9 +242,7 @@ def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.
         record = _profiler._is_profiler_enabled
         if not interrupt.armed() and not record:  # (not a prefill chunk, which a Stop ends between two layers)
             for i, desc in enumerate(plan.descs):
-                k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
-                if start != past:
-                    raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")
+                k_buf, v_buf = _reserve(cache, i, desc, n, past)
                 plan.k_ptrs[i], plan.v_ptrs[i], plan.caps[i] = k_buf.data_ptr(), v_buf.data_ptr(), k_buf.shape[-2]
             failed = ctypes.c_int64(-1)
             rc = plan.lib.dyntree_decoder_layers(plan.desc_array, len(plan.descs), h.data_ptr(), n, cos.data_ptr(),
@@ -246,25 +252,20 @@ def native_forward(plan: NativePlan, model, ids: torch.Tensor, positions: torch.
                 raise RuntimeError(f"decoder layer {failed.value} refused {n} rows after {past} (code {rc})")
             for i in range(len(plan.descs)):
                 cache.layers[i].length = past + n
-            h = inner.norm(h)
-            if logits_rows is not None:
-                h = h[logits_rows]
-            return model.lm_head(h)
-        for i, desc in enumerate(plan.descs):
-            interrupt.check()  # a Stop during a prefill chunk ends it here, between two layers
-            k_buf, v_buf, start = cache.layers[i].reserve(n, desc.kv_heads, desc.head_dim, torch.float32)
-            if start != past:
-                raise ValueError(f"layer {i} holds {start} positions, layer 0 {past}")
-            args = (ctypes.byref(desc), h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), k_buf.data_ptr(),
-                    v_buf.data_ptr(), k_buf.shape[-2], past, vis_ptr, ldvis, work.data_ptr(), work.numel())
-            if record:
-                with torch.profiler.record_function("dyntree::decoder_layer"):
+        else:
+            for i, desc in enumerate(plan.descs):
+                interrupt.check()  # a Stop during a prefill chunk ends it here, between two layers
+                k_buf, v_buf = _reserve(cache, i, desc, n, past)
+                args = (ctypes.byref(desc), h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), k_buf.data_ptr(),
+                        v_buf.data_ptr(), k_buf.shape[-2], past, vis_ptr, ldvis, work.data_ptr(), work.numel())
+                if record:
+                    with torch.profiler.record_function("dyntree::decoder_layer"):
+                        rc = plan.lib.dyntree_decoder_layer(*args)
+                else:
                     rc = plan.lib.dyntree_decoder_layer(*args)
-            else:
-                rc = plan.lib.dyntree_decoder_layer(*args)
-            if rc:
-                raise RuntimeError(f"decoder layer {i} refused {n} rows after {past} (code {rc})")
-            cache.layers[i].length = past + n
+                if rc:
+                    raise RuntimeError(f"decoder layer {i} refused {n} rows after {past} (code {rc})")
+                cache.layers[i].length = past + n
         h = inner.norm(h)
         if logits_rows is not None:
             h = h[logits_rows]
