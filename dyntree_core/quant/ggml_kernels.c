@@ -560,10 +560,15 @@ void dyntree_q5_0_q8_rows_vnni(int R, const uint8_t *wr, int64_t nb, const int8_
                                const int32_t *corr, int64_t K, float *out);
 #endif
 
-/* corr [K / 4] of one row of Q8_0 activations for the VNNI Q5_0 kernel: -16 times each 4 activations' sum, the
- * offset of its unsigned weights */
-static void q5_0_vnni_corrections(const int8_t *q, int64_t K, int32_t *corr) {
-    for (int64_t i = 0; i < K / 4; i++) corr[i] = -16 * ((int32_t)q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+/* out[i] = -16 x the sum of q[group * i .. group * i + group) for the n / group groups: the offset of the Q5_0
+ * kernels' unsigned quants (q - 16), per int32 lane of the VNNI row kernel (group 4) or per block of the x8 tiles
+ * (group 32) */
+static void q5_0_offsets(const int8_t *q, int64_t n, int group, int32_t *out) {
+    for (int64_t i = 0; i < n / group; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < group; j++) sum += q[group * i + j];
+        out[i] = -16 * sum;
+    }
 }
 
 /* products that took the VNNI row kernels since load (tests see which path ran) */
@@ -627,11 +632,7 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
             free(bs);
             return -2;
         }
-        for (int64_t i = 0; i < M * nd; i++) {
-            int32_t sum = 0;
-            for (int j = 0; j < 32; j++) sum += q8[32 * i + j];
-            bsum[i] = -16 * sum;
-        }
+        q5_0_offsets(q8, M * K, 32, bsum);
         q5_0_x8_products(w, q8, d8, bsum, bias, y, ldy, M, N, K, vnni);
         free(bsum);
         free(q8);
@@ -648,7 +649,7 @@ int dyntree_ggml_matmul_q8v(int type, const float *x, int64_t ldx, const uint8_t
             free(bs);
             return -2;
         }
-        for (int64_t m = 0; m < M; m++) q5_0_vnni_corrections(q8 + m * K, K, corr + m * (K / 4));
+        q5_0_offsets(q8, M * K, 4, corr);
     }
     if (x8) {
         x8_products(type, w, q8, d8, bs, ldb, bias, y, ldy, M, N, K, vnni);

@@ -209,7 +209,7 @@ static inline __attribute__((always_inline)) __m256i add16_where(__m256i v, uint
  * from the 32-bit qh where it builds a byte mask in four instructions. vpdpbusd takes unsigned weights, so they are
  * the quants q in 0..31 and each int32 lane starts from corr = -16 * (its 4 activations' sum): lane i ends at
  * sum_{j=4i..4i+3} (q_j - 16) x_j, the AVX2 kernel's lane exactly. The float work is the AVX2 kernel's, in its
- * order, so the outputs are bit-identical. corr: [R][K / 4] int32 (ggml_kernels.c's q5_0_vnni_corrections).
+ * order, so the outputs are bit-identical. corr: [R][K / 4] int32 (ggml_kernels.c's q5_0_offsets).
  * (Q8_0 weights gained nothing this way: its AVX2 kernel reads at the memory's rate, CPU_KERNELS.md.) */
 ROWS_KERNEL void q5_0_vnni(const int R, const uint8_t *wr, int64_t nb, const int8_t *q8, const float *d8,
                            const int32_t *corr, int64_t K, float *out) {
