@@ -508,6 +508,7 @@ def _measure_table(monkeypatch, tmp_path, times, sizes=(1, 2, 4, 8, 16, 32), for
     from dyntree_core.planning.machine_profile import empty_profile
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    monkeypatch.setenv("DYNTREE_MEMORY_BUDGET_GB", "1e9")  # (not this process's size after earlier tests' models)
     monkeypatch.setattr(profiling, "ForwardTimer", _TableTimer)
     monkeypatch.setattr(profiling, "engine_steps", lambda draft, target, n: [None])
     monkeypatch.setattr(profiling, "other_seconds", lambda n, _s, step: 0.0)

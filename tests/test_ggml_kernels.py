@@ -5,6 +5,7 @@ order of sums, and the loader puts each layer on the kernel the table chose."""
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -302,10 +303,12 @@ def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels
 
-def _write_tiny_qwen2(tmp_path, embed_type: str = "F32", tied: bool = False):
+def _write_tiny_qwen2(tmp_path, embed_type: str = "F32", tied: bool = False, head_type: Optional[str] = None):
     """A 2-layer qwen2 GGUF (hidden 256, Q4_K projections, Q6_K down/head, F32 norms and biases; the embedding
-    ``embed_type``, the head the embedding itself when ``tied``) and its config directory."""
-    from gguf import GGMLQuantizationType, GGUFWriter
+    ``embed_type``, the head the embedding itself when ``tied``) and its config directory. ``head_type`` (Q8_0,
+    Q5_0): the embedding and the head quantized from one float matrix, the embedding at ``embed_type``, the head
+    at ``head_type`` (an untied file of a tied model, as llama.cpp writes Qwen2.5's)."""
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
     from transformers import Qwen2Config
 
     h, inter, vocab, heads, kv = 256, 512, 320, 4, 2
@@ -325,12 +328,17 @@ def _write_tiny_qwen2(tmp_path, embed_type: str = "F32", tied: bool = False):
     def dense(name, *shape, scale=0.1):
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
-    if embed_type == "F32":
+    if head_type is not None:
+        table = (rng.standard_normal((vocab, h)) * 0.5).astype(np.float32)
+        for name, t in (("token_embd.weight", embed_type), ("output.weight", head_type)):
+            raw = quants.quantize(table, GGMLQuantizationType[t])
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType[t])
+    elif embed_type == "F32":
         dense("token_embd.weight", vocab, h, scale=0.5)
     else:
         quant("token_embd.weight", embed_type, vocab, h)
     dense("output_norm.weight", h, scale=1.0)
-    if not tied:
+    if not tied and head_type is None:
         quant("output.weight", "Q6_K", vocab, h)
     hd = h // heads
     for i in range(2):
@@ -434,6 +442,65 @@ def test_a_quantized_models_embedding_stays_in_blocks_with_the_dense_tables_rows
     with pytest.raises(IndexError, match=r"\[0, 320\)"):
         emb(torch.tensor([[320]]))
     assert not isinstance(load_gguf_model(path, cfg, "float32").model.embed_tokens, GGMLEmbedding)
+
+
+def test_a_drafts_head_reads_the_embedding_where_that_is_the_head_in_fewer_bytes(tmp_path, monkeypatch, nk):
+    """head="embedding" (a draft's, ``ModelSource.head``): where the file's Q8_0 head and its Q5_0 embedding are one
+    matrix, the head is the embedding's blocks (shared, 22 bytes per 32 values against 34), so a forward reads
+    fewer bytes, with logits near the file head's; the shape twin, the packed cache (a file of its own) and the
+    forward bytes agree. Nothing changes at int8, for a file whose head is another matrix, or with head="output"."""
+    from dyntree_core.config import DecodeConfig
+    from dyntree_core.decode.engine import SpeculativeDecoder
+    from dyntree_core.models.gguf_model import (embedding_head_reason, gguf_forward_bytes, head_note, load_gguf_model,
+                                                read_gguf, shape_twin)
+    from dyntree_core.quant.ggml_embedding import GGMLEmbedding
+
+    path, cfg = _write_tiny_qwen2(tmp_path, "Q5_0", head_type="Q8_0")
+    monkeypatch.setenv("DYNTREE_KERNELS", "native")
+    gf = read_gguf(path)
+    assert embedding_head_reason(gf, "int4") is None
+    assert "int8" in embedding_head_reason(gf, "int8")
+    packed = tmp_path / "packed"
+    full = load_gguf_model(path, cfg, "int4", cache_dir=packed)
+    draft = load_gguf_model(path, cfg, "int4", cache_dir=packed, head="embedding")
+    assert full.lm_head.type_name == "Q8_0" and head_note(full) is None
+    assert draft.lm_head.type_name == "Q5_0" and isinstance(draft.model.embed_tokens, GGMLEmbedding)
+    assert draft.model.embed_tokens.blocks.data_ptr() == draft.lm_head.blocks.data_ptr()
+    assert "token_embd.weight (Q5_0" in head_note(draft) and "output.weight (Q8_0" in head_note(draft)
+    assert len(list(packed.glob("*.safetensors"))) == 2  # the two heads are cached apart
+    ids = torch.tensor([[3, 17, 99, 5, 250, 31, 8, 319, 0]])
+    with torch.inference_mode():
+        a, b = full(ids).logits[0], draft(ids).logits[0]
+        again = load_gguf_model(path, cfg, "int4", cache_dir=packed, head="embedding")
+        assert torch.equal(again(ids).logits[0], b) and head_note(again) == head_note(draft)
+    assert 0 < ((a - b).norm() / a.norm()).item() < 0.1  # Q5_0 against Q8_0 of one matrix
+    twin = shape_twin(path, cfg, "int4", head="embedding")
+    assert twin.lm_head.type_name == "Q5_0" and head_note(twin) == head_note(draft)
+    assert ({k: (tuple(v.shape), v.dtype) for k, v in twin.state_dict().items()}
+            == {k: (tuple(v.shape), v.dtype) for k, v in draft.state_dict().items()})
+    saved = gf.tensors["output.weight"].data.nbytes - gf.tensors["token_embd.weight"].data.nbytes
+    assert gguf_forward_bytes(path, "int4") - gguf_forward_bytes(path, "int4", head="embedding") == saved > 0
+    assert gguf_forward_bytes(path, "int8", head="embedding") == gguf_forward_bytes(path, "int8")
+    assert load_gguf_model(path, cfg, "int8", head="embedding").lm_head.__class__.__name__ == "Int8Linear"
+
+    # the draft only proposes: greedy decoding with it gives the file-head target's own tokens
+    prompt = [3, 17, 99, 5, 250]
+    plain = SpeculativeDecoder(draft, full, DecodeConfig(method="autoregressive")).generate_ids(prompt, 12)
+    chain = SpeculativeDecoder(draft, full, DecodeConfig(method="chain", depth=4, budget=4)).generate_ids(prompt, 12)
+    assert chain == plain
+
+    other, ocfg = _write_tiny_qwen2(tmp_path / "untied", "Q4_K")  # the Q6_K head a different matrix
+    assert "not output at another precision" in embedding_head_reason(read_gguf(other), "int4")
+    assert load_gguf_model(other, ocfg, "int4", head="embedding").lm_head.type_name == "Q6_K"
+
+
+def test_a_draft_source_reads_its_head_from_the_embedding_and_a_target_source_from_the_file():
+    from dataclasses import replace
+
+    from dyntree_core.models.load import ModelSource
+
+    src = ModelSource("embedded", "preset", "/x", "m")
+    assert src.head == "output" and replace(src, role="draft").head == "embedding"
 
 
 def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):

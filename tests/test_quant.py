@@ -401,3 +401,22 @@ def test_dense_rows_keep_a_quantized_models_predictions_and_the_measured_thresho
     assert all(timings[m]["dense_ms"] < timings[m]["kernel_ms"] for m in timings if threshold and m >= threshold)
     if threshold == 0:
         assert timings[32]["dense_ms"] >= timings[32]["kernel_ms"]
+
+
+@pytest.mark.realpair
+def test_the_embedded_draft_reads_its_head_from_its_q5_0_embedding_and_the_target_from_its_own_head(
+        embedded_fetched):
+    """The 0.5B draft's GGUF holds its head twice (output.weight Q8_0, 145 MB; token_embd.weight Q5_0, 94 MB; one
+    matrix): an int4 draft reads the embedding's blocks, 13% fewer bytes per forward; the target keeps its file's
+    head (Q6_K), whose every logit plain decoding is defined by."""
+    from dyntree_core.models.gguf_model import embedding_head_reason, gguf_forward_bytes, head_note, read_gguf
+    from dyntree_core.models.load import load_shape_twin, resolve_spec
+
+    draft, target = resolve_spec("embedded", "draft"), resolve_spec("embedded", "target")
+    assert (draft.role, draft.head, target.role, target.head) == ("draft", "embedding", "target", "output")
+    assert embedding_head_reason(read_gguf(draft.gguf), "int4") is None
+    before, after = gguf_forward_bytes(draft.gguf, "int4"), gguf_forward_bytes(draft.gguf, "int4", head=draft.head)
+    assert before - after == 144_643_072 - 93_592_576
+    twin = load_shape_twin(draft, "cpu", "int4")
+    assert twin.lm_head.type_name == "Q5_0" and "in place of output.weight (Q8_0, 145 MB)" in head_note(twin)
+    assert load_shape_twin(target, "cpu", "int4").lm_head.type_name == "Q6_K"

@@ -24,7 +24,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -33,6 +33,9 @@ from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
 from ..quant.ggml_embedding import block_embedding, holds_as_blocks
 from ..quant.gguf_file import read_gguf
 from ..quant.linear import Int4Linear, Int8Linear, cpu_aligned, int4_shape_ok
+
+if TYPE_CHECKING:
+    from ..quant.kernel_table import LayerShape
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 CACHE_FORMAT = 3  # 3: GGMLLinear layers (the file's blocks) where the kernel table chooses them
@@ -85,6 +88,71 @@ def quant_cache_path(cache_dir: Path | str, precision: str, plan_tag: str = "") 
     return Path(cache_dir) / f"packed-{precision}-torch{tv}-v{CACHE_FORMAT}{tag}.safetensors"
 
 
+#: where a model's output head is read from: ``output`` (the file's ``output.weight``) or ``embedding`` (a draft's:
+#: ``token_embd.weight`` where ``embedding_head_reason`` finds it the same matrix in fewer bytes)
+HEADS = ("output", "embedding")
+#: rows of the two tensors ``embedding_head_reason`` compares (evenly spaced over the vocabulary)
+TIED_CHECK_ROWS = 256
+#: the largest ||E - O|| / ||O|| over those rows for which the embedding E is the head O at another precision (two
+#: quantizations of one matrix: Q5_0 against Q8_0 0.04, Q4_K against Q6_K ~0.1; two different matrices ~1.4)
+TIED_MAX_REL_DIFF = 0.25
+
+
+def embedding_head_reason(gf, precision: str) -> Optional[str]:
+    """Why ``token_embd.weight`` cannot stand in for ``output.weight`` as the head of a model built at
+    ``precision`` (``None`` when it can): only at ``int4`` (the file's own blocks; at ``int8`` either is requantized
+    to the same bytes), where the file holds both, of one shape, the embedding in fewer bytes and, compared on
+    ``TIED_CHECK_ROWS`` rows, the same matrix (``TIED_MAX_REL_DIFF``). A draft's head only proposes tokens, which
+    the target accepts or not, so its precision moves acceptance, never the output; its bytes are read on every
+    draft forward (the 0.5B draft: Q8_0 145 MB, the embedding's Q5_0 94 MB, 37% and 24% of its forward)."""
+    import numpy as np
+
+    if precision != "int4":
+        return f"the head keeps its own tensor at {precision}"
+    emb, out = gf.tensors.get("token_embd.weight"), gf.tensors.get("output.weight")
+    if emb is None or out is None:
+        return "the file has one tensor for both (a tied head)"
+    if tuple(emb.shape) != tuple(out.shape) or len(emb.shape) != 2:
+        return f"token_embd {tuple(emb.shape)} and output {tuple(out.shape)} differ in shape"
+    if emb.data.nbytes >= out.data.nbytes:
+        return f"token_embd ({emb.type_name}) is not smaller than output ({out.type_name})"
+    rows = np.linspace(0, emb.shape[0] - 1, TIED_CHECK_ROWS).astype(np.int64)
+    shape = (len(rows), int(emb.shape[1]))
+    e = dequantize(np.ascontiguousarray(emb.data[rows]), emb.type_name, shape)
+    o = dequantize(np.ascontiguousarray(out.data[rows]), out.type_name, shape)
+    rel = float((e - o).norm() / o.norm().clamp_min(1e-30))
+    if not rel <= TIED_MAX_REL_DIFF:
+        return f"token_embd is not output at another precision (relative difference {rel:.2f} on {len(rows)} rows)"
+    return None
+
+
+def with_head(gf, head: str, precision: str):
+    """``gf`` as a model at ``precision`` is built from it: with ``head="embedding"`` and no
+    ``embedding_head_reason``, without ``output.weight`` (the embedding then serves as a tied head and shares its
+    blocks with it), else ``gf`` itself."""
+    from dataclasses import replace
+
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+    if head == "output" or embedding_head_reason(gf, precision) is not None:
+        return gf
+    emb, out = gf.tensors["token_embd.weight"], gf.tensors["output.weight"]
+    note = (f"head: token_embd.weight ({emb.type_name}, {emb.data.nbytes / 1e6:.0f} MB, shared with the embedding) "
+            f"in place of output.weight ({out.type_name}, {out.data.nbytes / 1e6:.0f} MB)")
+    return replace(gf, metadata={**gf.metadata, HEAD_NOTE_KEY: note},
+                   tensors={n: t for n, t in gf.tensors.items() if n != "output.weight"})
+
+
+#: ``with_head``'s note in the metadata of the file it returns, and on the model built from it (``head_note``)
+HEAD_NOTE_KEY = "dyntree.head"
+HEAD_NOTE_ATTR = "_dyntree_head_note"
+
+
+def head_note(model) -> Optional[str]:
+    """What a model built with ``head="embedding"`` reads as its head (``None``: its file's ``output.weight``)."""
+    return getattr(model, HEAD_NOTE_ATTR, None)
+
+
 def linear_shapes(gf) -> dict[str, "LayerShape"]:
     """GGUF tensor name -> ``LayerShape`` of every 2-D weight (the head: ``output.weight``, or the embedding
     standing in for a tied head)."""
@@ -123,8 +191,11 @@ def load_gguf_model(
     precision: str = "float32",
     progress: Optional[Callable[[str], None]] = None,
     cache_dir: Optional[Path | str] = None,
+    head: str = "output",
 ):
     """A CPU causal LM in eval mode from ``gguf_path`` (config from ``config_dir``) at ``precision``.
+
+    ``head``: ``output`` (the file's head) or ``embedding`` (a draft's: ``with_head``; its note in ``head_note``).
 
     With ``cache_dir``, int8/int4 weights are packed once and kept there (``quant_cache_path``;
     the embedding is not: it is read from the GGUF, as blocks (``quant.ggml_embedding``) where the
@@ -136,10 +207,11 @@ def load_gguf_model(
     check_precision(precision, "cpu")
     t0 = time.perf_counter()
     say = progress or (lambda _m: None)
-    gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision)
+    gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision, head)
     arch = gf.architecture
     plans = kernel_plans(gf, precision, say) if precision in QUANT_PRECISIONS else {}
-    cached = (quant_cache_path(cache_dir, precision, plans_tag(plans))
+    tag = plans_tag(plans) + ("-embhead" if HEAD_NOTE_KEY in gf.metadata else "")
+    cached = (quant_cache_path(cache_dir, precision, tag)
               if cache_dir is not None and precision in QUANT_PRECISIONS else None)
     if cached is not None and cached.is_file():
         try:
@@ -156,6 +228,13 @@ def load_gguf_model(
         _save_packed(model, cached)
     fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
+    return _noted(model, gf)
+
+
+def _noted(model, gf):
+    """``model`` with ``with_head``'s note from ``gf`` (``head_note``), where it has one."""
+    if HEAD_NOTE_KEY in gf.metadata:
+        setattr(model, HEAD_NOTE_ATTR, gf.metadata[HEAD_NOTE_KEY])
     return model
 
 
@@ -246,7 +325,7 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
     _finish(model, precision)
     fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
-    return model
+    return _noted(model, gf)
 
 
 def fuse_native(model) -> None:
@@ -290,13 +369,14 @@ def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
     return layer
 
 
-def _skeleton(gguf_path: Path | str, config_dir: Path | str, precision: str):
+def _skeleton(gguf_path: Path | str, config_dir: Path | str, precision: str, head: str = "output"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     gf = read_gguf(gguf_path)
     if gf.architecture not in SUPPORTED_ARCHITECTURES:
         raise GGUFModelError(f"GGUF architecture {gf.architecture!r} is not supported here "
                              f"({', '.join(SUPPORTED_ARCHITECTURES)})")
+    gf = with_head(gf, head, precision)
     config = AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
     dense_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     with torch.device("meta"):
@@ -304,9 +384,9 @@ def _skeleton(gguf_path: Path | str, config_dir: Path | str, precision: str):
     return gf, config, dense_dtype, model
 
 
-def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "float32"):
+def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "float32", head: str = "output"):
     """A model with the architecture, layer kinds and buffer shapes ``load_gguf_model(gguf_path,
-    config_dir, precision)`` would build, every weight zero.
+    config_dir, precision, head=head)`` would build, every weight zero.
 
     A forward costs what the real model's costs (dense and int8/int4 kernels do not look at the
     values, and zeros are not denormals) and it builds in seconds with no GGUF decoding: the
@@ -317,7 +397,7 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
     from ..quant.ggml_linear import row_bytes
 
     check_precision(precision, "cpu")
-    gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision)
+    gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision, head)
     plans = kernel_plans(gf, precision) if precision in QUANT_PRECISIONS else {}
     tensors = dict(gf.tensors)
     if "output.weight" not in tensors:
@@ -353,7 +433,7 @@ def shape_twin(gguf_path: Path | str, config_dir: Path | str, precision: str = "
     _finish(model, precision)
     fuse_native(model)
     model._dyntree_shape_twin = True
-    return model
+    return _noted(model, gf)
 
 
 def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: float, plans: dict):
@@ -459,15 +539,15 @@ def write_metadata_dir(gguf_path: Path | str, out_dir: Path | str) -> dict:
     return {"vocab_size": vocab, "tokenizer_len": len(tok), "eos_token_id": tok.eos_token_id}
 
 
-def gguf_forward_bytes(gguf_path: Path | str, precision: str) -> Optional[int]:
+def gguf_forward_bytes(gguf_path: Path | str, precision: str, head: str = "output") -> Optional[int]:
     """Weight bytes one token's forward reads at ``precision``: every matrix but an embedding the head does not
     share (a forward reads only its rows), at 4 / 2 / 1 bytes per weight (``float32`` / ``bfloat16`` / ``int8``),
     or as the file's own blocks (``int4``: the GGUF's types); ``None`` at other precisions. From the GGUF's header
-    and tensor table alone (the file is mapped, not read)."""
+    and tensor table (the file is mapped, not read; ``head="embedding"`` compares a few rows: ``with_head``)."""
     size = {"float32": 4, "bfloat16": 2, "int8": 1}.get(precision)
     if size is None and precision != "int4":
         return None
-    tensors = read_gguf(gguf_path).tensors
+    tensors = with_head(read_gguf(gguf_path), head, precision).tensors
     untied = "output.weight" in tensors
     read = [t for name, t in tensors.items() if len(t.shape) == 2 and not (untied and name == "token_embd.weight")]
     if size is None:

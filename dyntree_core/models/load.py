@@ -33,7 +33,7 @@ import re
 import socket
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -74,6 +74,14 @@ class ModelSource:
     name: str
     eos_tokens: tuple[str, ...] = ()
     gguf: Optional[str] = None  # presets: the verified GGUF the weights are read from
+    role: str = "target"  # "draft" or "target": what resolve_spec resolved it for
+
+    @property
+    def head(self) -> str:
+        """Where a GGUF preset's head is read from (``gguf_model.HEADS``): a draft's from the embedding where that
+        is the same matrix in fewer bytes (``gguf_model.with_head``; it only proposes, so the output is the same),
+        a target's from the file's head."""
+        return "embedding" if self.role == "draft" else "output"
 
 
 @dataclass
@@ -109,7 +117,11 @@ class ModelPair:
         dt = str(self.dtype).removeprefix("torch.")
         tp, dp = self.target_precision or dt, self.draft_precision or dt
         prec = tp if tp == dp else f"draft {dp}, target {tp}"
-        return f"{self.draft_name} → {self.target_name} ({prec}, {self.device}, vocab {self.vocab_size})"
+        from .gguf_model import head_note
+
+        note = head_note(self.draft)
+        return (f"{self.draft_name} → {self.target_name} ({prec}, {self.device}, vocab {self.vocab_size})"
+                + (f"; draft {note}" if note else ""))
 
 
 # ------------------------------------------------------------------------------ resolving specs
@@ -167,8 +179,13 @@ def _resolve_hub(spec: str) -> ModelSource:
 def resolve_spec(spec: str, role: str) -> ModelSource:
     """Turn a spec string into a ``ModelSource``; presets are fetched/converted here (first use).
 
-    ``role`` is ``draft`` or ``target`` and only matters for ``embedded``.
+    ``role`` is ``draft`` or ``target``: which preset ``embedded`` names, and where a preset's head is read from
+    (``ModelSource.head``).
     """
+    return replace(_resolve(spec, role), role=role)
+
+
+def _resolve(spec: str, role: str) -> ModelSource:
     if not isinstance(spec, str) or not spec.strip():
         raise UnknownModelError(f"empty model spec for the {role}; use 'embedded', a preset, a local dir or a hub id")
     spec = spec.strip()
@@ -267,7 +284,7 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", pr
         from .gguf_model import load_gguf_model
 
         build = precision if (precision in QUANT_PRECISIONS or tdev.type == "cpu") else "float32"
-        model = load_gguf_model(src.gguf, src.location, build, cache_dir=packed_cache_dir(src))
+        model = load_gguf_model(src.gguf, src.location, build, cache_dir=packed_cache_dir(src), head=src.head)
         if build != precision:
             model = model.to(dtype=_torch_dtype(precision))
         return model.to(device=tdev).eval()
@@ -302,7 +319,7 @@ def load_shape_twin(src: ModelSource, device: str = "cpu", precision: str = "flo
         return None
     from .gguf_model import shape_twin
 
-    return shape_twin(src.gguf, src.location, precision)
+    return shape_twin(src.gguf, src.location, precision, head=src.head)
 
 
 def _has_tokenizer(src: ModelSource) -> bool:

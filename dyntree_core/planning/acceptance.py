@@ -22,7 +22,8 @@ import torch
 from ..config import DecodeConfig
 from .forward_timer import Progress, Turn
 
-ACCEPTANCE_VERSION = 3  # 3: the calibration texts are kept (the suffix method is replayed on them)
+ACCEPTANCE_VERSION = 4  # 3: the calibration texts are kept (the suffix method is replayed on them)
+# 4: an int4 draft's head is read from the embedding where that is the same matrix (gguf_model.with_head)
 #: confidence-stop thresholds the chain is priced at (None = always draft k tokens)
 STOP_GRID: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 

@@ -25,12 +25,13 @@ from .. import measured
 from ..machine import machine_info
 from ..step_price import row_time
 
-PROFILE_VERSION = 7  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
+PROFILE_VERSION = 8  # 2: forwards on a 128-token prefix (bf16 attention on AVX2 grows with the context)
 # 3: timed on zero-weight shape twins of GGUF presets, prefix keys/values filled without a prefill
 # 4: one profile per machine and pair; rows per (model, precision) merged as sizes are asked for
 # 5: models on GGUF blocks run decode.lean_forward (shorter forwards than transformers' own)
 # 6: the per-size row "other" is the engine step outside its forwards (was "verify": n probability rows)
 # 7: a precision too slow at one size is timed at the largest before it is dropped (issue 40: bf16 with AMX)
+# 8: an int4 draft reads its head from the embedding where that is the same matrix in fewer bytes
 DEFAULT_NS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PREFIX_LEN = 128
 

@@ -74,7 +74,7 @@ class PairCache:
             return None
         from ..models.gguf_model import gguf_forward_bytes
 
-        return gguf_forward_bytes(src.gguf, precision)
+        return gguf_forward_bytes(src.gguf, precision, head=src.head)
 
     def pair(self, target_precision: str, draft_precision: str):
         """A ``ModelPair`` at those precisions (tokenizer and checks from ``load_pair``'s first call)."""
