@@ -104,6 +104,7 @@ def test_the_defaults_twice_one_prediction_everywhere_and_stop_in_a_long_prefill
             page.click("#run-btn")
             _wait_status(page, "tokens in", 120)
             first_token_s = time.monotonic() - t0
+            print(f"first Run: the first token {first_token_s:.1f} s after the click")
             _wait_status(page, "finished", 300)
             first = _status(page)
             assert "until this machine is measured" in first, first  # it did not wait for auto's measurements

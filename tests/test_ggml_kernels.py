@@ -187,7 +187,7 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     measured = []
 
-    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
         measured.append(shape.label)
         return {"aten": {str(m): 2.0 * m for m in ms}, "native_rows": {str(m): 1.0 * m for m in ms},
                 "native_dequant_mm": {str(m): 50.0 for m in ms}, "native_q8": {str(m): None for m in ms}}
@@ -211,7 +211,7 @@ def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     measured_shapes = []
 
-    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
         measured_shapes.append(shape.label)
         return {c: {str(m): 1.0 for m in ms} for c in candidates}
 
@@ -231,7 +231,7 @@ def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, 
 def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
         calls.append((tuple(ms), tuple(candidates), stat))
         fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}  # no VNNI here
         return {c: {str(m): fast[c] * m if c in fast else None for m in ms} for c in candidates}
@@ -249,7 +249,7 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
     the smallest M from which it wins at every larger one (here: slower at 1 row, faster from 4)."""
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.5}
         return {c: {str(m): (1.1 if c == "native_q8_vnni" and m == 1 else per_row[c] * m if c in per_row else None)
@@ -286,7 +286,7 @@ def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_
     its VNNI tile ran, both x8 kernels at every M for the switch)."""
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median"):
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_x8": 0.5,
                    **({"native_x8_vnni": 0.4} if vnni else {})}
@@ -299,6 +299,38 @@ def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_
     assert calls == [((1,), kt.RUNTIME_CANDIDATES), more]
     plan = _table({shape.label: got}, (1, 4, 16)).plan_for(shape)
     assert plan.x8 and plan.int8_activations and plan.vnni_min_rows == (1 if vnni else 0), plan
+
+
+@pytest.mark.parametrize("x8_at_most_rows", [True, False])
+def test_where_x8_wins_at_one_row_the_int8_rows_are_timed_between_only_if_they_win_at_the_most_rows(
+        monkeypatch, x8_at_most_rows):
+    """Both int8 layouts on VNNI: the x8 pair at every M (its VNNI switch), the row kernels at the largest M only
+    (for ``_x8_wins``), and at the Ms between only where they beat x8 there (then their own VNNI switch is used).
+    Every timing after the first M has ``FOLLOW_UP_BUDGET_S`` (a 150k-row head at 256 rows: ~0.6 s a call; the
+    draft's Q5_0 head went from 19 to 12 s of measuring)."""
+    calls = []
+
+    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
+        calls.append((tuple(ms), tuple(candidates), budget_s))
+        per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.9,
+                   "native_x8": 0.5, "native_x8_vnni": 0.4}
+
+        def t(c, m):
+            slope = 0.2 if (c.startswith("native_q8") and not x8_at_most_rows) else per_row[c]
+            return per_row[c] + slope * (m - 1)
+
+        return {c: {str(m): t(c, m) for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt, "measure_shape", fake)
+    shape = kt.LayerShape("Q4_K", 8, 256)
+    got = kt.measure_for_plan(shape, (1, 4, 16))
+    q8s, x8s, follow = ("native_q8", "native_q8_vnni"), ("native_x8", "native_x8_vnni"), kt.FOLLOW_UP_BUDGET_S
+    expect = [((1,), kt.RUNTIME_CANDIDATES, kt.TIME_BUDGET_S), ((4, 16), x8s, follow), ((16,), q8s, follow)]
+    if not x8_at_most_rows:
+        expect.append(((4,), q8s, follow))
+    assert calls == expect
+    plan = _table({shape.label: got}, (1, 4, 16)).plan_for(shape)
+    assert plan.x8 == x8_at_most_rows and plan.vnni_min_rows == 1, plan
 
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels
@@ -494,13 +526,26 @@ def test_a_drafts_head_reads_the_embedding_where_that_is_the_head_in_fewer_bytes
     assert load_gguf_model(other, ocfg, "int4", head="embedding").lm_head.type_name == "Q6_K"
 
 
-def test_a_draft_source_reads_its_head_from_the_embedding_and_a_target_source_from_the_file():
+def test_a_draft_source_reads_its_head_from_the_embedding_unless_told_and_a_target_source_from_the_file(
+        monkeypatch):
     from dataclasses import replace
 
+    from dyntree_core.config import ConfigError
     from dyntree_core.models.load import ModelSource
+    from dyntree_core.planning.acceptance import _acceptance_path
+    from dyntree_core.planning.machine_profile import profile_key
 
     src = ModelSource("embedded", "preset", "/x", "m")
-    assert src.head == "output" and replace(src, role="draft").head == "embedding"
+    draft = replace(src, role="draft")
+    assert src.head == "output" and draft.head == "embedding"
+    key, acc = profile_key("embedded,embedded", "cpu"), _acceptance_path("p", "int4", "int4", 0.0, 48, [[1]])
+    monkeypatch.setenv("DYNTREE_DRAFT_HEAD", "output")  # the file's own head, for a draft exactly as shipped
+    assert draft.head == "output" and src.head == "output"
+    assert profile_key("embedded,embedded", "cpu") != key  # timings and acceptance measured apart
+    assert _acceptance_path("p", "int4", "int4", 0.0, 48, [[1]]) != acc
+    monkeypatch.setenv("DYNTREE_DRAFT_HEAD", "tied")
+    with pytest.raises(ConfigError, match="DYNTREE_DRAFT_HEAD must be one of output, embedding"):
+        draft.head
 
 
 def test_the_machine_profile_key_follows_the_kernels(monkeypatch, nk):

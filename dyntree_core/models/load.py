@@ -79,9 +79,19 @@ class ModelSource:
     @property
     def head(self) -> str:
         """Where a GGUF preset's head is read from (``gguf_model.HEADS``): a draft's from the embedding where that
-        is the same matrix in fewer bytes (``gguf_model.with_head``; it only proposes, so the output is the same),
-        a target's from the file's head."""
-        return "embedding" if self.role == "draft" else "output"
+        is the same matrix in fewer bytes (``gguf_model.with_head``; it only proposes, so the output is the same;
+        ``DYNTREE_DRAFT_HEAD=output`` keeps the file's), a target's from the file's head."""
+        return draft_head() if self.role == "draft" else "output"
+
+
+def draft_head() -> str:
+    """Where a draft's head is read from: ``DYNTREE_DRAFT_HEAD`` (``embedding``, the default, or ``output``)."""
+    from .gguf_model import HEADS
+
+    head = os.environ.get("DYNTREE_DRAFT_HEAD", "embedding")
+    if head not in HEADS:
+        raise ConfigError(f"DYNTREE_DRAFT_HEAD must be one of {', '.join(HEADS)}, got {head!r}")
+    return head
 
 
 @dataclass

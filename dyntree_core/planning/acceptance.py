@@ -120,8 +120,10 @@ def acceptance_cache_path(key: str) -> Path:
 
 def _acceptance_path(pair_name: str, draft_precision: str, target_precision: str, temperature: float,
                      new_tokens: int, prompts: Sequence[Sequence[int]]) -> Path:
+    from ..models.load import draft_head
+
     raw = json.dumps([pair_name, draft_precision, target_precision, float(temperature), new_tokens,
-                      [list(p) for p in prompts], ACCEPTANCE_VERSION])
+                      [list(p) for p in prompts], ACCEPTANCE_VERSION, draft_head()])
     return acceptance_cache_path(hashlib.sha256(raw.encode()).hexdigest()[:16])
 
 

@@ -155,15 +155,17 @@ class MachineProfile:
 
 def profile_measure_key(pair_name: str, device: str) -> measured.MeasureKey:
     """The profile's ``measured.MeasureKey``: this machine (the GPU too on a CUDA device), torch, the code
-    that times forwards, the kernels each int4 layer runs (issue 30), the pair, the device and
-    ``PROFILE_VERSION``."""
+    that times forwards, the kernels each int4 layer runs (issue 30), the pair, the device, where the draft's head
+    is read from (``models.load.draft_head``) and ``PROFILE_VERSION``."""
+    from ..models.load import draft_head
     from ..quant.kernel_table import table_identity
 
     here = Path(__file__).parent
     code = [here / "forward_timer.py", here / "profiling.py", here.parent / "decode" / "forward.py",
             here.parent / "decode" / "lean_forward.py", table_identity()]
     return measured.measure_key("profiles", device=device, code=code, info=machine_info(), prefix="machine-",
-                                extra={"pair": pair_name, "device": device, "version": PROFILE_VERSION})
+                                extra={"pair": pair_name, "device": device, "version": PROFILE_VERSION,
+                                       "draft_head": draft_head()})
 
 
 def profile_key(pair_name: str, device: str) -> str:

@@ -67,6 +67,10 @@ RUNTIME_CANDIDATES: tuple[str, ...] = ("aten", "native_rows", "native_dequant_mm
 VNNI_TYPES: tuple[str, ...] = ("Q4_K", "Q6_K", "Q5_0")
 #: a candidate slower than this (ms) at some M is not timed at larger M
 SLOW_MS = 3000.0
+#: seconds of timed calls per kernel and row count (``measured.time_call``'s budget), and in ``measure_for_plan``
+#: after the first row count
+TIME_BUDGET_S = 2.0
+FOLLOW_UP_BUDGET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,11 @@ def x8_takes(shape: LayerShape) -> bool:
 
 
 def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
-                  candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median") -> dict[str, dict[str, Optional[float]]]:
+                  candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median",
+                  budget_s: float = TIME_BUDGET_S) -> dict[str, dict[str, Optional[float]]]:
     """``{candidate: {str(M): ms or None}}`` for one shape (None: not run, e.g. slower than ``SLOW_MS`` at a
-    smaller M, or no native kernels here); ``stat``: ``median`` or ``min`` of the timed calls."""
+    smaller M, or no native kernels here); ``stat``: ``median`` or ``min`` of the timed calls, fewer where they
+    would take longer than ``budget_s`` (``time_rows``)."""
     from .ggml_linear import GGMLLinear
     from .native import INT8_ACTIVATION_TYPES
 
@@ -152,7 +158,8 @@ def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
             layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
     gen = torch.Generator().manual_seed(1)
     with torch.inference_mode():
-        return {c: time_rows(None if layers.get(c) is None else _runtime_call(c, layers[c]), shape.k, ms, gen, stat)
+        return {c: time_rows(None if layers.get(c) is None else _runtime_call(c, layers[c]), shape.k, ms, gen, stat,
+                             budget_s)
                 for c in candidates}
 
 
@@ -168,9 +175,10 @@ def _runtime_call(candidate: str, layer) -> Callable[[torch.Tensor], Callable[[]
 
 
 def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k: int, ms: Iterable[int],
-              gen: torch.Generator, stat: str = "median") -> dict[str, Optional[float]]:
+              gen: torch.Generator, stat: str = "median", budget_s: float = TIME_BUDGET_S) -> dict[str, Optional[float]]:
     """``{str(M): ms}`` of ``call(x)()`` for ``x`` of M random rows of ``k`` columns, timed by
-    ``measured.time_call`` (``stat``: the median of 5 or the fastest of 7 after a warm-up); None at every M
+    ``measured.time_call`` (``stat``: the median of 5 or the fastest of 7 after a warm-up, fewer where they would
+    take longer than ``budget_s``); None at every M
     after one slower than ``SLOW_MS``, and everywhere when ``call`` is None (no such kernel here). The one loop
     over row counts of the table and of ``bench kernels``."""
     out: dict[str, Optional[float]] = {}
@@ -180,7 +188,7 @@ def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k:
             out[str(m)] = None
             continue
         x = torch.randn(m, k, generator=gen)
-        timing = measured.time_call(call(x), 7 if stat == "min" else 5)
+        timing = measured.time_call(call(x), 7 if stat == "min" else 5, budget_s)
         out[str(m)] = t = timing.min_ms if stat == "min" else timing.median_ms
         slow = t > SLOW_MS
     return out
@@ -190,26 +198,39 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
     """What ``plan_for`` needs, quickly: every candidate at the first M; the other Ms only where the float32 row
     kernel wins there (they set its switch to ``native_dequant_mm``), where the VNNI kernels ran, for the
     int8-activation kernels (they set ``vnni_min_rows``), and the largest M for the two int8 layouts (the x8
-    layout is chosen only where it also wins there); the other plans use one kernel at every M.
+    layout is chosen only where it also wins there); the other plans use one kernel at every M. Where the x8
+    layout wins at the first M, the int8 row kernels are timed between the first and the largest M only if they
+    win at the largest (their VNNI switch matters only then). After the first M each timing stops at
+    ``FOLLOW_UP_BUDGET_S`` (a 150k-row head at 256 rows takes ~0.6 s a call).
     Unmeasured entries are None. ``bench kernels`` measures everything."""
     ms = list(ms)
     # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
     first = measure_shape(shape, ms[:1], RUNTIME_CANDIDATES, "min")
     out = {c: {**first.get(c, {}), **{str(m): None for m in ms[1:]}} for c in RUNTIME_CANDIDATES}
     got = {c: v[str(ms[0])] for c, v in first.items() if v.get(str(ms[0])) is not None}
-    if got and min(got, key=got.get) == "native_rows" and len(ms) > 1:
-        rest = measure_shape(shape, ms[1:], ("native_rows", "native_dequant_mm"), "min")
-        for c, v in rest.items():
+    if len(ms) < 2:
+        return out
+
+    def more(at: list[int], candidates: tuple[str, ...]) -> None:
+        for c, v in measure_shape(shape, at, candidates, "min", FOLLOW_UP_BUDGET_S).items():
             out[c].update(v)
-    if "native_q8_vnni" in got and len(ms) > 1:
-        for c, v in measure_shape(shape, ms[1:], ("native_q8", "native_q8_vnni"), "min").items():
-            out[c].update(v)
-    if "native_x8_vnni" in got and len(ms) > 1:
-        for c, v in measure_shape(shape, ms[1:], ("native_x8", "native_x8_vnni"), "min").items():
-            out[c].update(v)
-    elif "native_x8" in got and len(ms) > 1:
-        for c, v in measure_shape(shape, ms[-1:], ("native_q8", "native_x8"), "min").items():
-            out[c].update(v)
+
+    def best(cands: tuple[str, ...], m: int) -> Optional[float]:
+        return min((out[c][str(m)] for c in cands if out[c].get(str(m)) is not None), default=None)
+
+    q8s, x8s = ("native_q8", "native_q8_vnni"), ("native_x8", "native_x8_vnni")
+    if got and min(got, key=got.get) == "native_rows":
+        more(ms[1:], ("native_rows", "native_dequant_mm"))
+    if "native_x8_vnni" in got:
+        more(ms[1:], x8s)
+    if "native_q8_vnni" in got:
+        x8_first = best(x8s, ms[0]) is not None and best(x8s, ms[0]) < best(q8s, ms[0])
+        more(ms[-1:] if x8_first else ms[1:], q8s)
+        last_x8, last_q8 = best(x8s, ms[-1]), best(q8s, ms[-1])
+        if x8_first and last_q8 is not None and (last_x8 is None or last_q8 <= last_x8):
+            more(ms[1:-1], q8s)  # the row kernels are chosen: their switch rows
+    if "native_x8" in got and "native_x8_vnni" not in got:
+        more(ms[-1:], ("native_q8", "native_x8"))
     return out
 
 
