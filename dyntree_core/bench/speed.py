@@ -418,8 +418,6 @@ def llamacpp_rows(args, record: dict, prompts: dict, eos: list, run_rows, say) -
 LLAMACPP_PLAIN = "llama.cpp plain (llama-completion)"
 
 
-
-
 def spell_split(cells: list[dict]) -> Optional[float]:
     """The read bandwidth (GB/s) between a run's slower and faster spell: its probes (``read_gb_per_s_before``)
     split in two where the split separates them best (Otsu's threshold: the largest between-group variance; a
