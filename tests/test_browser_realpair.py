@@ -108,6 +108,8 @@ def test_the_defaults_twice_one_prediction_everywhere_and_stop_in_a_long_prefill
             _wait_status(page, "finished", 300)
             first = _status(page)
             assert "until this machine is measured" in first, first  # it did not wait for auto's measurements
+            footer = page.inner_text("#memory-footer")
+            assert "models: " in footer and " → " in footer, footer  # the loaded pair, named on the page
             assert first_token_s < 60, f"the first token took {first_token_s:.0f} s (goal: 60 s)"
             # --- auto's measurement in the background, then the second Run with the same defaults
             # the tab is closed meanwhile, as a user would leave it: a 2-core machine's measurement is stored

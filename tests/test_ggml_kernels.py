@@ -437,6 +437,30 @@ def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(
     assert (loose - expect).abs().max() > (got - expect).abs().max()  # bf16 scales and activations
 
 
+def test_a_new_packed_file_prunes_the_files_used_least_lately(tmp_path, monkeypatch, nk):
+    """Each kernel table, torch or cache format writes a packed file of its own (~1 GB for the 1.5B target):
+    loading keeps the ``KEEP_PER_PRECISION`` used last of a precision and deletes the older ones."""
+    import os
+
+    from dyntree_core.models.gguf_model import load_gguf_model
+
+    path, cfg = _write_tiny_qwen2(tmp_path)
+    monkeypatch.setenv("DYNTREE_KERNELS", "native")
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    old = []
+    for i, age in enumerate((300, 200, 100)):  # three older tables' files
+        p = packed / f"packed-int4-torch0.0.0-v3-{i:08x}.safetensors"
+        p.write_bytes(b"0" * 64)
+        os.utime(p, (p.stat().st_atime, p.stat().st_mtime - age))
+        old.append(p)
+    load_gguf_model(path, cfg, "int4", cache_dir=packed)  # writes its own file
+    kept = sorted(p.name for p in packed.iterdir())
+    assert len(kept) == 2 and old[2].name in kept  # its own, and the one used last before it
+    load_gguf_model(path, cfg, "int4", cache_dir=packed)  # reads it back: nothing else to prune
+    assert sorted(p.name for p in packed.iterdir()) == kept
+
+
 @pytest.mark.parametrize("embed_type,tied", [("Q6_K", True), ("Q8_0", False)])
 def test_a_quantized_models_embedding_stays_in_blocks_with_the_dense_tables_rows(tmp_path, monkeypatch, nk,
                                                                                embed_type, tied):

@@ -132,6 +132,38 @@ def test_a_run_slowed_by_other_processes_says_so_and_re_measures_nothing():
     assert others_share(before, None) is None and others_share(before, before) is None
 
 
+def test_a_run_in_another_spell_of_the_memory_bandwidth_says_so_and_re_measures_nothing():
+    """On a host whose memory bandwidth jumps between levels (the Zen 4 VM: ~31 or ~55 GB/s, minutes each) a
+    one-token forward follows the spell: the check names the probes around the run against the profile's spell and
+    re-measures no row (the new times would be another spell's, mixed into a profile of one); within the spell, or
+    without probes on either side, it blames the row as before."""
+    steps = _steps(12, 0.03, 0.18, 0.002, 3)
+    p = _prediction(read_gb_per_s=31.0)
+    other = check_prediction(p, steps, read_gb_per_s=(55.2, 54.1))
+    assert other.off and other.other_spell and other.rows_to_remeasure() == ()
+    assert ("the memory read 55 / 54 GB/s around the run against the 31 GB/s its profile was measured at "
+            "(another spell of this machine's memory bandwidth): its rows stand for their spell, nothing is "
+            "re-measured") in other.text()
+    straddling = check_prediction(p, steps, read_gb_per_s=(32.0, 55.0))  # the spell changed during the run
+    assert straddling.other_spell and straddling.rows_to_remeasure() == ()
+    for same in (check_prediction(p, steps, read_gb_per_s=(33.5, 29.0)), check_prediction(p, steps),
+                 check_prediction(_prediction(), steps, read_gb_per_s=(55.2, 54.1))):
+        assert same.other_spell is None and same.rows_to_remeasure() == (ProfileRow("target", "int4"),)
+    assert check_prediction(p, steps, read_gb_per_s=(55.2, None)).other_spell  # (a stopped run: one probe)
+
+
+def test_a_prediction_carries_its_profiles_spell():
+    """``prediction_for`` reads the spell from the profile (``meta["read_gb_per_s"]``, set while its rows were
+    measured), and a run probes the memory around it only where that is known."""
+    from dyntree_core.planning.prediction import prediction_for
+
+    prof = _flat_profile()
+    ref = fastest_plain(prof)
+    assert prediction_for(ref, ref, prof).read_gb_per_s is None
+    prof.meta["read_gb_per_s"] = 30.22
+    assert prediction_for(ref, ref, prof).read_gb_per_s == 30.22
+
+
 def test_a_run_on_every_cpu_is_crowded_by_a_fraction_of_a_core():
     """Measured in the app on the 2-core AVX2 machine: Chromium redrawing the page took 0.24-0.32 of a core (12-16%
     of the CPUs, under ``OTHERS_LIMIT``) and plain decoding on 2 threads ran 1.5-1.9x the profile. A run whose

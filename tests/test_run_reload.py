@@ -94,6 +94,9 @@ def test_the_app_opens_an_exported_run_without_models(runs, tmp_path):
         def is_loaded(self, spec):
             return False
 
+        def loaded_description(self):
+            return ""
+
     demo = build_app(NoModels())
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
     on_open = next(f.fn for f in fns if getattr(f, "name", None) == "on_open_run")
@@ -147,6 +150,9 @@ def test_an_idle_page_refreshes_slowly_and_an_event_brings_the_streaming_interva
 
         def is_loaded(self, spec):
             return False
+
+        def loaded_description(self):
+            return ""
 
     demo = build_app(NoModels())
     fns = list(demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)

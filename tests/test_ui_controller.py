@@ -9,6 +9,7 @@ import types
 import gradio as gr
 import pytest
 
+from dyntree_core.planning.prediction import MIN_STEPS, Prediction
 from ui.controller import Controller
 from ui.layout import N_COMPARE, AppDefaults
 from ui.session import SessionState
@@ -57,6 +58,18 @@ def test_run_with_the_defaults_resolves_auto_and_finishes(controller):
     assert rec.note.startswith("auto:")
 
 
+def test_the_footer_names_the_loaded_models_once_a_run_loads_them(controller):
+    """The pair's description (``LoadedPair.description``: names, precisions, device, vocabulary, a draft's head
+    note) is in the page's footer from the first refresh after the load."""
+    state = SessionState()
+    before = controller.memory_update(state)
+    assert "models:" not in str(before)
+    controller.on_run(state, False, *_form())
+    assert state.worker is not None and state.worker.join(120)
+    footer = controller.memory_update(state)
+    assert isinstance(footer, str) and "models: tiny random Llama pair (test only;" in footer, footer
+
+
 def test_step_with_the_defaults_runs_one_step(controller):
     state = SessionState()
     controller.on_step(state, *_form())
@@ -96,6 +109,7 @@ def test_run_and_compare_show_one_prediction_once_the_machine_is_measured(contro
     assert state.worker.join(120) and state.error == "", state.error
     run = state.record
     assert run.prediction is not None and run.prediction.text() in run.note, run.note
+    assert run.read_window == (None, None)  # (the tiny pair's rows read too little to be probed: no spell)
     updates = list(controller.on_compare(state, "auto", False, *_form()))
     assert updates[-1]["cmp_status"].startswith("done"), updates[-1]["cmp_status"]
     auto_col = state.compare[2]
@@ -105,6 +119,41 @@ def test_run_and_compare_show_one_prediction_once_the_machine_is_measured(contro
     assert html.escape(check.text(run.remeasuring)) in status_line(run)
     assert html.escape(run.prediction.text()) in stats[2]
     assert html.escape(auto_col.prediction_check().text(auto_col.remeasuring)) in stats[2]
+
+
+def test_a_run_priced_from_a_probed_profile_probes_the_memory_before_and_after(controller, monkeypatch):
+    """Where the prediction's profile was measured in a known spell of the memory's bandwidth, the run reads it
+    before its first step and after its last (``profiling.run_probe``), and the check sets those against the
+    profile's: another spell re-measures nothing."""
+    import dataclasses
+
+    import ui.runner as runner
+    import ui.session as session
+    from dyntree_core.planning.prediction import ProfileRow
+
+    real = runner.resolve_auto
+
+    def probed(*a, **kw):
+        got = real(*a, **kw)
+        p = got.prediction or Prediction(
+            label="autoregressive @ float32", method="autoregressive", s_per_token=1e-6, draft_s=0.0, target_s=1e-6,
+            other_s=0.0, tokens_per_step=1.0, target_precision="float32", draft_precision=None,
+            reference_label="autoregressive @ float32", reference_s_per_token=1e-6)
+        return dataclasses.replace(got, prediction=dataclasses.replace(p, read_gb_per_s=31.0))
+
+    probes = iter((55.0, 54.0))
+    monkeypatch.setattr(runner, "resolve_auto", probed)
+    monkeypatch.setattr(runner, "run_probe", lambda: next(probes))
+    monkeypatch.setattr(session, "run_probe", lambda: next(probes))
+    state = SessionState()
+    controller.on_run(state, False, *_form(max_new_tokens=40))
+    assert state.worker.join(120) and state.error == "", state.error
+    run = state.record
+    assert run.read_window == (55.0, 54.0)
+    check = run.prediction_check()
+    assert check.steps >= MIN_STEPS and check.off and check.other_spell and check.rows_to_remeasure() == ()
+    assert "nothing is re-measured" in check.text() and run.remeasuring == ()
+    assert ProfileRow("target", "float32") not in {r for _, r in controller._remeasured}
 
 
 def test_a_compare_with_transformers_assisted_prices_it_in_autos_next_note(controller):

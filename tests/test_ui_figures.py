@@ -389,6 +389,9 @@ def test_build_app_loads_no_model():
         def is_loaded(self, spec):
             return False
 
+        def loaded_description(self):
+            return ""
+
     demo = build_app(NoLoad())
     ids = {getattr(b, "elem_id", None) for b in demo.blocks.values()}
     for needed in ("run-btn", "pause-btn", "step-btn", "stop-btn", "tree-plot", "mask-bfs", "mask-dfs", "mask-hpd",

@@ -204,16 +204,17 @@ class Controller:
         }
 
     def memory_update(self, state: SessionState) -> Any:
-        """The footer: the app's memory and auto's background measurement, re-sent only when the
-        measurement's line changed or the memory moved by 0.1 GB or more since the page last
-        showed it (no repaint for the noise between two ticks)."""
+        """The footer: the app's memory, auto's background measurement and the loaded models, re-sent only
+        when a line changed or the memory moved by 0.1 GB or more since the page last showed it (no
+        repaint for the noise between two ticks)."""
         now = process_memory()
         rss = None if now is None else now.rss
-        status = self.planner.status()
-        if (rss is None or abs(rss - state.rendered_memory) < 1e8) and status == state.rendered_background:
+        loaded = self.provider.loaded_description()
+        lines = (self.planner.status(), f"models: {loaded}" if loaded else "")
+        if (rss is None or abs(rss - state.rendered_memory) < 1e8) and lines == state.rendered_background:
             return gr.skip()
-        state.rendered_memory, state.rendered_background = rss or 0, status
-        return " · ".join(x for x in (memory_line(now), status) if x)
+        state.rendered_memory, state.rendered_background = rss or 0, lines
+        return " · ".join(x for x in (memory_line(now), *lines) if x)
 
     def fail(self, state: SessionState, exc: BaseException) -> None:
         """Show ``exc`` as a pop-up now and in the inline error line from the next refresh on."""

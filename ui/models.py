@@ -63,6 +63,10 @@ class ModelProvider(Protocol):
 
     def is_loaded(self, spec: PairSpec) -> bool: ...
 
+    def loaded_description(self) -> str:
+        """The loaded pair's ``LoadedPair.description`` (the page's footer; empty while none is loaded)."""
+        ...
+
     def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
         """``AutoPlan`` (or ``ProvisionalPlan``) for the settings' pair, temperature and the choices left
         to auto; ``planner``: a ``ui.planner.BackgroundPlanner`` to measure in the background."""
@@ -112,6 +116,10 @@ class HubModelProvider:
     def is_loaded(self, spec: PairSpec) -> bool:
         pair = self._pair
         return pair is not None and pair.spec == spec
+
+    def loaded_description(self) -> str:
+        pair = self._pair
+        return pair.description if pair is not None else ""
 
     def _pair_cache(self, draft: str, target: str, device: str):
         from dyntree_core.planning.pair_cache import PairCache

@@ -13,6 +13,7 @@ from dyntree_core.decode.engine import SpeculativeDecoder
 from dyntree_core.planning.machine_profile import pair_name_of
 from dyntree_core.planning.peer_prices import load_peer_ratios, peer_sentence, price_peers, record_peer_ratio
 from dyntree_core.planning.prediction import Prediction
+from dyntree_core.planning.profiling import run_probe
 
 from .models import ModelProvider
 from .prompt_check import TextInfo, check_prompt, fit_prompt
@@ -150,6 +151,8 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer),
                        note="; ".join(n for n in (note, tree_note(form, cfg), cut) if n),
                        prediction=resolved.prediction, form=form)
+    if resolved.prediction is not None and resolved.prediction.read_gb_per_s:
+        record.read_window = (run_probe(), None)  # (before the run's clock starts)
     steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, prefill_progress=True)
     return Generation(record, steps, stop)
 

@@ -21,6 +21,7 @@ from dyntree_core.config import DecodeConfig
 from dyntree_core.measured import others_share, sample
 from dyntree_core.planning.forward_timer import ForwardTiming
 from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_prediction
+from dyntree_core.planning.profiling import run_probe
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
 from .figure_pacing import FigurePacing
@@ -54,6 +55,8 @@ class RunRecord:
     form: Optional[RunSettings] = None  # the settings as the form gave them (``auto`` unresolved)
     remeasuring: tuple = ()  # profile rows (``ProfileRow``) being measured again because this run was off
     cpu_window: tuple = (None, None)  # ``measured.Sample``s at its first decoding step and at its end
+    read_window: tuple = (None, None)  # the memory's read GB/s before its first step and after its end (probed
+    # only where its prediction's profile was: ``PredictionCheck.other_spell``)
 
     def snapshot(self) -> "RunRecord":
         """A copy to draw from while a worker thread extends this record. The status is read before
@@ -73,7 +76,8 @@ class RunRecord:
         start, end = self.cpu_window
         end = end or (sample() if start is not None else None)
         return check_prediction(self.prediction, self.traces, others_share(start, end),
-                                cpus=end.cpus_counted if end is not None else None, threads=torch.get_num_threads())
+                                cpus=end.cpus_counted if end is not None else None, threads=torch.get_num_threads(),
+                                read_gb_per_s=self.read_window)
 
     @property
     def label(self) -> str:
@@ -242,6 +246,9 @@ class Generation:
         start = self.record.cpu_window[0]
         if start is not None:
             self.record.cpu_window = (start, sample())
+        before = self.record.read_window[0]
+        if before is not None and status == "finished":
+            self.record.read_window = (before, run_probe())
         self.record.status = status
 
 
@@ -269,7 +276,7 @@ class SessionState:
         self.rendered_version = 0  # the page starts with the layout's own initial values
         self.rendered_prefill: Optional[tuple[int, int]] = None  # prefill progress the page shows
         self.rendered_memory = 0  # the app's memory (bytes) the page's footer shows
-        self.rendered_background = ""  # the footer's line about auto's background measurement
+        self.rendered_background: tuple[str, ...] = ()  # the footer's lines: auto's background measurement, models
         self.idle_ticks = 0  # refreshes in a row with nothing to show and no run going (Controller._pace)
         self.timer_interval: Optional[float] = None  # the page's refresh interval (None: the streaming one)
         self.stop_clicked_at = -math.inf  # when Stop was clicked during the current run (time.monotonic)

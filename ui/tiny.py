@@ -62,6 +62,10 @@ class TinyModelProvider:
         pair = self._pair
         return pair is not None and pair.spec == spec
 
+    def loaded_description(self) -> str:
+        pair = self._pair
+        return pair.description if pair is not None else ""
+
     def auto_plan(self, settings, progress=None, planner=None):
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
+from . import packed_cache
 from ..quant.apply import PRECISION_ATTR, QUANT_PRECISIONS, check_precision, head_precision, set_submodule
 from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
 from ..quant.ggml_embedding import block_embedding, holds_as_blocks
@@ -197,9 +198,9 @@ def load_gguf_model(
 
     ``head``: ``output`` (the file's head) or ``embedding`` (a draft's: ``with_head``; its note in ``head_note``).
 
-    With ``cache_dir``, int8/int4 weights are packed once and kept there (``quant_cache_path``;
-    the embedding is not: it is read from the GGUF, as blocks (``quant.ggml_embedding``) where the
-    kernels read its type, else dequantized). The returned model carries
+    With ``cache_dir``, int8/int4 weights are packed once and kept there (``quant_cache_path``; the older files
+    pruned: ``packed_cache``; the embedding is not: it is read from the GGUF, as blocks (``quant.ggml_embedding``)
+    where the kernels read its type, else dequantized). The returned model carries
     ``_dyntree_precision`` and ``_dyntree_load_seconds``.
     """
     from transformers import AutoModelForCausalLM
@@ -215,7 +216,10 @@ def load_gguf_model(
               if cache_dir is not None and precision in QUANT_PRECISIONS else None)
     if cached is not None and cached.is_file():
         try:
-            return _load_packed(model, gf, cached, precision, t0, plans)
+            loaded = _load_packed(model, gf, cached, precision, t0, plans)
+            packed_cache.mark_used(cached)
+            packed_cache.prune(cached.parent, cached, say)
+            return loaded
         except Exception as e:  # a damaged cache file is rebuilt, not fatal
             say(f"  packed cache {cached.name} unusable ({type(e).__name__}: {e}); rebuilding")
             cached.unlink(missing_ok=True)
@@ -226,6 +230,7 @@ def load_gguf_model(
     model = _build(model, gf, arch, config, precision, dense_dtype, say, t0, plans)
     if cached is not None:
         _save_packed(model, cached)
+        packed_cache.prune(cached.parent, cached, say)
     fuse_native(model)
     model._dyntree_load_seconds = time.perf_counter() - t0
     return _noted(model, gf)

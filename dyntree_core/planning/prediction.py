@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from ..measured import crowding
 from ..step_price import PricedRows, StepShape
 from .pricing import Candidate, autoregressive_candidate, other_seconds, seconds_per_token
+from .profiling import same_spell
 
 if TYPE_CHECKING:
     from ..trace import StepTrace
@@ -61,6 +62,8 @@ class Prediction:
         reference_label, reference_s_per_token: the fastest plain decoding in the profile, any precision.
         profile_created: when the profile was first measured (the numbers' age).
         rows: the profile rows it was priced from (None: the parts are checked at the predicted sizes).
+        read_gb_per_s: the memory read bandwidth the profile's rows were measured at (its spell:
+            ``profiling.same_spell``; None: its rows were not probed).
     """
 
     label: str
@@ -76,6 +79,7 @@ class Prediction:
     reference_s_per_token: float
     profile_created: str = ""
     rows: Optional[PricedRows] = None
+    read_gb_per_s: Optional[float] = None
 
     @property
     def speedup(self) -> float:
@@ -119,7 +123,8 @@ def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional
         tokens_per_step=candidate.expected_tokens, target_precision=candidate.target_precision,
         draft_precision=dp, reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
         profile_created=profile.created if profile is not None else "",
-        rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None)
+        rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None,
+        read_gb_per_s=profile.meta.get("read_gb_per_s") if profile is not None else None)
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,20 @@ class PredictionCheck:
     others_share: Optional[float] = None  # share of the CPUs other processes used while the run decoded
     cpus: Optional[int] = None  # the CPUs counted, and the threads the run decoded on (None: not known)
     threads: Optional[int] = None
+    read_gb_per_s: tuple[float, ...] = ()  # the memory's read bandwidth probed before and after the run
+
+    @property
+    def other_spell(self) -> Optional[str]:
+        """How the run's read-bandwidth probes fell outside the spell its profile was measured in (a host whose
+        memory bandwidth jumps between levels, minutes each: a one-token forward follows it, so the profile's
+        rows are right for their own spell and measuring them again now would mix two spells in one profile;
+        None: the same spell, or nothing probed)."""
+        ref = self.prediction.read_gb_per_s
+        if not ref or not self.read_gb_per_s or all(same_spell(x, ref) for x in self.read_gb_per_s):
+            return None
+        around = " / ".join(f"{x:.0f}" for x in self.read_gb_per_s)
+        return (f"the memory read {around} GB/s around the run against the {ref:.0f} GB/s its profile was measured "
+                "at (another spell of this machine's memory bandwidth)")
 
     @property
     def crowded(self) -> Optional[str]:
@@ -202,7 +221,7 @@ class PredictionCheck:
     def rows_to_remeasure(self) -> tuple[ProfileRow, ...]:
         """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's);
         none from fewer than ``MIN_STEPS`` steps."""
-        if self.steps < MIN_STEPS or self.busy:
+        if self.steps < MIN_STEPS or self.busy or self.other_spell:
             return ()
         return tuple(dict.fromkeys(p.row for p in self.wrong_parts() if p.row is not None))
 
@@ -220,6 +239,8 @@ class PredictionCheck:
         if self.busy:
             tail = (f"; {self.crowded} while it ran (the profile was measured on a quiet machine: nothing is "
                     "re-measured)")
+        elif self.other_spell:
+            tail = f"; {self.other_spell}: its rows stand for their spell, nothing is re-measured"
         elif self.steps < MIN_STEPS:
             tail = f"; too few steps to re-measure anything (fewer than {MIN_STEPS})"
         elif remeasuring:
@@ -233,10 +254,12 @@ class PredictionCheck:
 
 
 def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others_share: Optional[float] = None,
-                     cpus: Optional[int] = None, threads: Optional[int] = None) -> Optional[PredictionCheck]:
+                     cpus: Optional[int] = None, threads: Optional[int] = None,
+                     read_gb_per_s: Sequence[float] = ()) -> Optional[PredictionCheck]:
     """``prediction`` against the measured steps of ``traces`` (None before the first step); ``others_share``:
     the share of the CPUs other processes used meanwhile (``measured.others_share``) of ``cpus`` CPUs, the run on
-    ``threads`` threads (``PredictionCheck.crowded``).
+    ``threads`` threads (``PredictionCheck.crowded``); ``read_gb_per_s``: the memory's read bandwidth probed around
+    the run (``profiling.run_probe``; ``PredictionCheck.other_spell``).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
     compared with those rows' price **at the sizes the run had** (its mean tree size for the target
@@ -271,4 +294,5 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
              PartCheck(names[2], priced[2], other, rows["rest of the step"]),
              PartCheck(TOKENS, p.tokens_per_step, tokens, None))
     measured = seconds_per_token(target, draft, other, tokens)
-    return PredictionCheck(p, measured, len(steps), parts, others_share, cpus, threads)
+    return PredictionCheck(p, measured, len(steps), parts, others_share, cpus, threads,
+                           tuple(x for x in read_gb_per_s if x is not None))

@@ -51,6 +51,8 @@ SPELL_WAIT_S = 5.0
 SPELL_MIN_BYTES = 64 << 20
 #: the probe's buffer: beyond any cache
 PROBE_BYTES = 256 << 20
+#: a run's probes read less (4x the 32 MiB L3 of the Zen 4 host), once before its first step and once after its last
+RUN_PROBE_BYTES = 128 << 20
 
 
 OTHER_STEPS = 3
@@ -120,6 +122,17 @@ def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5, buffer: Optional[torc
     return nbytes / best / 1e9
 
 
+def same_spell(a: float, b: float) -> bool:
+    """Whether two read-bandwidth probes (GB/s) are one spell of this host's memory (less than ``SPELL_GAP``
+    apart)."""
+    return max(a, b) < SPELL_GAP * min(a, b)
+
+
+def run_probe() -> float:
+    """The read bandwidth (GB/s) around a run (``RUN_PROBE_BYTES``: ~50 ms), to set against its profile's spell."""
+    return round(read_gb_per_s(RUN_PROBE_BYTES, samples=3), 2)
+
+
 class SpellProbe:
     """The read bandwidth ``measure_into`` probes before and after each memory-bound row, against the profile's
     own (``reference``, GB/s: its ``meta["read_gb_per_s"]``, else the first probe). Its buffer lives while rows are
@@ -134,7 +147,7 @@ class SpellProbe:
 
     def in_spell(self, gb_per_s: float) -> bool:
         """Whether a probe of ``gb_per_s`` is the reference's spell (less than ``SPELL_GAP`` apart)."""
-        return max(gb_per_s, self.reference) < SPELL_GAP * min(gb_per_s, self.reference)
+        return same_spell(gb_per_s, self.reference)
 
 
 def _ruled_out(prof: MachineProfile, role: str, prec: str, sizes: Sequence[int], prune_factor: float,
