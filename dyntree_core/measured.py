@@ -55,6 +55,10 @@ OTHERS_LIMIT = 0.25
 SPARE_SLACK_CORES = 0.15
 #: busy when a timing's interquartile range exceeds this fraction of its median
 SPREAD_LIMIT = 0.5
+#: repeats of calls shorter than this say nothing of other processes (timer and scheduler jitter: a 0.02 ms kernel
+#: call's repeats spread 50-300% on the quiet 2-core Zen 4 VM, so its table shape was never stored and was measured
+#: again by every process); the load average before still decides for them
+MIN_SPREAD_CALL_S = 1e-4
 #: busy when the 1-minute load average per CPU before a short measurement exceeds this
 LOAD_LIMIT = 1.0
 #: below this many seconds the CPU-time counters (10 ms ticks) say too little; the load average decides
@@ -98,9 +102,11 @@ def summarize(samples_s: Sequence[float]) -> Timing:
     return t
 
 
-def time_call(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0, warmup: int = 1) -> Timing:
+def time_call(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0, warmup: int = 1,
+              give_up_s: Optional[float] = None) -> Timing:
     """Wall-clock ``Timing`` of ``fn`` after ``warmup`` untimed calls; fewer repeats (at least one)
-    when ``repeats`` calls would take longer than ``budget_s``."""
+    when ``repeats`` calls would take longer than ``budget_s``, one when the last warm-up call took longer than
+    ``give_up_s`` (a candidate already out of the running)."""
     first = None
     for _ in range(max(0, warmup)):
         start = time.perf_counter()
@@ -108,6 +114,8 @@ def time_call(fn: Callable[[], object], repeats: int = 5, budget_s: float = 2.0,
         first = time.perf_counter() - start
     if first is not None:
         repeats = max(1, min(repeats, int(budget_s / max(first, 1e-6))))
+        if give_up_s is not None and first > give_up_s:
+            repeats = 1
     times = []
     for _ in range(max(1, repeats)):
         start = time.perf_counter()
@@ -207,7 +215,7 @@ def default_busy_reason(w: "Watch") -> Optional[str]:
         if b.load_1min is not None and b.load_1min / max(1, b.cpus) > LOAD_LIMIT:
             return f"busy: load {b.load_1min:.1f} on {b.cpus} CPUs before it ran (limit {LOAD_LIMIT:g} per CPU)"
     for t in w.timings:
-        if t.samples >= 2 and t.spread > SPREAD_LIMIT:
+        if t.samples >= 2 and t.median_s >= MIN_SPREAD_CALL_S and t.spread > SPREAD_LIMIT:
             return (f"busy: repeats of a {t.median_s * 1e3:.3g} ms call spread {t.spread:.0%} of their median "
                     f"(limit {SPREAD_LIMIT:.0%})")
     return None

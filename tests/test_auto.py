@@ -468,10 +468,10 @@ def test_the_pair_cache_keeps_at_most_keep_models_and_drops_the_least_recently_u
         draft_precision: str = ""
         target_precision: str = ""
 
-    monkeypatch.setattr(load, "load_pair", lambda d, t, device, precision, draft_precision: Pair(
+    monkeypatch.setattr(load, "load_pair", lambda d, t, device, precision, draft_precision, progress=None: Pair(
         Model("draft", draft_precision), Model("target", precision), "tok", draft_precision, precision))
     monkeypatch.setattr(load, "resolve_spec", lambda spec, role: role)
-    monkeypatch.setattr(load, "load_model", lambda src, dtype, device, precision: Model(src, precision))
+    monkeypatch.setattr(load, "load_model", lambda src, dtype, device, precision, progress=None: Model(src, precision))
     from dyntree_core.planning.pair_cache import PairCache
 
     cache = PairCache("d", "t", keep=2)

@@ -5,6 +5,7 @@ order of sums, and the loader puts each layer on the kernel the table chose."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Optional
 
 import numpy as np
@@ -187,12 +188,13 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     measured = []
 
-    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
-        measured.append(shape.label)
+    def fake_measure(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0,
+                     give_up=None):
+        measured.append(self.shape.label)
         return {"aten": {str(m): 2.0 * m for m in ms}, "native_rows": {str(m): 1.0 * m for m in ms},
                 "native_dequant_mm": {str(m): 50.0 for m in ms}, "native_q8": {str(m): None for m in ms}}
 
-    monkeypatch.setattr(kt, "measure_shape", fake_measure)
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake_measure)
     s = kt.LayerShape("Q4_K", 16, 256)
     first = kt.layer_plans([s])
     again = kt.layer_plans([s])
@@ -211,11 +213,12 @@ def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     measured_shapes = []
 
-    def fake_measure(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
-        measured_shapes.append(shape.label)
+    def fake_measure(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0,
+                     give_up=None):
+        measured_shapes.append(self.shape.label)
         return {c: {str(m): 1.0 for m in ms} for c in candidates}
 
-    monkeypatch.setattr(kt, "measure_shape", fake_measure)
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake_measure)
     monkeypatch.setattr(measured, "busy_detector", lambda w: "busy: simulated load")
     s, msgs = kt.LayerShape("Q4_K", 16, 256), []
     table = kt.ensure_shapes([s], msgs.append)
@@ -231,12 +234,12 @@ def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, 
 def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
         calls.append((tuple(ms), tuple(candidates), stat))
         fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}  # no VNNI here
         return {c: {str(m): fast[c] * m if c in fast else None for m in ms} for c in candidates}
 
-    monkeypatch.setattr(kt, "measure_shape", fake)
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
     got = kt.measure_for_plan(kt.LayerShape("Q4_K", 8, 256), (1, 4, 16))
     assert calls == [((1,), kt.RUNTIME_CANDIDATES, "min")]  # int8 activations won at one row: nothing more
     assert got["native_q8"] == {"1": 1.0, "4": None, "16": None}
@@ -249,13 +252,13 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
     the smallest M from which it wins at every larger one (here: slower at 1 row, faster from 4)."""
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.5}
         return {c: {str(m): (1.1 if c == "native_q8_vnni" and m == 1 else per_row[c] * m if c in per_row else None)
                     for m in ms} for c in candidates}  # (no x8 kernel for this shape here)
 
-    monkeypatch.setattr(kt, "measure_shape", fake)
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
     shape = kt.LayerShape("Q4_K", 8, 256)
     got = kt.measure_for_plan(shape, (1, 4, 16))
     assert calls == [((1,), kt.RUNTIME_CANDIDATES), ((4, 16), ("native_q8", "native_q8_vnni"))]
@@ -265,6 +268,55 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
     assert _table({shape.label: got}, (1, 4, 16)).plan_for(shape).vnni_min_rows == 0
     got["native_q8_vnni"] = {"1": 0.9, "4": 2.0, "16": 8.0}  # faster everywhere: from one row
     assert _table({shape.label: got}, (1, 4, 16)).plan_for(shape).vnni_min_rows == 1
+
+
+def test_an_output_head_is_measured_up_to_the_rows_a_tree_gives_it(monkeypatch, tmp_path):
+    """A head's rows are a tree's nodes (a prefill keeps the last row's logits): ``ensure_shapes`` measures a shape
+    used only as a head up to ``HEAD_MAX_ROWS``, other shapes at every M; the head's switch rows come from the Ms
+    it was measured at (the unmeasured largest ones are not a loss for the VNNI tile)."""
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    asked = {}
+
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
+        asked.setdefault(self.shape.label, set()).update(ms)
+        per_row = {"aten": 30.0, "native_rows": 20.0, "native_dequant_mm": 90.0, "native_q8": 1.0,
+                   "native_q8_vnni": 0.9, "native_x8": 0.5, "native_x8_vnni": 0.4}
+        return {c: {str(m): per_row[c] * m for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
+    head, layer = kt.LayerShape("Q6_K", 151936, 256), kt.LayerShape("Q4_K", 256, 256)
+    plans = kt.layer_plans([head, layer], heads=[head])
+    assert kt.HEAD_MAX_ROWS == 64
+    assert asked[head.label] == {m for m in kt.DEFAULT_MS if m <= 64} and asked[layer.label] == set(kt.DEFAULT_MS)
+    assert plans[head].x8 and plans[head].vnni_min_rows == 1 and plans[layer].vnni_min_rows == 1
+    assert kt.load_table().timings[head.label]["native_x8"].keys() == {"1", "2", "4", "16", "64"}
+
+
+def test_a_candidate_far_behind_at_one_row_is_timed_by_one_call_and_each_layer_is_built_once(monkeypatch, nk):
+    """``measure_for_plan``'s first pass gives up on a candidate whose warm-up call is over ``GIVE_UP`` x the best so
+    far (one timed call, not seven); its follow-ups time the layers the first pass built."""
+    from dyntree_core import measured
+
+    calls = []
+    real = measured.time_call
+
+    def spy(fn, repeats=5, budget_s=2.0, warmup=1, give_up_s=None):
+        out = real(fn, repeats, budget_s, warmup, give_up_s)
+        calls.append((give_up_s, out.samples))
+        return out
+
+    assert real(lambda: time.sleep(0.002), 7, 2.0, 1, give_up_s=0.001).samples == 1
+    assert real(lambda: None, 7, 2.0, 1, give_up_s=0.001).samples == 7
+    monkeypatch.setattr(measured, "time_call", spy)
+    shape = kt.LayerShape("Q4_K", 64, 256)
+    kt.ShapeCandidates(shape).time((1,), stat="min", give_up=kt.GIVE_UP)
+    assert calls[0][0] is None and calls[1:] and all(g is not None for g, _ in calls[1:])  # (a limit after the first)
+    built = []
+    monkeypatch.setattr(kt.ShapeCandidates, "_build", lambda self, c, b=kt.ShapeCandidates._build: (
+        built.append(c), b(self, c))[1])
+    got = kt.measure_for_plan(shape, (1, 4, 16))
+    assert sorted(built) == sorted(kt.RUNTIME_CANDIDATES)  # (follow-ups reuse them)
+    assert got["aten"]["1"] is not None
 
 
 def test_measure_shape_times_every_candidate(nk):
@@ -286,13 +338,13 @@ def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_
     its VNNI tile ran, both x8 kernels at every M for the switch)."""
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_x8": 0.5,
                    **({"native_x8_vnni": 0.4} if vnni else {})}
         return {c: {str(m): per_row[c] * m if c in per_row else None for m in ms} for c in candidates}
 
-    monkeypatch.setattr(kt, "measure_shape", fake)
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
     shape = kt.LayerShape("Q4_K", 8, 256)
     got = kt.measure_for_plan(shape, (1, 4, 16))
     more = ((4, 16), ("native_x8", "native_x8_vnni")) if vnni else ((16,), ("native_q8", "native_x8"))
@@ -310,7 +362,7 @@ def test_where_x8_wins_at_one_row_the_int8_rows_are_timed_between_only_if_they_w
     draft's Q5_0 head went from 19 to 12 s of measuring)."""
     calls = []
 
-    def fake(shape, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
         calls.append((tuple(ms), tuple(candidates), budget_s))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.9,
                    "native_x8": 0.5, "native_x8_vnni": 0.4}
@@ -321,7 +373,7 @@ def test_where_x8_wins_at_one_row_the_int8_rows_are_timed_between_only_if_they_w
 
         return {c: {str(m): t(c, m) for m in ms} for c in candidates}
 
-    monkeypatch.setattr(kt, "measure_shape", fake)
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
     shape = kt.LayerShape("Q4_K", 8, 256)
     got = kt.measure_for_plan(shape, (1, 4, 16))
     q8s, x8s, follow = ("native_q8", "native_q8_vnni"), ("native_x8", "native_x8_vnni"), kt.FOLLOW_UP_BUDGET_S
@@ -435,6 +487,32 @@ def test_int4_on_native_kernels_is_the_float32_model_and_twins_and_caches_match(
     with torch.inference_mode():
         loose = aten(ids).logits[0]
     assert (loose - expect).abs().max() > (got - expect).abs().max()  # bf16 scales and activations
+
+
+def test_a_presets_load_reports_its_long_parts_by_role(tmp_path, monkeypatch, nk):
+    """``load_model``'s ``progress`` gets the GGUF build's lines, named by role (the app's status line shows the
+    latest while the first Run loads); a second load reads the packed cache and has nothing long to report.
+    ``PairCache`` passes its own ``progress`` to every load."""
+    from dyntree_core.models import load as load_mod
+    from dyntree_core.models.load import ModelSource, load_model
+    from dyntree_core.planning.pair_cache import PairCache
+
+    path, cfg = _write_tiny_qwen2(tmp_path)
+    monkeypatch.setenv("DYNTREE_KERNELS", "native")
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    src = ModelSource("tiny", "preset", str(cfg), "tiny-q4k", gguf=str(path), role="draft")
+    lines: list[str] = []
+    load_model(src, precision="int4", progress=lines.append)
+    assert lines and all(x.startswith("the draft: ") for x in lines), lines
+    assert any("building int4 weights from" in x for x in lines), lines
+    lines.clear()
+    load_model(src, precision="int4", progress=lines.append)
+    assert lines == []
+    seen = []
+    monkeypatch.setattr(load_mod, "resolve_spec", lambda spec, role: src)
+    monkeypatch.setattr(load_mod, "load_model", lambda *a: seen.append(a[-1]))
+    PairCache("tiny", "tiny", progress=print).model("draft", "int4")
+    assert seen == [print]
 
 
 def test_a_new_packed_file_prunes_the_files_used_least_lately(tmp_path, monkeypatch, nk):

@@ -163,6 +163,9 @@ def test_the_default_detector_on_canned_counters():
     spread = _window(0.1, 0.0, load=1.0)  # too short for the counters, a quiet load: the repeats decide
     spread.timings.append(measured.summarize([1.0, 1.0, 2.5, 2.5, 2.5]))  # IQR 1.5 over median 2.5
     assert "spread" in measured.default_busy_reason(spread)
+    jitter = _window(0.1, 0.0, load=1.0)  # the same spread of a 20 us kernel call is the timer's, not a load's
+    jitter.timings.append(measured.summarize([2e-5, 2e-5, 5e-5, 5e-5, 5e-5]))
+    assert measured.MIN_SPREAD_CALL_S == 1e-4 and measured.default_busy_reason(jitter) is None
     # where the counters cover the window they decide: the first forwards of a model just loaded spread
     # without any load (a profile measured on a quiet 2-core EPYC was refused for a 67% spread)
     counted = _window(2.0, 0.0)

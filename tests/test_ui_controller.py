@@ -656,3 +656,27 @@ def test_loading_another_precision_names_it_while_it_loads(controller, monkeypat
     controller.begin(state, settings_from_form(*_form(method="chain", precision="float32", draft_precision="bfloat16")))
     assert seen[0].startswith("Loading models tiny / tiny at target float32, draft bfloat16 …"), seen
     assert state.notice == ""  # gone once loaded
+
+
+def test_the_notice_while_models_load_shows_the_loads_latest_line(controller):
+    """The first Run on a machine measures its kernels and builds the packed weights (45-70 s on a 2-core VM):
+    the status line shows the provider's latest progress line under the notice, and only while there is one."""
+    state = SessionState()
+    state.notice = "auto: choosing the configuration for this machine (embedded / embedded) and loading the models …"
+    assert controller.status_line(state, "idle") == state.notice
+    controller.provider.progress = "the target: measuring this machine's kernels for Q6_K [151936, 1536] (7/7, once)"
+    assert controller.status_line(state, "idle") == f"{state.notice}  \n_{controller.provider.progress}_"
+    state.notice = ""
+    assert controller.status_line(state, "idle") == "idle"
+    # each new line is drawn at the next refresh, though nothing else changed (the load bumps no version)
+    live_names = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html",
+                  "cost_model", "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn",
+                  "memory", "timer")
+    for name in live_names:
+        setattr(controller.c, name, name)
+    state.notice = "loading the models …"
+    assert "status" in controller.on_tick(state, 16)
+    assert "status" not in controller.on_tick(state, 16)  # (nothing new)
+    controller.provider.progress = "the draft: building int4 weights (once)"
+    drawn = controller.on_tick(state, 16)
+    assert drawn["status"] == "loading the models …  \n_the draft: building int4 weights (once)_"

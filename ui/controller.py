@@ -159,7 +159,8 @@ class Controller:
 
     def status_line(self, state: SessionState, status: str) -> str:
         if state.notice:
-            return state.notice
+            line = getattr(self.provider, "progress", "")
+            return f"{state.notice}  \n_{line}_" if line else state.notice
         if state.running and state.generation is not None and state.generation.stop_event.is_set():
             status += "  \n_stopping after the current step …_"
         elif state.running and state.worker is not None and state.worker.pause_requested:
@@ -297,8 +298,8 @@ class Controller:
         state.view_step = None
         if settings.needs_auto:
             state.notice = (f"auto: choosing the configuration for this machine ({settings.draft} / "
-                            f"{settings.target}) … the first time it measures the machine profile and "
-                            "the pair's acceptance (a few minutes on a 2-core CPU), then it is cached")
+                            f"{settings.target}) and loading the models … (the first Run on a machine measures its "
+                            "kernels and builds the packed weights once)")
         elif not self.provider.is_loaded(settings.pair_spec()):
             state.notice = (f"Loading models {settings.draft} / {settings.target} at target {settings.precision}, "
                             f"draft {settings.draft_precision} … (a precision not loaded before is read from "
@@ -343,11 +344,13 @@ class Controller:
             gr.Warning(state.error)
             return {**self.live(state, block), **self._pace(state, changed=True)}
         prefill = state.record.prefill if state.record is not None else None
-        if state.version == state.rendered_version and prefill == state.rendered_prefill:
+        loading = getattr(self.provider, "progress", "") if state.notice else ""  # (the status line's second line)
+        if (state.version == state.rendered_version and prefill == state.rendered_prefill
+                and loading == state.rendered_loading):
             footer = self.memory_update(state)
             # (an empty dict is refused as "too few outputs")
             return {self.c.memory: footer, **self._pace(state, changed=footer != gr.skip())}
-        state.rendered_prefill = prefill
+        state.rendered_prefill, state.rendered_loading = prefill, loading
         return {**self.live(state, block), **self._pace(state, changed=True)}
 
     def on_wake(self, state: SessionState) -> Any:

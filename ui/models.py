@@ -58,6 +58,7 @@ class ModelProvider(Protocol):
 
     default_draft: str
     default_target: str
+    progress: str  # the latest line of a long load (measuring the kernels, building packed weights), or ""
 
     def load(self, spec: PairSpec) -> LoadedPair: ...
 
@@ -121,6 +122,9 @@ class HubModelProvider:
         pair = self._pair
         return pair.description if pair is not None else ""
 
+    def _say(self, line: str) -> None:
+        self.progress = line.strip()
+
     def _pair_cache(self, draft: str, target: str, device: str):
         from dyntree_core.planning.pair_cache import PairCache
         from dyntree_core.models import precheck_pair
@@ -129,7 +133,7 @@ class HubModelProvider:
         if self._cache_key != key:
             precheck_pair(draft, target)  # a bad name or mismatched vocabularies keep the loaded pair
             self._release()
-            self._cache, self._cache_key = PairCache(draft, target, device=device), key
+            self._cache, self._cache_key = PairCache(draft, target, device=device, progress=self._say), key
         return self._cache
 
     def _plan_request(self, settings: Any) -> tuple:
@@ -190,6 +194,7 @@ class HubModelProvider:
         with self._lock:
             if self._pair is not None and self._pair.spec == spec:
                 return self._pair
+            self.progress = ""
             if self._pair is not None and self._pair.spec.offload:  # its pinned memory goes before another load
                 self._release()
             try:
@@ -199,7 +204,8 @@ class HubModelProvider:
                     precheck_pair(spec.draft, spec.target)
                     self._release()
                     pair = load_pair(spec.draft.strip(), spec.target.strip(), dtype=spec.dtype, device="cpu",
-                                     precision=spec.precision, draft_precision=spec.draft_precision)
+                                     precision=spec.precision, draft_precision=spec.draft_precision,
+                                     progress=self._say)
                 else:
                     cache = self._pair_cache(spec.draft.strip(), spec.target.strip(), spec.device)
                     pair = cache.pair(spec.precision, spec.draft_precision)

@@ -267,6 +267,7 @@ class SessionState:
         self.compare_stop: Optional[threading.Event] = None
         self.pause_label = "Pause"  # what the page's Pause/Resume button shows
         self.notice = ""  # shown instead of the run's status while models load
+        self.rendered_loading = ""  # the load's progress line the page last showed under the notice
         self.view_step: Optional[int] = None  # the step the user picked on the slider (None: the latest)
         self.walk: Optional[tuple[int, int]] = None  # (step, decision) the walkthrough shows
         self.baseline_running = False  # the worker is running the AR baseline after the run

@@ -57,6 +57,7 @@ class TinyModelProvider:
         self.max_positions = max_positions  # long enough for the long-prompt tests
         self._lock = threading.Lock()
         self._pair: Optional[LoadedPair] = None
+        self.progress = ""  # (the tiny pair loads at once: nothing to report)
 
     def is_loaded(self, spec: PairSpec) -> bool:
         pair = self._pair

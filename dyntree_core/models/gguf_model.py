@@ -171,10 +171,13 @@ def kernel_plans(gf, precision: str, say=None) -> dict:
     means torch's per-channel int8 kernel everywhere)."""
     from ..quant.kernel_table import LayerPlan, layer_plans
 
-    shapes = set(linear_shapes(gf).values())
+    by_name = linear_shapes(gf)
+    shapes = set(by_name.values())
     if precision != "int4":
         return {s: LayerPlan("aten", 0, f"precision {precision}") for s in shapes}
-    return layer_plans(shapes, say)
+    head = by_name["output.weight"]
+    only_head = {head} - {s for name, s in by_name.items() if name != "output.weight"}
+    return layer_plans(shapes, say, heads=only_head)
 
 
 def plans_tag(plans: dict) -> str:

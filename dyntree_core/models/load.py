@@ -35,7 +35,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..config import ConfigError
 from .presets import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, is_preset_name, resolve_preset
@@ -272,12 +272,14 @@ def packed_cache_dir(src: ModelSource) -> Optional[Path]:
     return cache_root() / "packed" / src.name
 
 
-def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", precision: Optional[str] = None) -> Any:
+def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", precision: Optional[str] = None,
+               progress: Optional[Callable[[str], None]] = None) -> Any:
     """One causal LM from a resolved source: eval mode, on ``device``, SDPA attention.
 
     ``precision`` (None = ``dtype``): ``float32`` / ``bfloat16`` / ``float16`` dense, or ``int8`` /
     ``int4`` weight-only (``dyntree_core.quant``). Presets are built straight from their GGUF
-    (``gguf_model``); other sources load dense and are quantized in memory.
+    (``gguf_model``); other sources load dense and are quantized in memory. ``progress``: called with a line
+    for each long part of a preset's load (measuring this machine's kernels, building the packed weights).
     """
     from transformers import AutoModelForCausalLM
 
@@ -294,7 +296,9 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", pr
         from .gguf_model import load_gguf_model
 
         build = precision if (precision in QUANT_PRECISIONS or tdev.type == "cpu") else "float32"
-        model = load_gguf_model(src.gguf, src.location, build, cache_dir=packed_cache_dir(src), head=src.head)
+        say = None if progress is None else (lambda m: progress(f"the {src.role}: {m.strip()}"))
+        model = load_gguf_model(src.gguf, src.location, build, progress=say, cache_dir=packed_cache_dir(src),
+                                head=src.head)
         if build != precision:
             model = model.to(dtype=_torch_dtype(precision))
         return model.to(device=tdev).eval()
@@ -437,6 +441,7 @@ def load_pair(
     require_tokenizer: bool = True,
     precision: Optional[str] = None,
     draft_precision: Optional[str] = None,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> ModelPair:
     """Load draft and target (see module docstring for specs and the vocabulary check).
 
@@ -444,7 +449,8 @@ def load_pair(
     checked before the target is loaded, so a mismatch fails fast and loads nothing more.
     ``require_tokenizer=False`` allows checkpoints without tokenizer files (``tokenizer`` is then
     None). ``precision`` (target; None = ``dtype``) and ``draft_precision`` (None = the target's)
-    choose float32 / bfloat16 / float16 / int8 / int4 per model (``dyntree_core.quant``).
+    choose float32 / bfloat16 / float16 / int8 / int4 per model (``dyntree_core.quant``); ``progress`` as in
+    ``load_model``.
     """
     _torch_dtype(dtype)
     _torch_device(device)
@@ -481,7 +487,7 @@ def load_pair(
             "(pick a draft from the target's model family)"
         )
     t0 = time.perf_counter()
-    dmodel = load_model(dsrc, dtype, device, dprec)
+    dmodel = load_model(dsrc, dtype, device, dprec, progress)
     times["draft"] = time.perf_counter() - t0
     # fail before loading the target if the draft's logits already disagree with the target config
     tcfg_vocab = _config_vocab(tsrc)
@@ -491,7 +497,7 @@ def load_pair(
             f"{tsrc.name!r} has {tcfg_vocab} (config vocab_size); speculative decoding needs the same vocabulary"
         )
     t0 = time.perf_counter()
-    tmodel = load_model(tsrc, dtype, device, tprec)
+    tmodel = load_model(tsrc, dtype, device, tprec, progress)
     times["target"] = time.perf_counter() - t0
     dl, tl = logit_dim(dmodel), logit_dim(tmodel)
     tok_len = check_vocab(dsrc.name, tsrc.name, dl, tl, dtok, ttok)

@@ -5,7 +5,7 @@ first). ``auto`` loads everything it measures through one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from ..process_memory import release_freed_memory
 from .machine_profile import NotMeasuredYet
@@ -22,6 +22,7 @@ class PairCache:
     target_spec: str
     device: str = "cpu"
     keep: int = 2
+    progress: Optional[Callable[[str], None]] = None  # a line for each long part of a load (``load_model``)
     _models: dict = field(default_factory=dict)
     _base: object = None
 
@@ -38,7 +39,7 @@ class PairCache:
             while len(self._models) >= self.keep:
                 self._models.pop(next(iter(self._models)))
             release_freed_memory()  # (before the next model's bytes arrive)
-        m = load_model(src, "float32", self.device, precision)
+        m = load_model(src, "float32", self.device, precision, self.progress)
         self._models[key] = m
         return m
 
@@ -84,7 +85,7 @@ class PairCache:
 
         if self._base is None:
             pair = load_pair(self.draft_spec, self.target_spec, device=self.device,
-                             precision=target_precision, draft_precision=draft_precision)
+                             precision=target_precision, draft_precision=draft_precision, progress=self.progress)
             # the template of later pairs keeps the tokenizer and checks, not these weights: holding
             # them would keep the first precisions in memory beside the ``keep`` models
             self._base = dataclasses.replace(pair, draft=None, target=None)

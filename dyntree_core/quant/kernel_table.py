@@ -70,7 +70,14 @@ SLOW_MS = 3000.0
 #: seconds of timed calls per kernel and row count (``measured.time_call``'s budget), and in ``measure_for_plan``
 #: after the first row count
 TIME_BUDGET_S = 2.0
-FOLLOW_UP_BUDGET_S = 1.0
+FOLLOW_UP_BUDGET_S = 0.5
+#: at the first M, a candidate whose warm-up call takes over this many times the best time so far is timed by that
+#: call alone (a 150k-row head's float32 row kernel and dequant+GEMM: 59 and 84 ms against 2.4 ms, 1.2 s of calls)
+GIVE_UP = 4.0
+#: the most rows an output head is measured at: its rows are a tree's nodes (a prefill keeps the last row's logits
+#: only), and a tree of more than 64 nodes does not pay on a CPU; 256 rows of a 150k-row head took ~4 s of the
+#: table's first measurement per model
+HEAD_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -128,39 +135,88 @@ def x8_takes(shape: LayerShape) -> bool:
     return shape.type_name in X8_TYPES and shape.n % 8 == 0 and shape.k % BLOCKS[shape.type_name][1] == 0
 
 
+class ShapeCandidates:
+    """The candidate layers of one shape on synthetic blocks, each built once when first timed (a 150k-row head's
+    blocks take ~0.5 s to generate and each x8 layout ~0.4 s to repack), then timed as often as asked."""
+
+    def __init__(self, shape: LayerShape):
+        self.shape = shape
+        self._blocks: Optional[torch.Tensor] = None
+        self._layers: dict[str, object] = {}
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """The shape's synthetic blocks, in 2 MiB pages as a model's are (``GGMLLinear`` then takes them as they
+        are: its four layouts on the file's rows share one buffer, not four copies)."""
+        if self._blocks is None:
+            from .huge_pages import in_huge_pages
+
+            self._blocks = in_huge_pages(synthetic_blocks(self.shape))
+        return self._blocks
+
+    def layer(self, c: str) -> Optional[object]:
+        """Candidate ``c``'s layer (None: no such kernel here)."""
+        if c not in self._layers:
+            self._layers[c] = self._build(c)
+        return self._layers[c]
+
+    def _build(self, c: str) -> Optional[object]:
+        from .ggml_linear import GGMLLinear
+        from .native import INT8_ACTIVATION_TYPES
+
+        shape, nk = self.shape, native_kernels()
+        if c == "aten":
+            return _aten_layer(shape, self.blocks)
+        if nk is None or not c.startswith("native"):
+            return None
+        if c == "native_q8":
+            if shape.type_name not in INT8_ACTIVATION_TYPES:
+                return None
+            return GGMLLinear(shape.type_name, self.blocks, shape.k, kernels=nk, int8_activations=True)
+        if c == "native_q8_vnni":
+            if not (nk.vnni and shape.type_name in VNNI_TYPES):
+                return None
+            layer = GGMLLinear(shape.type_name, self.blocks, shape.k, kernels=nk, int8_activations=True)
+            layer.vnni_min_rows = 1
+            return layer
+        if c in ("native_x8", "native_x8_vnni"):
+            if not (x8_takes(shape) and (c == "native_x8" or nk.vnni)):
+                return None
+            twin = self._layers.get("native_x8" if c == "native_x8_vnni" else "native_x8_vnni")
+            blocks = self.blocks if twin is None else twin.blocks  # (the other x8 kernel's tiles: one repack)
+            layer = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True, x8=True,
+                               out_features=shape.n)
+            layer.vnni_min_rows = int(c == "native_x8_vnni")
+            return layer
+        return GGMLLinear(shape.type_name, self.blocks, shape.k, kernels=nk)
+
+    def time(self, ms: Iterable[int], candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median",
+             budget_s: float = TIME_BUDGET_S, give_up: Optional[float] = None) -> dict[str, dict[str, Optional[float]]]:
+        """``{candidate: {str(M): ms or None}}`` (``time_rows``); ``give_up``: a candidate whose first call at some M
+        takes more than this many times the best time so far there is timed by that one call (``time_rows``)."""
+        ms = list(ms)
+        gen = torch.Generator().manual_seed(1)
+        best: dict[str, float] = {}
+        out = {}
+        with torch.inference_mode():
+            for c in candidates:
+                layer = self.layer(c)
+                limits = {str(m): give_up * best[str(m)] for m in ms if give_up and str(m) in best}
+                out[c] = got = time_rows(None if layer is None else _runtime_call(c, layer), self.shape.k, ms, gen,
+                                         stat, budget_s, limits)
+                for m, t in got.items():
+                    if t is not None:
+                        best[m] = min(best.get(m, t), t)
+        return out
+
+
 def measure_shape(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
                   candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median",
                   budget_s: float = TIME_BUDGET_S) -> dict[str, dict[str, Optional[float]]]:
     """``{candidate: {str(M): ms or None}}`` for one shape (None: not run, e.g. slower than ``SLOW_MS`` at a
     smaller M, or no native kernels here); ``stat``: ``median`` or ``min`` of the timed calls, fewer where they
     would take longer than ``budget_s`` (``time_rows``)."""
-    from .ggml_linear import GGMLLinear
-    from .native import INT8_ACTIVATION_TYPES
-
-    blocks = synthetic_blocks(shape)
-    nk = native_kernels()
-    layers: dict[str, object] = {}
-    for c in candidates:
-        if c == "aten":
-            layers[c] = _aten_layer(shape, blocks)
-        elif c == "native_q8":
-            if nk is not None and shape.type_name in INT8_ACTIVATION_TYPES:
-                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
-        elif c == "native_q8_vnni":
-            if nk is not None and nk.vnni and shape.type_name in VNNI_TYPES:
-                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True)
-                layers[c].vnni_min_rows = 1
-        elif c in ("native_x8", "native_x8_vnni"):
-            if nk is not None and x8_takes(shape) and (c == "native_x8" or nk.vnni):
-                layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk, int8_activations=True, x8=True)
-                layers[c].vnni_min_rows = int(c == "native_x8_vnni")
-        elif c.startswith("native") and nk is not None:
-            layers[c] = GGMLLinear(shape.type_name, blocks, shape.k, kernels=nk)
-    gen = torch.Generator().manual_seed(1)
-    with torch.inference_mode():
-        return {c: time_rows(None if layers.get(c) is None else _runtime_call(c, layers[c]), shape.k, ms, gen, stat,
-                             budget_s)
-                for c in candidates}
+    return ShapeCandidates(shape).time(ms, candidates, stat, budget_s)
 
 
 def _runtime_call(candidate: str, layer) -> Callable[[torch.Tensor], Callable[[], object]]:
@@ -175,10 +231,11 @@ def _runtime_call(candidate: str, layer) -> Callable[[torch.Tensor], Callable[[]
 
 
 def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k: int, ms: Iterable[int],
-              gen: torch.Generator, stat: str = "median", budget_s: float = TIME_BUDGET_S) -> dict[str, Optional[float]]:
+              gen: torch.Generator, stat: str = "median", budget_s: float = TIME_BUDGET_S,
+              give_up_ms: Optional[dict[str, float]] = None) -> dict[str, Optional[float]]:
     """``{str(M): ms}`` of ``call(x)()`` for ``x`` of M random rows of ``k`` columns, timed by
     ``measured.time_call`` (``stat``: the median of 5 or the fastest of 7 after a warm-up, fewer where they would
-    take longer than ``budget_s``); None at every M
+    take longer than ``budget_s``; one where the warm-up took longer than ``give_up_ms[str(M)]``); None at every M
     after one slower than ``SLOW_MS``, and everywhere when ``call`` is None (no such kernel here). The one loop
     over row counts of the table and of ``bench kernels``."""
     out: dict[str, Optional[float]] = {}
@@ -188,7 +245,9 @@ def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k:
             out[str(m)] = None
             continue
         x = torch.randn(m, k, generator=gen)
-        timing = measured.time_call(call(x), 7 if stat == "min" else 5, budget_s)
+        limit = (give_up_ms or {}).get(str(m))
+        timing = measured.time_call(call(x), 7 if stat == "min" else 5, budget_s,
+                                    give_up_s=None if limit is None else limit / 1e3)
         out[str(m)] = t = timing.min_ms if stat == "min" else timing.median_ms
         slow = t > SLOW_MS
     return out
@@ -201,18 +260,20 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
     layout is chosen only where it also wins there); the other plans use one kernel at every M. Where the x8
     layout wins at the first M, the int8 row kernels are timed between the first and the largest M only if they
     win at the largest (their VNNI switch matters only then). After the first M each timing stops at
-    ``FOLLOW_UP_BUDGET_S`` (a 150k-row head at 256 rows takes ~0.6 s a call).
-    Unmeasured entries are None. ``bench kernels`` measures everything."""
+    ``FOLLOW_UP_BUDGET_S`` (a 150k-row head at 256 rows takes ~0.6 s a call); at the first M a candidate whose
+    warm-up call takes over ``GIVE_UP`` x the best so far is timed by that call. Each layer is built once
+    (``ShapeCandidates``). Unmeasured entries are None. ``bench kernels`` measures everything."""
     ms = list(ms)
+    layers = ShapeCandidates(shape)
     # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
-    first = measure_shape(shape, ms[:1], RUNTIME_CANDIDATES, "min")
+    first = layers.time(ms[:1], RUNTIME_CANDIDATES, "min", give_up=GIVE_UP)
     out = {c: {**first.get(c, {}), **{str(m): None for m in ms[1:]}} for c in RUNTIME_CANDIDATES}
     got = {c: v[str(ms[0])] for c, v in first.items() if v.get(str(ms[0])) is not None}
     if len(ms) < 2:
         return out
 
     def more(at: list[int], candidates: tuple[str, ...]) -> None:
-        for c, v in measure_shape(shape, at, candidates, "min", FOLLOW_UP_BUDGET_S).items():
+        for c, v in layers.time(at, candidates, "min", FOLLOW_UP_BUDGET_S).items():
             out[c].update(v)
 
     def best(cands: tuple[str, ...], m: int) -> Optional[float]:
@@ -238,8 +299,9 @@ def measure_key() -> measured.MeasureKey:
     """The table's ``measured.MeasureKey``: this machine, torch, the native kernels' digest (or ``no-native``),
     the code that times them and ``TABLE_VERSION``."""
     nk = native_kernels()
-    code = (nk.digest if nk is not None else "no-native", synthetic_blocks, _aten_layer, measure_shape, _runtime_call,
-            time_rows, measure_for_plan, measured.time_call, Path(__file__).with_name("ggml_linear.py"))
+    code = (nk.digest if nk is not None else "no-native", synthetic_blocks, _aten_layer, ShapeCandidates, _runtime_call,
+            time_rows, measure_for_plan, measured.time_call, Path(__file__).with_name("ggml_linear.py"), HEAD_MAX_ROWS,
+            GIVE_UP)
     return measured.measure_key("kernels", code=code, extra={"version": TABLE_VERSION}, prefix="table-")
 
 
@@ -324,10 +386,14 @@ class KernelTable:
             best(m, x8, x8v) < best(m, q8, vnni) for m in (both[0], both[-1]))
 
     def _switch_rows(self, new: dict[str, Optional[float]], old: dict[str, Optional[float]]) -> int:
-        """The smallest measured M from which ``new`` is faster than ``old`` at every larger measured M (0: none)."""
-        threshold = 0
+        """The smallest measured M from which ``new`` is faster than ``old`` at every larger measured M (0: none);
+        the largest Ms where neither was measured (an output head's, above ``HEAD_MAX_ROWS``) are not in the walk."""
+        threshold, started = 0, False
         for m in reversed(self.ms):
             a, b = new.get(str(m)), old.get(str(m))
+            if not started and a is None and b is None:
+                continue
+            started = True
             if a is None or b is None or a >= b:
                 break
             threshold = m
@@ -368,19 +434,22 @@ def load_table() -> KernelTable:
     return _new_table(key.digest)
 
 
-def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None) -> KernelTable:
+def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None,
+                  heads: Iterable[LayerShape] = ()) -> KernelTable:
     """The table with every shape in ``shapes`` measured: missing ones are measured now and stored when the
     machine was quiet while they ran; a shape measured on a busy machine is in the table returned, marked in
-    ``provisional`` with the reason, and not stored."""
+    ``provisional`` with the reason, and not stored. ``heads``: shapes used only as an output head, measured up
+    to ``HEAD_MAX_ROWS`` rows."""
+    heads = set(heads)
     table = load_table()
     missing = sorted({s for s in shapes if s.type_name in BLOCKS and s.label not in table.timings},
                      key=lambda s: s.label)
     quiet = 0
-    for s in missing:
+    for i, s in enumerate(missing, 1):
         if progress:
-            progress(f"  measuring kernels for {s.label} (once per machine)")
+            progress(f"  measuring this machine's kernels for {s.label} ({i}/{len(missing)}, once per machine)")
         with measured.watch() as w:
-            table.timings[s.label] = measure_for_plan(s, table.ms)
+            table.timings[s.label] = measure_for_plan(s, [m for m in table.ms if s not in heads or m <= HEAD_MAX_ROWS])
         verdict = w.verdict()
         if verdict.quiet:
             quiet += 1
@@ -408,9 +477,11 @@ def kernel_policy() -> str:
     return policy
 
 
-def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None) -> dict[LayerShape, LayerPlan]:
-    """``plan_for`` of each shape (measuring those not yet in this machine's table) under ``kernel_policy()``.
-    Without native kernels every shape is ``aten`` and nothing is measured."""
+def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str], None]] = None,
+                heads: Iterable[LayerShape] = ()) -> dict[LayerShape, LayerPlan]:
+    """``plan_for`` of each shape (measuring those not yet in this machine's table; ``heads`` as in
+    ``ensure_shapes``) under ``kernel_policy()``. Without native kernels every shape is ``aten`` and nothing is
+    measured."""
     shapes = list(shapes)
     policy = kernel_policy()
     if policy == "aten" or native_kernels() is None:
@@ -424,6 +495,6 @@ def layer_plans(shapes: Iterable[LayerShape], progress: Optional[Callable[[str],
         return {s: (LayerPlan("ggml", rows, f"DYNTREE_KERNELS={policy}", int8 and s.type_name in INT8_ACTIVATION_TYPES,
                               int(policy == "native_q8_vnni"), x8=policy == "native_x8" and x8_takes(s))
                     if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel")) for s in shapes}
-    table = ensure_shapes(shapes, progress)
+    table = ensure_shapes(shapes, progress, heads)
     return {s: (table.plan_for(s) if s.type_name in BLOCKS else LayerPlan("aten", 0, "type without a native kernel"))
             for s in shapes}
