@@ -58,6 +58,46 @@ def test_a_big_tensor_lands_in_an_advised_aligned_mapping_that_goes_with_it():
     assert _mapping(addr) is None  # unmapped with the last tensor on it
 
 
+@needs_thp
+def test_a_repack_writes_its_tiles_straight_into_an_advised_mapping_that_goes_with_them(nk, monkeypatch):
+    """``huge_empty``: a buffer written once (an x8 repack) lands in 2 MiB pages, so ``GGMLLinear`` keeps the
+    repack's own tensor (no second copy, 1.5 s of the target's load); the mapping goes with the last tensor on it.
+    The repack reads the rows where they are: a read-only view of the file's mapping serves as well as a copy."""
+    import numpy as np
+
+    from dyntree_core.quant.ggml_linear import GGMLLinear
+    from dyntree_core.quant.huge_pages import huge_empty
+    from dyntree_core.quant.native import synthetic_blocks
+
+    e = huge_empty((3, HUGE_PAGE), torch.uint8)
+    addr = e.data_ptr()
+    assert addr % HUGE_PAGE == 0 and e.shape == (3, HUGE_PAGE) and "hg" in next(
+        line for line in _mapping(addr) if line.startswith("VmFlags:")).split()
+    del e
+    gc.collect()
+    assert _mapping(addr) is None
+    assert huge_empty((10,)).shape == (10,)  # (small: torch's own)
+    n, k = 4096, 1024
+    blocks = synthetic_blocks("Q4_K", n, k, seed=3)
+    tiles = nk.repack_x8("Q4_K", blocks, n, k)
+    assert tiles.data_ptr() % HUGE_PAGE == 0
+    frozen = blocks.numpy().copy()
+    frozen.setflags(write=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        mapped = torch.from_numpy(frozen)
+    copies = []
+    real_copy = huge_pages._copy_into
+    monkeypatch.setattr(huge_pages, "_copy_into", lambda *a: copies.append(1) or real_copy(*a))
+    layer = GGMLLinear("Q4_K", mapped, k, kernels=nk, int8_activations=True, x8=True)
+    assert torch.equal(layer.blocks, tiles) and np.array_equal(frozen, blocks.numpy())
+    assert copies == []  # the repack's tensor is kept as it is
+    GGMLLinear("Q4_K", blocks, k, kernels=nk, int8_activations=True)  # (rows: copied into 2 MiB pages, as before)
+    assert copies == [1]
+
+
 def test_small_tensors_and_aligned_ones_stay_as_they_are(monkeypatch):
     small = torch.zeros(1000, dtype=torch.uint8)
     assert in_huge_pages(small) is small

@@ -367,11 +367,21 @@ def linear_precision(module: str, type_name: str, n_rows: int, n_cols: int, prec
     return "int4" if (p == "int4" and type_name in FOUR_BIT_TYPES and int4_shape_ok(n_rows, n_cols)) else "int8"
 
 
+def _mapped_rows(data) -> torch.Tensor:
+    """A GGUF tensor's rows as a uint8 tensor on the file's read-only mapping, not copied: only for a reader that
+    writes nothing into them (``GGMLLinear``'s x8 repack)."""
+    import warnings
+
+    with warnings.catch_warnings():  # (torch warns that the array is not writable; nothing writes it)
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
+
+
 def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
     from ..quant.ggml_linear import GGMLLinear
 
-    layer = GGMLLinear(type_name, cpu_aligned(blocks.contiguous()), k, bias, int8_activations=plan.int8_activations,
-                       x8=plan.x8)
+    blocks = blocks.contiguous() if plan.x8 else cpu_aligned(blocks.contiguous())  # (a repack reads any alignment)
+    layer = GGMLLinear(type_name, blocks, k, bias, int8_activations=plan.int8_activations, x8=plan.x8)
     layer.mm_min_rows = plan.mm_min_rows
     layer.vnni_min_rows = plan.vnni_min_rows
     return layer
@@ -483,8 +493,11 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
             n_rows, n_cols = t.shape
             plan = plans.get(LayerShape(type_name, n_rows, n_cols))
             if plan is not None and plan.kind == "ggml":
-                blocks = torch.from_numpy(t.data.copy())  # rows of whole blocks: llama's Q/K un-permute moves rows
                 fix = rows_fix(module, n_rows)
+                if plan.x8 and fix is None:  # the repack reads the file's rows where they are and writes its tiles
+                    blocks = _mapped_rows(t.data)
+                else:  # rows of whole blocks: llama's Q/K un-permute moves rows
+                    blocks = torch.from_numpy(t.data.copy())
                 new = _ggml_layer(type_name, blocks[fix] if fix is not None else blocks, n_cols, bias, plan)
             elif linear_precision(module, type_name, n_rows, n_cols, precision) == "int4":
                 g = decode_4bit(t.data, type_name, n_rows, n_cols)

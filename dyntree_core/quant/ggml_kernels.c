@@ -766,10 +766,12 @@ int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) 
     return 0;
 }
 
-/* the x8 layout back to GGML rows (dequantization and checks read those) */
+/* the x8 layout back to GGML rows (dequantization, checks and the packed cache read those; one group of 8 rows
+ * per thread at a time, as the repack) */
 int dyntree_q4k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
     if (N % 8 || K % 256) return -1;
     const int64_t nb = K / 256;
+#pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < N / 8; g++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *o = x8 + (g * nb + b) * Q4K_X8_BYTES;
@@ -896,6 +898,7 @@ int dyntree_q6k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) 
 int dyntree_q6k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
     if (N % 8 || K % 256) return -1;
     const int64_t nb = K / 256;
+#pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < N / 8; g++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *o = x8 + (g * nb + b) * Q6K_X8_BYTES;
@@ -1048,6 +1051,7 @@ int dyntree_q5_0_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out)
 int dyntree_q5_0_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
     if (N % 8 || K % 32) return -1;
     const int64_t nb = K / 32;
+#pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < N / 8; g++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *o = x8 + (g * nb + b) * Q5_0_X8_BYTES;

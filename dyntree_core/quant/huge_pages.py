@@ -56,6 +56,16 @@ def _copy_into(m: mmap.mmap, offset: int, t: torch.Tensor) -> torch.Tensor:
     return out.view(t.dtype).view(t.shape)
 
 
+def huge_empty(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An uninitialized CPU tensor in 2 MiB pages (``torch.empty`` where it is smaller than a huge page or the OS
+    has none): for a buffer written once, e.g. by a repack, that ``in_huge_pages`` would otherwise copy."""
+    nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+    if nbytes < HUGE_PAGE or not huge_pages_available():
+        return torch.empty(tuple(shape), dtype=dtype)
+    m, start = _huge_mapping(nbytes)
+    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=start).view(dtype).view(tuple(shape))
+
+
 def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
     """``t`` copied into a 2 MiB-aligned private mapping advised ``MADV_HUGEPAGE`` (same dtype, shape and
     values; contiguous); ``t`` itself where it is not on the CPU, smaller than a huge page, already at a huge

@@ -113,8 +113,11 @@ class NativeKernels:
         return y
 
     def repack_x8(self, type_name: str, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
-        """uint8 ``x8_shape(type_name, n, k)``: ``blocks`` (GGML rows ``[n, k]``) in the x8 layout (a new tensor)."""
-        out = torch.empty(x8_shape(type_name, n, k), dtype=torch.uint8)
+        """uint8 ``x8_shape(type_name, n, k)``: ``blocks`` (GGML rows ``[n, k]``) in the x8 layout (a new tensor, in 2
+        MiB pages where it fills one: ``huge_pages.huge_empty``, so ``GGMLLinear`` keeps it without a copy)."""
+        from .huge_pages import huge_empty
+
+        out = huge_empty(x8_shape(type_name, n, k))
         fn = getattr(self.lib, f"dyntree_{X8_C_NAMES[type_name]}_x8_repack")
         if not blocks.is_contiguous() or blocks.numel() != n * (k // BLOCKS[type_name][1]) * BLOCKS[type_name][2] or \
                 fn(blocks.data_ptr(), n, k, out.data_ptr()):
