@@ -220,14 +220,15 @@ def load_gguf_model(
     if cached is not None and cached.is_file():
         try:
             loaded = _load_packed(model, gf, cached, precision, t0, plans)
-            packed_cache.mark_used(cached)
-            packed_cache.prune(cached.parent, cached, say)
-            return loaded
         except Exception as e:  # a damaged cache file is rebuilt, not fatal
             say(f"  packed cache {cached.name} unusable ({type(e).__name__}: {e}); rebuilding")
             cached.unlink(missing_ok=True)
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(config, dtype=dense_dtype, attn_implementation="sdpa")
+        else:
+            packed_cache.mark_used(cached)
+            packed_cache.prune(cached.parent, cached, say)
+            return loaded
     say(f"  building {precision} weights from {Path(gguf_path).name} (once; later loads read the packed cache)"
         if cached is not None else f"  reading {Path(gguf_path).name} at {precision}")
     model = _build(model, gf, arch, config, precision, dense_dtype, say, t0, plans)
