@@ -49,21 +49,24 @@ def _huge_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
     return m, start
 
 
+def _tensor_on(m: mmap.mmap, offset: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A ``shape`` / ``dtype`` tensor on ``m``'s bytes from ``offset`` on (it holds ``m``)."""
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(tuple(shape))
+
+
 def _copy_into(m: mmap.mmap, offset: int, t: torch.Tensor) -> torch.Tensor:
-    nbytes = t.numel() * t.element_size()
-    out = torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=offset)
-    out.copy_(t.contiguous().reshape(-1).view(torch.uint8))
-    return out.view(t.dtype).view(t.shape)
+    return _tensor_on(m, offset, t.shape, t.dtype).copy_(t)
 
 
 def huge_empty(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """An uninitialized CPU tensor in 2 MiB pages (``torch.empty`` where it is smaller than a huge page or the OS
     has none): for a buffer written once, e.g. by a repack, that ``in_huge_pages`` would otherwise copy."""
-    nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if nbytes < HUGE_PAGE or not huge_pages_available():
         return torch.empty(tuple(shape), dtype=dtype)
     m, start = _huge_mapping(nbytes)
-    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=start).view(dtype).view(tuple(shape))
+    return _tensor_on(m, start, shape, dtype)
 
 
 def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
