@@ -31,6 +31,17 @@ def _form(**kw) -> list:
     return form_values(**values)
 
 
+#: the Live tab's components a refresh writes (``Controller.live``)
+LIVE_COMPONENTS = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html",
+                   "cost_model", "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn", "memory")
+
+
+def _name_live_components(controller, *more: str) -> None:
+    """Give the fixture's component namespace the Live tab's components (and ``more``), each named by itself."""
+    for name in LIVE_COMPONENTS + more:
+        setattr(controller.c, name, name)
+
+
 @pytest.fixture()
 def controller(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))  # a fresh profile cache: auto measures
@@ -504,11 +515,7 @@ def test_a_refresh_never_shows_finished_above_a_text_missing_steps(controller):
             return it
 
     rec.traces = WorkerRunsNow(rec.traces)
-    live_names = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html",
-                  "cost_model", "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn",
-                  "memory")
-    for name in live_names:
-        setattr(controller.c, name, name)
+    _name_live_components(controller)
     first = controller.live(state, 16)
     shown = first["text_html"].count('class="dt-tok ')
     assert ("finished" in first["status"]) == (shown == 8), (first["status"], shown)
@@ -526,10 +533,7 @@ def test_a_streaming_refresh_without_figures_still_sends_the_cost_panel(controll
     assert state.worker is not None and state.worker.join(120)
     state.record.status = "running"
     state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
-    names = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html", "cost_model",
-             "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn", "memory")
-    for name in names:
-        setattr(controller.c, name, name)
+    _name_live_components(controller)
     controller.live(state, 16)  # (the run's first refresh draws everything)
     second = controller.live(state, 16)
     assert second["tree_plot"] == gr.skip()  # no figure this time
@@ -669,11 +673,7 @@ def test_the_notice_while_models_load_shows_the_loads_latest_line(controller):
     state.notice = ""
     assert controller.status_line(state, "idle") == "idle"
     # each new line is drawn at the next refresh, though nothing else changed (the load bumps no version)
-    live_names = ("tree_plot", "mask_bfs", "mask_dfs", "mask_hpd", "phase_plot", "walkthrough", "text_html",
-                  "cost_model", "speed_plot", "steps_plot", "status", "step_slider", "error_box", "pause_btn",
-                  "memory", "timer")
-    for name in live_names:
-        setattr(controller.c, name, name)
+    _name_live_components(controller, "timer")
     state.notice = "loading the models …"
     assert "status" in controller.on_tick(state, 16)
     assert "status" not in controller.on_tick(state, 16)  # (nothing new)

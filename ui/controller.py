@@ -157,9 +157,13 @@ class Controller:
         state.pause_label = label
         return gr.Button(label)
 
+    def load_line(self, state: SessionState) -> str:
+        """The provider's latest load line, shown under the notice while models load ("" without a notice)."""
+        return getattr(self.provider, "progress", "") if state.notice else ""
+
     def status_line(self, state: SessionState, status: str) -> str:
         if state.notice:
-            line = getattr(self.provider, "progress", "")
+            line = self.load_line(state)
             return f"{state.notice}  \n_{line}_" if line else state.notice
         if state.running and state.generation is not None and state.generation.stop_event.is_set():
             status += "  \n_stopping after the current step …_"
@@ -344,7 +348,7 @@ class Controller:
             gr.Warning(state.error)
             return {**self.live(state, block), **self._pace(state, changed=True)}
         prefill = state.record.prefill if state.record is not None else None
-        loading = getattr(self.provider, "progress", "") if state.notice else ""  # (the status line's second line)
+        loading = self.load_line(state)
         if (state.version == state.rendered_version and prefill == state.rendered_prefill
                 and loading == state.rendered_loading):
             footer = self.memory_update(state)
