@@ -11,10 +11,13 @@ ratios (10 eval prompts of wiki / news / code, 128 prompt tokens, 64 new tokens,
   from tree step FROM on, at MARGIN x the plain price until step ``FALLBACK_AFTER`` (``FallbackPrice.check_from``,
   ``early_margin``); ``--rows`` keeps only the rows named (plain always runs).
 
+``--chat`` runs the prompts as the app does by default: wrapped in the chat template (an instruction and its
+answer, not a continuation), the app's default prompt first (set "default"), then the same prompt sets.
+
     .venv/bin/python scripts/fallback_ab.py [--method chain] [--early 3 1.25] [--rows priced early]
         [--json bench/results/fallback_ab_<machine>.json]
 """
-import argparse, dataclasses, json, statistics, time
+import argparse, dataclasses, json, statistics, sys, time
 from pathlib import Path
 
 import torch
@@ -36,6 +39,8 @@ ap.add_argument("--early", nargs="+", default=[], metavar="FROM MARGIN",
                 help="pairs: an early-checked priced rule from tree step FROM at MARGIN x the plain price")
 ap.add_argument("--rows", nargs="+", choices=("priced", "tokens", "none", "early"),
                 default=["priced", "tokens", "none", "early"], help="which rows besides plain decoding")
+ap.add_argument("--chat", action="store_true", help="the chat template around each prompt, and the app's default "
+                "prompt as a set of its own (the app's defaults)")
 args = ap.parse_args()
 if len(args.early) % 2:
     ap.error("--early takes pairs FROM MARGIN")
@@ -62,10 +67,17 @@ if "early" in args.rows and priced.fallback is not None:
 print("auto chose", plan.best.label(), "; running", cand.label(), "break-even", even, "tokens/step; plain", priced.fallback and priced.fallback.plain_s_per_token,
       "s/token", flush=True)
 out = {}
-for ds in ("wiki", "news", "code"):
+from dyntree_core.__main__ import encode_prompt
+from ui.layout import AppDefaults
+
+sets = {ds: [p.text for p in load_prompts(ds, args.prompts)] for ds in ("wiki", "news", "code")}
+if args.chat:
+    sets = {"default": [AppDefaults().prompt], **sets}
+for ds, texts in sets.items():
     rows = {k: [] for k in decs}
-    for i, p in enumerate(load_prompts(ds, args.prompts)):
-        ids = list(tok(p.text, add_special_tokens=False)["input_ids"])[:128]
+    for i, text in enumerate(texts):
+        ids = (encode_prompt(tok, text, chat=True) if args.chat
+               else list(tok(text, add_special_tokens=False)["input_ids"])[:128])
         for k, c in decs.items():
             d = SpeculativeDecoder(pair.draft, pair.target, c, eos_token_id=eos)
             fell = []
@@ -79,7 +91,8 @@ for ds in ("wiki", "news", "code"):
               f"{statistics.fmean(a[1] for a in r):.2f} tokens/step, /plain median {statistics.median(ratio):.2f} "
               f"({min(ratio):.2f}-{max(ratio):.2f}), fell back on {sum(a[2] is not None for a in r)}/{len(r)}",
               flush=True)
-args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine_info": machine_info().to_dict(),
+args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+                                 "machine_info": machine_info().to_dict(),
                                  "threads": torch.get_num_threads(), "plan": plan.best.label(), "ran": cand.label(), "predicted_ms_per_token": cand.seconds_per_token * 1e3,
                                  "break_even": even, "fallback": priced.fallback and dataclasses.asdict(priced.fallback),
                                  "rows": {ds: {k: [{"ms_per_token": a[0], "tokens_per_step": a[1], "fell_back_after": a[2]}

@@ -230,6 +230,41 @@ def test_off_with_no_part_off_alone_blames_the_part_that_moved_the_step_most():
     assert c.rows_to_remeasure() == (ProfileRow("target", "int4"),)
 
 
+def test_a_run_that_fell_back_is_checked_step_kind_by_step_kind():
+    """The second default Run of the browser test: 3 chain steps committed 4.33 tokens each, the priced
+    fallback ended drafting, and 51 plain steps followed. Averaged over all 54 steps its parts read "draft 0.06x
+    its price; tokens per step 0.23x its price": draft forwards and acceptance blamed for steps that had neither.
+    The tree parts are the tree steps' own; the plain steps are checked against the target row's one-token
+    price; the line says the run fell back and how many steps were plain."""
+    rows = PricedRows(ns=(1, 4, 8, 16), target=(0.036, 0.056, 0.067, 0.126), draft=(0.0145, 0.022, 0.032, 0.06),
+                      other=(0.0005, 0.0048, 0.0049, 0.0053))
+    p = _prediction(s_per_token=0.027, draft_s=0.071, target_s=0.062, other_s=0.005, tokens_per_step=5.2, rows=rows)
+    tree = _steps(3, 0.11, 0.07, 0.005, 4)
+    tree[-1].fallback = "chain steps committed 4.00 tokens each over 3 steps; ..."
+    plain = _steps(51, 0.0, 0.042, 0.0005, 1, method="autoregressive")
+    for t in plain:
+        t.tree = None
+    c = check_prediction(p, tree + plain)
+    assert c.steps == 54 and c.fell_back_after == 3 and c.off
+    assert [x.steps for x in c.parts] == [3, 3, 3, 3, 51]
+    assert c.parts[3].measured == pytest.approx(4.0)  # the tree steps' tokens, not 1.06 over all 54 steps
+    assert c.parts[0].measured == pytest.approx(0.11)  # their draft, not 0.006
+    assert c.parts[4].name == "target forward of the 51 plain steps"
+    assert c.parts[4].predicted == pytest.approx(0.036) and c.parts[4].ratio == pytest.approx(0.042 / 0.036)
+    # the whole run's time over its tokens (the rest of each step as ``other_seconds`` counts it: a few ms at most)
+    assert (3 * 0.18 + 51 * 0.042) / 63 < c.measured_s_per_token < (3 * 0.19 + 51 * 0.045) / 63
+    text = c.text()
+    assert "it fell back to plain decoding after tree step 3: 51 of its 54 steps were plain" in text, text
+    assert "0.06x" not in text and "0.23x" not in text
+    assert [x.name for x in c.wrong_parts()] == ["draft (3.0 levels of 1.0)"]  # 3 levels at 14.5 ms: 0.11 is 2.5x
+    assert c.rows_to_remeasure() == ()  # 3 tree steps are too few to blame the draft's row
+    within = check_prediction(p, tree + _steps(51, 0.0, 0.037, 0.0005, 1, method="autoregressive"))
+    assert within.parts[4].ratio == pytest.approx(0.037 / 0.036) and not within.parts[4].off
+    assert all(x.name != within.parts[4].name for x in within.wrong_parts())
+    whole = check_prediction(p, _steps(12, 0.11, 0.07, 0.005, 4))  # no fallback: as before, four parts
+    assert whole.fell_back_after is None and len(whole.parts) == 4 and "fell back" not in whole.text()
+
+
 def test_too_few_steps_re_measure_nothing():
     c = check_prediction(_prediction(), _steps(MIN_STEPS - 1, 0.03, 0.2, 0.002, 3))
     assert c.off and c.rows_to_remeasure() == () and "too few steps" in c.text()

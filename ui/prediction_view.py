@@ -38,8 +38,11 @@ def check_table(record: RunRecord) -> str:
     total = (f"<tr><td><b>per token</b></td><td>{p.s_per_token * 1e3:.1f} ms</td>"
              f"<td>{check.measured_s_per_token * 1e3:.1f} ms</td>"
              f"<td class='{'dt-lose' if check.off else 'dt-win'}'>{check.ratio:.2f}×</td><td></td></tr>")
+    k = check.fell_back_after
+    over = (f"{check.steps} steps" if k is None else
+            f"its {k} tree steps, then the plain steps after its fallback")
     return ("<table><tr><th>per step</th><th>priced by auto (at the run's sizes where the profile has them)</th><th>measured (mean of "
-            f"{check.steps} steps)</th><th>measured ÷ predicted</th><th>priced from</th></tr>"
+            f"{over})</th><th>measured ÷ predicted</th><th>priced from</th></tr>"
             + rows + total + "</table>")
 
 

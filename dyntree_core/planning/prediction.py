@@ -135,6 +135,7 @@ class PartCheck:
     predicted: float
     measured: float
     row: Optional[ProfileRow]
+    steps: int = 0  # the steps it was measured over (0: all of the run's)
 
     @property
     def ratio(self) -> float:
@@ -155,7 +156,10 @@ class PredictionCheck:
         prediction: what was predicted.
         measured_s_per_token: the run's mean step over its mean tokens per step.
         steps: how many steps were measured.
-        parts: draft, target forward, rest of the step (seconds per step), tokens per step.
+        parts: draft, target forward, rest of the step (seconds per step), tokens per step, over the steps of the
+            predicted method; after a fallback to plain decoding (``DecodeConfig.fallback``) also the plain
+            steps' target forward against its row's one-token price.
+        fell_back_after: the tree steps the run decoded before it fell back to plain decoding (None: it did not).
     """
 
     prediction: Prediction
@@ -166,6 +170,7 @@ class PredictionCheck:
     cpus: Optional[int] = None  # the CPUs counted, and the threads the run decoded on (None: not known)
     threads: Optional[int] = None
     read_gb_per_s: tuple[float, ...] = ()  # the memory's read bandwidth probed before and after the run
+    fell_back_after: Optional[int] = None
 
     @property
     def other_spell(self) -> Optional[str]:
@@ -210,20 +215,22 @@ class PredictionCheck:
         p = self.prediction
         step = p.draft_s + p.target_s + p.other_s
         moved = lambda c: abs(c.measured - c.predicted)  # noqa: E731
-        wrong = tuple(c for c in self.parts if c.off and (c.name == TOKENS or moved(c) > PART_SHARE * step))
-        if wrong:
-            return wrong
-        timed = [c for c in self.parts if c.name != TOKENS and moved(c) > PART_SHARE * step]
+        tree, plain = self.parts[:4], tuple(c for c in self.parts[4:] if c.off)
+        wrong = tuple(c for c in tree if c.off and (c.name == TOKENS or moved(c) > PART_SHARE * step))
+        if wrong or plain or self.fell_back_after is not None:
+            return wrong + plain  # (a fallback explains the rest: its plain steps were not the steps priced)
+        timed = [c for c in tree if c.name != TOKENS and moved(c) > PART_SHARE * step]
         if timed:
             return (max(timed, key=moved),)
-        return tuple(c for c in self.parts if c.name == TOKENS)
+        return tuple(c for c in tree if c.name == TOKENS)
 
     def rows_to_remeasure(self) -> tuple[ProfileRow, ...]:
         """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's);
         none from fewer than ``MIN_STEPS`` steps."""
         if self.steps < MIN_STEPS or self.busy or self.other_spell:
             return ()
-        return tuple(dict.fromkeys(p.row for p in self.wrong_parts() if p.row is not None))
+        return tuple(dict.fromkeys(p.row for p in self.wrong_parts()
+                                   if p.row is not None and (p.steps or self.steps) >= MIN_STEPS))
 
     def text(self, remeasuring: Sequence[ProfileRow] = ()) -> str:
         """One line; ``remeasuring``: the profile rows being measured again because of this run."""
@@ -232,9 +239,15 @@ class PredictionCheck:
         if not self.off:
             return f"{head} (within {OFF_BY:.0%})"
         wrong = self.wrong_parts()
-        parts = "; ".join(f"{p.name} {p.ratio:.2f}x its price" for p in wrong) or "no single part"
+        parts = "; ".join(f"{p.name} {p.ratio:.2f}x its price" for p in wrong)
         if any(p.name == TOKENS for p in wrong):
             parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
+        if self.fell_back_after is not None:
+            k = self.fell_back_after
+            fell = (f"it fell back to plain decoding after tree step {k}: {self.steps - k} of its {self.steps} "
+                    "steps were plain")
+            parts = f"{fell}; its tree steps: {parts}" if parts else fell
+        parts = parts or "no single part"
         rows = self.rows_to_remeasure()
         if self.busy:
             tail = (f"; {self.crowded} while it ran (the profile was measured on a quiet machine: nothing is "
@@ -266,9 +279,12 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     forward and the rest of the step; its mean draft levels and their width for the draft): a prompt
     that is easier than the calibration text grows longer chains and bigger trees, which is its tokens
     per step, not a wrong row. Without rows the parts are compared with the predicted ones."""
-    steps = [t for t in traces if t.step_seconds > 0]
-    if not steps:
+    everything = [t for t in traces if t.step_seconds > 0]
+    if not everything:
         return None
+    switch = next((i for i, t in enumerate(everything) if t.fallback), None)
+    steps = everything if switch is None else everything[:switch + 1]  # the steps of the method priced
+    plain = [] if switch is None else everything[switch + 1:]
     mean = statistics.fmean
     draft = mean(t.timings.draft for t in steps)
     target = mean(t.timings.target_forward for t in steps)
@@ -289,10 +305,18 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
             priced = at
             names = (f"draft ({levels:.1f} levels of {width:.1f})" if levels else "draft",
                      f"target forward ({size:.1f} tokens)", f"rest of the step ({size:.1f}-node trees)")
-    parts = (PartCheck(names[0], priced[0], draft, rows["draft"]),
-             PartCheck(names[1], priced[1], target, rows["target forward"]),
-             PartCheck(names[2], priced[2], other, rows["rest of the step"]),
-             PartCheck(TOKENS, p.tokens_per_step, tokens, None))
-    measured = seconds_per_token(target, draft, other, tokens)
-    return PredictionCheck(p, measured, len(steps), parts, others_share, cpus, threads,
-                           tuple(x for x in read_gb_per_s if x is not None))
+    n = len(steps) if plain else 0
+    parts = (PartCheck(names[0], priced[0], draft, rows["draft"], n),
+             PartCheck(names[1], priced[1], target, rows["target forward"], n),
+             PartCheck(names[2], priced[2], other, rows["rest of the step"], n),
+             PartCheck(TOKENS, p.tokens_per_step, tokens, None, n))
+    one = p.rows.time(p.rows.target, 1) if p.rows is not None else math.inf
+    if plain and math.isfinite(one):
+        parts += (PartCheck(f"target forward of the {len(plain)} plain steps", one,
+                            mean(t.timings.target_forward for t in plain), rows["target forward"], len(plain)),)
+    measured = seconds_per_token(mean(t.timings.target_forward for t in everything),
+                                 mean(t.timings.draft for t in everything),
+                                 mean(other_seconds(t.tree_size, t.method, step=t) for t in everything),
+                                 mean(t.num_committed for t in everything))
+    return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
+                           tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1)
