@@ -180,8 +180,11 @@ def auto_config(args, cfg: DecodeConfig):
     cfg = dataclasses.replace(cfg, **{k: v for k, v in (("precision", args.precision),
                                                          ("draft_precision", args.draft_precision)) if v != AUTO})
     if AUTO in (args.method, args.precision, args.draft_precision) or (auto_budget and not calibrate):
+        from .planning.profiling import run_probe
+
         plan = plan_auto(cache, args.temperature, target_precisions=tps, draft_precisions=dps, methods=methods,
-                         refresh=args.retune, progress=say, target_ns=calib_ns)
+                         refresh=args.retune, progress=say, target_ns=calib_ns,
+                         read_gb_per_s=run_probe() if device == "cpu" else None)  # (the spell's own profile)
         cfg = dataclasses.replace(cfg, **plan.resolve(args.method, args.precision, args.draft_precision))
         best = plan.best_of(cfg.method)
         if auto_budget and args.method != AUTO and best is not None:

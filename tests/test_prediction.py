@@ -143,7 +143,7 @@ def test_a_run_in_another_spell_of_the_memory_bandwidth_says_so_and_re_measures_
     assert other.off and other.other_spell and other.rows_to_remeasure() == ()
     assert ("the memory read 55 / 54 GB/s around the run against the 31 GB/s its profile was measured at "
             "(another spell of this machine's memory bandwidth): its rows stand for their spell, nothing is "
-            "re-measured") in other.text()
+            "re-measured (a Run that starts in a spell without a profile of its own has auto measure one") in other.text()
     straddling = check_prediction(p, steps, read_gb_per_s=(32.0, 55.0))  # the spell changed during the run
     assert straddling.other_spell and straddling.rows_to_remeasure() == ()
     for same in (check_prediction(p, steps, read_gb_per_s=(33.5, 29.0)), check_prediction(p, steps),
@@ -342,7 +342,7 @@ def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():
     calls = []
 
     class Provider:
-        def remeasure(self, settings, rows, planner):
+        def remeasure(self, settings, rows, planner, read_gb_per_s=None):
             calls.append(tuple(rows))
             return tuple(rows)
 

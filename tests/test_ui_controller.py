@@ -570,7 +570,7 @@ def test_the_status_names_the_tree_auto_chose_and_why_the_budget_field_is_not_it
 
     reason = "auto: sequoia (n=4, d=2) @ target int4, draft int4: predicted 40 ms/token"
     plan = AutoPlan(cand("sequoia", 4, 2, 3), cand("autoregressive", 1, 0), (0.6, 0.0, 0.0), 0.0, "key", {}, reason)
-    provider = types.SimpleNamespace(auto_plan=lambda settings, planner=None: plan)
+    provider = types.SimpleNamespace(auto_plan=lambda settings, planner=None, read_gb_per_s=None: plan)
     form = settings_from_form(*_form(budget=32, depth=6))
     got = resolve_auto(provider, form)
     resolved, note = got.settings, got.note

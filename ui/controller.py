@@ -289,7 +289,7 @@ class Controller:
             return
         self._remeasured.update((pair, r) for r in rows)
         try:
-            rec.remeasuring = self.provider.remeasure(rec.form, rows, self.planner)
+            rec.remeasuring = self.provider.remeasure(rec.form, rows, self.planner, rec.prediction.read_gb_per_s)
         except Exception as e:  # noqa: BLE001 - the run stands; the page says the rows were not re-measured
             rec.note = f"{rec.note}; re-measuring the profile failed: {describe_error(e)}"
 

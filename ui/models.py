@@ -68,19 +68,21 @@ class ModelProvider(Protocol):
         """The loaded pair's ``LoadedPair.description`` (the page's footer; empty while none is loaded)."""
         ...
 
-    def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
+    def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None,
+                  read_gb_per_s: Optional[float] = None) -> Any:
         """``AutoPlan`` (or ``ProvisionalPlan``) for the settings' pair, temperature and the choices left
-        to auto; ``planner``: a ``ui.planner.BackgroundPlanner`` to measure in the background."""
+        to auto; ``planner``: a ``ui.planner.BackgroundPlanner`` to measure in the background;
+        ``read_gb_per_s``: the memory's read bandwidth probed for the Run (its spell's profile prices it)."""
         ...
 
     def text_info(self, draft: str, target: str) -> Optional["TextInfo"]:
         """The pair's tokenizer and context without loading weights (None when that needs a download)."""
         ...
 
-    def remeasure(self, settings: Any, rows: Any, planner: Any) -> tuple:
+    def remeasure(self, settings: Any, rows: Any, planner: Any, read_gb_per_s: Optional[float] = None) -> tuple:
         """Start measuring ``rows`` (``ProfileRow``) of the profile ``auto`` priced the form's ``settings``
-        with anew on ``planner`` (the stored rows serve until the new ones are written); the rows it
-        started on (none when another measurement is running)."""
+        with anew on ``planner`` (the stored rows serve until the new ones are written; ``read_gb_per_s``: that
+        profile's spell); the rows it started on (none when another measurement is running)."""
         ...
 
 
@@ -147,7 +149,8 @@ class HubModelProvider:
         kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
         return draft, target, device, temperature, kw, (draft, target, device, temperature, tps, dps, methods)
 
-    def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None) -> Any:
+    def auto_plan(self, settings: Any, progress: Any = None, planner: Any = None,
+                  read_gb_per_s: Optional[float] = None) -> Any:
         """Resolve ``auto`` (method and/or precisions) with the measured cost model: from the caches,
         or with a ``ui.planner.BackgroundPlanner`` the provisional plan while it measures."""
         from dyntree_core.planning.auto import plan_auto
@@ -161,6 +164,7 @@ class HubModelProvider:
                 progress(msg)
 
         draft, target, device, temperature, kw, key = self._plan_request(settings)
+        kw["read_gb_per_s"] = read_gb_per_s
         with self._lock:
             try:
                 cache = self._pair_cache(draft, target, device)
@@ -170,12 +174,13 @@ class HubModelProvider:
                     # the background measurement loads its own models: the run's cache stays this thread's
                     measure=lambda turn, note: plan_auto(PairCache(draft, target, device=device), temperature,
                                                          turn=turn, progress=note, **kw),
-                    foreground=lambda: plan_auto(cache, temperature, progress=say, **kw))
+                    foreground=lambda: plan_auto(cache, temperature, progress=say, **kw),
+                    read_gb_per_s=read_gb_per_s)
             except (OSError, ValueError, KeyError) as e:
                 raise ModelLoadError(f"could not plan 'auto' for draft {settings.draft!r} / target "
                                      f"{settings.target!r}: {e}") from e
 
-    def remeasure(self, settings: Any, rows: Any, planner: Any) -> tuple:
+    def remeasure(self, settings: Any, rows: Any, planner: Any, read_gb_per_s: Optional[float] = None) -> tuple:
         from dyntree_core.planning.auto import plan_auto
         from dyntree_core.planning.pair_cache import PairCache
 
@@ -183,7 +188,8 @@ class HubModelProvider:
             return ()
         draft, target, device, temperature, kw, key = self._plan_request(settings)
         started = planner.start(key + ("remeasure",), lambda turn, note: plan_auto(
-            PairCache(draft, target, device=device), temperature, turn=turn, progress=note, remeasure=tuple(rows), **kw))
+            PairCache(draft, target, device=device), temperature, turn=turn, progress=note, remeasure=tuple(rows),
+            read_gb_per_s=read_gb_per_s, **kw))
         return tuple(rows) if started else ()
 
     def load(self, spec: PairSpec) -> LoadedPair:

@@ -34,7 +34,9 @@ class BackgroundPlanner:
         self.progress = ""  # the latest line of the running measurement
         self.failed: dict[Hashable, str] = {}  # key -> why its last measurement failed
         self.not_stored: dict[Hashable, str] = {}  # key -> why its last measurement was not stored (busy)
-        self.plans: dict[Hashable, tuple] = {}  # key -> (the cached measurements' version, the plan made from them)
+        #: key -> [(the cached measurements' version, the plan made from them)]: one per spell of the memory's
+        #: bandwidth a plan was asked in (``_fits``)
+        self.plans: dict[Hashable, list[tuple]] = {}
 
     @property
     def busy(self) -> bool:
@@ -104,24 +106,43 @@ def measurements_version() -> tuple:
         return ()
 
 
+def _fits(plan: Any, read_gb_per_s: Optional[float]) -> bool:
+    """Whether ``plan`` was priced for the spell a probe of ``read_gb_per_s`` GB/s is in: by that spell's profile,
+    or, while that spell has none, by the nearest one for the same missing spell (no probe, or a profile
+    without probed rows: any plan fits)."""
+    from dyntree_core.planning.profiling import same_spell
+
+    prof = getattr(plan, "profile", None)
+    ref = getattr(prof, "read_gb_per_s", None)
+    if not read_gb_per_s or not ref:
+        return True
+    return same_spell(prof.other_spell or ref, read_gb_per_s)
+
+
 def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, target_precisions, draft_precisions,
-                      cached: Callable[[], Any], measure: Measure, foreground: Callable[[], Any]) -> Any:
-    """``auto``'s plan for a Run: ``cached()`` when everything it needs is measured (made once per ``key``
-    while the measurements stay as they are: ``measurements_version``); else, with a ``planner``, the
+                      cached: Callable[[], Any], measure: Measure, foreground: Callable[[], Any],
+                      read_gb_per_s: Optional[float] = None) -> Any:
+    """``auto``'s plan for a Run: ``cached()`` when everything it needs is measured (made once per ``key`` and
+    spell while the measurements stay as they are: ``measurements_version``); else, with a ``planner``, the
     provisional plan while ``measure`` runs in the background (without one, ``foreground()`` measures
-    first, as the CLI does)."""
+    first, as the CLI does). ``read_gb_per_s``: the memory's read bandwidth probed for this Run; where its spell
+    has no profile yet, the nearest spell's prices the plan (it says so) and ``measure`` measures this spell's
+    in the background (the three callables price and measure at that probe)."""
     from dyntree_core.planning.provisional import provisional_plan
     from dyntree_core.planning.machine_profile import NotMeasuredYet
 
     if planner is None:
         return foreground()
     version = measurements_version()
-    made = planner.plans.get(key)
-    if made is not None and made[0] == version:
-        return made[1]  # the same request on the same measurements gets the same plan (and prediction)
+    made = [m for m in planner.plans.get(key, ()) if m[0] == version]
+    for _, plan in made:
+        if _fits(plan, read_gb_per_s):
+            return plan  # the same request on the same measurements in the same spell: the same plan (and prediction)
     try:
         plan = cached()
-        planner.plans[key] = (version, plan)
+        planner.plans[key] = made + [(version, plan)]
+        if getattr(getattr(plan, "profile", None), "other_spell", None):
+            planner.start(key + ("spell",) if isinstance(key, tuple) else (key, "spell"), measure)
         return plan
     except NotMeasuredYet as e:
         missing = e

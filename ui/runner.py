@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -57,21 +58,30 @@ class Resolved:
     settings: RunSettings
     note: str = ""
     prediction: Optional[Prediction] = None
+    read_gb_per_s: Optional[float] = None  # the memory's read bandwidth probed for the plan (CPU runs)
+    probed_at: float = 0.0  # (time.monotonic() of that probe)
+
+
+#: a probe taken for the plan this recently also opens the run's read window (``RunRecord.read_window``)
+PROBE_FRESH_S = 2.0
 
 
 def resolve_auto(provider: ModelProvider, settings: RunSettings, planner: Any = None) -> Resolved:
     """``settings`` with every ``auto`` replaced by the provider's plan
-    (``planner``: a ``ui.planner.BackgroundPlanner``: measure in the background, plan provisionally)."""
+    (``planner``: a ``ui.planner.BackgroundPlanner``: measure in the background, plan provisionally). On the CPU
+    the memory's read bandwidth is probed first: the profile of its spell prices the plan."""
     if not settings.needs_auto:
         return Resolved(settings)
     if not settings.prompt or not settings.prompt.strip():
         raise ConfigError("the prompt is empty: type some text first")
-    plan = provider.auto_plan(settings, planner=planner)
+    now = run_probe() if settings.device == "cpu" and not settings.offload else None
+    probed_at = time.monotonic()
+    plan = provider.auto_plan(settings, planner=planner, read_gb_per_s=now)
     resolved = replace(settings, **plan.resolve(settings.method, settings.precision, settings.draft_precision))
     predict = getattr(plan, "prediction", None)  # (a provisional plan has measured nothing to predict from)
     prediction = predict(settings.method, resolved.precision, resolved.draft_precision) if predict else None
     return Resolved(resolved, "; ".join(x for x in (plan.reason, _peers_note(settings, plan, prediction)) if x),
-                    prediction)
+                    prediction, now, probed_at)
 
 
 def _peers_note(settings: RunSettings, plan: Any, prediction: Optional[Prediction]) -> str:
@@ -152,7 +162,8 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
                        note="; ".join(n for n in (note, tree_note(form, cfg), cut) if n),
                        prediction=resolved.prediction, form=form)
     if resolved.prediction is not None and resolved.prediction.read_gb_per_s:
-        record.read_window = (run_probe(), None)  # (before the run's clock starts)
+        fresh = resolved.read_gb_per_s and time.monotonic() - resolved.probed_at < PROBE_FRESH_S
+        record.read_window = (resolved.read_gb_per_s if fresh else run_probe(), None)  # (before the run's clock)
     steps = decoder.generate(ids, settings.max_new_tokens, stop_event=stop, prefill_progress=True)
     return Generation(record, steps, stop)
 

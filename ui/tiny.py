@@ -67,7 +67,7 @@ class TinyModelProvider:
         pair = self._pair
         return pair.description if pair is not None else ""
 
-    def auto_plan(self, settings, progress=None, planner=None):
+    def auto_plan(self, settings, progress=None, planner=None, read_gb_per_s=None):
         """``auto`` on the tiny pair: the same measured cost model (profile + acceptance, cached
         under ``$DYNTREE_CACHE``), only float32 (and int8 for the draft) to keep it quick."""
         from dyntree_core.planning.auto import plan_auto
@@ -75,14 +75,15 @@ class TinyModelProvider:
         from .planner import plan_auto_for_app
 
         temperature, tps, dps, methods = self._request(settings)
-        kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods)
+        kw = dict(target_precisions=tps, draft_precisions=dps, methods=methods, read_gb_per_s=read_gb_per_s)
         return plan_auto_for_app(
             planner, (temperature, tps, dps, methods), tps, dps,
             cached=lambda: plan_auto(self._cache(), temperature, measure=False, **kw),
             measure=lambda turn, note: plan_auto(self._cache(), temperature, turn=turn, progress=note, **kw),
-            foreground=lambda: plan_auto(self._cache(), temperature, progress=progress, **kw))
+            foreground=lambda: plan_auto(self._cache(), temperature, progress=progress, **kw),
+            read_gb_per_s=read_gb_per_s)
 
-    def remeasure(self, settings, rows, planner) -> tuple:
+    def remeasure(self, settings, rows, planner, read_gb_per_s=None) -> tuple:
         """As ``HubModelProvider.remeasure``, on the tiny pair's profile."""
         from dyntree_core.planning.auto import plan_auto
 
@@ -91,7 +92,7 @@ class TinyModelProvider:
         temperature, tps, dps, methods = self._request(settings)
         started = planner.start((temperature, tps, dps, methods, "remeasure"), lambda turn, note: plan_auto(
             self._cache(), temperature, target_precisions=tps, draft_precisions=dps, methods=methods, turn=turn,
-            progress=note, remeasure=tuple(rows)))
+            progress=note, remeasure=tuple(rows), read_gb_per_s=read_gb_per_s))
         return tuple(rows) if started else ()
 
     @staticmethod

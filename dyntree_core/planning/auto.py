@@ -170,8 +170,11 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
     ms = lambda c: c.seconds_per_token * 1e3  # noqa: E731
     machine = profile.machine
     read = profile.meta.get("read_gb_per_s") if profile.meta.get("row_gb_per_s") else None  # (rows it bracketed)
+    now = profile.other_spell
     cpu = (f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')}"
-           + (f"; memory read at {read:.0f} GB/s when profiled" if read else "") + ")")
+           + (f"; memory read at {read:.0f} GB/s when profiled" if read else "")
+           + (f", {now:.0f} GB/s now: another spell of this machine's memory bandwidth, not profiled yet"
+              if read and now else "") + ")")
     t1 = profile.target_time(best.target_precision, 1)
     reference = min((fastest_plain(profile), best_ar), key=lambda c: c.seconds_per_token)
     if best.method == "autoregressive":
@@ -232,34 +235,36 @@ def pair_name(cache: PairCache) -> str:
 def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precisions: Sequence[str],
                 target_ns: Sequence[int] = (), refresh: bool = False,
                 progress: Optional[Progress] = None, measure: bool = True, turn: Turn = nullcontext,
-                remeasure: Sequence = ()) -> MachineProfile:
-    """The one machine profile of ``cache``'s pair (``profiling.load_or_measure_profile``): the
-    default sizes for both models, ``target_ns`` too for the target; only what the cache lacks is
-    measured."""
+                remeasure: Sequence = (), read_gb_per_s: Optional[float] = None) -> MachineProfile:
+    """The machine profile of ``cache``'s pair (``profiling.load_or_measure_profile``; ``read_gb_per_s``: the spell
+    a probe just found, which has a profile of its own): the default sizes for both models, ``target_ns`` too for
+    the target; only what the cache lacks is measured."""
     return load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
                                    refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
                                    target_ns=tuple(target_ns), measure=measure, turn=turn, remeasure=remeasure,
-                                   forward_bytes=getattr(cache, "forward_bytes", None))
+                                   forward_bytes=getattr(cache, "forward_bytes", None), read_gb_per_s=read_gb_per_s)
 
 
 def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
               draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
               refresh: bool = False, progress: Optional[Progress] = None,
               target_ns: Sequence[int] = (), measure: bool = True, turn: Turn = nullcontext,
-              remeasure: Sequence = ()) -> AutoPlan:
+              remeasure: Sequence = (), read_gb_per_s: Optional[float] = None) -> AutoPlan:
     """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``.
     ``target_ns``: target sizes the profile must also cover (a calibration that follows prices
     bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``). ``measure=False``: only from the
     caches, raising ``NotMeasuredYet`` when something is missing (nothing is loaded then); ``turn``:
     the context each timed measurement runs in (``profiling.measure_into``); ``remeasure``: profile rows
-    (``prediction.ProfileRow``) to measure anew, the cached ones serving until then."""
+    (``prediction.ProfileRow``) to measure anew, the cached ones serving until then; ``read_gb_per_s``: the
+    memory's read bandwidth probed just before (``profiling.run_probe``): the profile of that spell prices the
+    plan (``profiling.load_or_measure_profile``)."""
     say = progress or (lambda _m: None)
     tps = tuple(target_precisions or default_precisions(cache.device))
     dps = tuple(draft_precisions or tps)
     name = pair_name(cache)
     say("machine profile (measured once per machine, pair and torch version, then cached):")
     prof = profile_for(cache, tps, dps, target_ns, refresh=refresh, progress=say, measure=measure, turn=turn,
-                       remeasure=remeasure)
+                       remeasure=remeasure, read_gb_per_s=read_gb_per_s)
     fast_t = prof.fastest("target", tps) or tps[0]
     fast_d = prof.fastest("draft", dps) or dps[0]
     if methods == ("autoregressive",):

@@ -68,6 +68,9 @@ class MachineProfile:
         seconds: how long profiling took (all passes).
         provisional: why rows measured in this process were not written (the machine was busy while
             they ran); empty when everything in it is stored. Never written itself.
+        other_spell: the read bandwidth (GB/s) of a probe whose spell has no profile of its own: this one is the
+            nearest spell's (``profiling.load_or_measure_profile``); None when it is the probe's own spell or
+            nothing was probed. Never written.
     """
 
     key: str
@@ -83,6 +86,12 @@ class MachineProfile:
     version: int = PROFILE_VERSION
     meta: dict = field(default_factory=dict)
     provisional: str = ""
+    other_spell: Optional[float] = None
+
+    @property
+    def read_gb_per_s(self) -> Optional[float]:
+        """The memory read bandwidth its rows were measured at (its spell; None: its rows were not probed)."""
+        return self.meta.get("read_gb_per_s")
 
     def target_time(self, precision: str, n: float) -> float:
         return row_time(self.ns, self.target.get(precision), n)
@@ -143,9 +152,11 @@ class MachineProfile:
         return best
 
     def save(self, path: Path) -> None:
-        """Write the profile atomically (``measured.write_json``); ``provisional`` is not written."""
+        """Write the profile atomically (``measured.write_json``); ``provisional`` and ``other_spell`` are not
+        written."""
         d = asdict(self)
         d.pop("provisional")
+        d.pop("other_spell")
         measured.write_json(path, d)
 
     @classmethod
@@ -176,6 +187,27 @@ def profile_path(key: str) -> Path:
     from ..paths import cache_root
 
     return cache_root() / "profiles" / f"machine-{key}.json"  # = profile_measure_key(...).path
+
+
+def spell_profile_path(key: str, read_gb_per_s: float) -> Path:
+    """Where the profile of another spell of this machine's memory bandwidth is kept (``profile_path`` holds the
+    first spell measured)."""
+    return profile_path(key).with_name(f"machine-{key}@{read_gb_per_s:.0f}GBs.json")
+
+
+def spell_profiles(key: str) -> list[tuple[Path, MachineProfile]]:
+    """The stored profiles of ``key``, the first spell measured first, then the others' (``spell_profile_path``),
+    each of this ``PROFILE_VERSION`` and readable."""
+    first = profile_path(key)
+    out = []
+    for path in [first, *sorted(first.parent.glob(f"machine-{key}@*GBs.json"))]:
+        try:
+            prof = MachineProfile.load(path)
+        except (OSError, ValueError, TypeError):
+            continue
+        if prof.version == PROFILE_VERSION:
+            out.append((path, prof))
+    return out
 
 
 def pair_name_of(draft_spec: str, target_spec: str) -> str:

@@ -253,7 +253,8 @@ class PredictionCheck:
             tail = (f"; {self.crowded} while it ran (the profile was measured on a quiet machine: nothing is "
                     "re-measured)")
         elif self.other_spell:
-            tail = f"; {self.other_spell}: its rows stand for their spell, nothing is re-measured"
+            tail = (f"; {self.other_spell}: its rows stand for their spell, nothing is re-measured (a Run that starts "
+                    "in a spell without a profile of its own has auto measure one in idle moments)")
         elif self.steps < MIN_STEPS:
             tail = f"; too few steps to re-measure anything (fewer than {MIN_STEPS})"
         elif remeasuring:

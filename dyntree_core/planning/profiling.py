@@ -20,6 +20,7 @@ import itertools
 import math
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -30,8 +31,8 @@ from ..process_memory import memory_budget, process_memory, release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
 from .provisional import WEIGHT_BYTES
-from .machine_profile import (DEFAULT_NS, PREFIX_LEN, PROFILE_VERSION, MachineProfile, NotMeasuredYet, empty_profile,
-                              profile_key, profile_path)
+from .machine_profile import (DEFAULT_NS, PREFIX_LEN, MachineProfile, NotMeasuredYet, empty_profile, profile_key,
+                              profile_path, spell_profile_path, spell_profiles)
 
 #: loads one model ("draft" | "target") at a precision
 ModelLoader = Callable[[str, str], object]
@@ -53,6 +54,9 @@ SPELL_MIN_BYTES = 64 << 20
 PROBE_BYTES = 256 << 20
 #: a run's probes read less (4x the 32 MiB L3 of the Zen 4 host), once before its first step and once after its last
 RUN_PROBE_BYTES = 128 << 20
+#: profiles kept per machine and pair, one per spell of its memory bandwidth (the least recently written other
+#: spell's goes first)
+SPELLS_KEPT = 3
 
 
 OTHER_STEPS = 3
@@ -126,6 +130,28 @@ def same_spell(a: float, b: float) -> bool:
     """Whether two read-bandwidth probes (GB/s) are one spell of this host's memory (less than ``SPELL_GAP``
     apart)."""
     return max(a, b) < SPELL_GAP * min(a, b)
+
+
+def spell_choice(stored: Sequence[tuple[object, MachineProfile]], now: Optional[float]) -> tuple[int, bool]:
+    """Which of the ``stored`` profiles (``machine_profile.spell_profiles``) prices a run in the spell a probe of
+    ``now`` GB/s is in: ``(index, True)`` for the one measured nearest ``now`` in its spell, ``(index of the nearest,
+    False)`` when no profile is of that spell, ``(0, True)`` without a probe or without probed profiles."""
+    probed = [(max(p.read_gb_per_s, now) / min(p.read_gb_per_s, now), i)
+              for i, (_, p) in enumerate(stored) if now and p.read_gb_per_s]
+    if not probed:
+        return 0, True
+    _, i = min(probed)
+    return i, same_spell(stored[i][1].read_gb_per_s, now)
+
+
+def _prune_spells(key: str, keep: Path) -> None:
+    """At most ``SPELLS_KEPT`` profiles of ``key``: the first spell's and ``keep`` stay, the other spells' least
+    recently written go."""
+    first = profile_path(key)
+    others = sorted((p for p in first.parent.glob(f"machine-{key}@*GBs.json") if p != keep),
+                    key=lambda p: p.stat().st_mtime)
+    for path in others[:max(0, len(others) - (SPELLS_KEPT - 1 - int(keep != first)))]:
+        path.unlink(missing_ok=True)
 
 
 def run_probe() -> float:
@@ -353,25 +379,36 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                             draft_precisions: Optional[Sequence[str]] = None,
                             target_ns: Optional[Sequence[int]] = None, measure: bool = True,
                             turn: Turn = nullcontext, remeasure: Sequence = (),
-                            forward_bytes: Optional[ForwardBytes] = None) -> MachineProfile:
+                            forward_bytes: Optional[ForwardBytes] = None,
+                            read_gb_per_s: Optional[float] = None) -> MachineProfile:
     """This machine's profile of the pair with at least ``ns`` for both models at their precisions
     (and ``target_ns`` too for the target): read from the cache, and what it lacks measured once and
     written back when the machine was quiet while it ran (``measured.watch``; else the profile is
     returned with ``provisional`` saying why, and the next call measures again). ``refresh`` measures
     everything asked for anew; ``measure=False`` raises ``NotMeasuredYet`` instead of measuring;
     ``turn`` and ``forward_bytes`` as in ``measure_into``; ``remeasure``: rows (``prediction.ProfileRow``) to measure anew (a run
-    was off its prediction): the stored file keeps their old times until the new ones are written."""
+    was off its prediction): the stored file keeps their old times until the new ones are written.
+
+    ``read_gb_per_s``: the memory's read bandwidth probed just before (``run_probe``). A host whose bandwidth jumps
+    between spells keeps a profile per spell (a one-token forward follows the spell, a 32-token one hardly does,
+    so one spell's rows price the other's trees wrongly): the profile of the probe's spell is used; where there
+    is none, ``measure`` measures one (``spell_profile_path``), else the nearest spell's is returned with
+    ``other_spell`` set to the probe."""
     key = profile_key(pair_name, device)
     path = profile_path(key)
     prof: Optional[MachineProfile] = None
-    if path.is_file() and not refresh:
-        try:
-            prof = MachineProfile.load(path)
-            if prof.version != PROFILE_VERSION:
-                prof = None
-        except (OSError, ValueError, TypeError):
-            prof = None
+    other_spell: Optional[float] = None
+    stored = spell_profiles(key) if not refresh else []
+    if stored:
+        i, same = spell_choice(stored, read_gb_per_s)
+        path, prof = stored[i]
+        if not same and measure:
+            path, prof = spell_profile_path(key, read_gb_per_s), empty_profile(key)
+            prof.meta["read_gb_per_s"] = round(read_gb_per_s, 2)
+        elif not same:
+            other_spell = read_gb_per_s
     prof = prof or empty_profile(key)
+    prof.other_spell = other_spell
     for row in remeasure if measure else ():
         prof.forget(row.role, row.precision)
     t_ns = sorted(set(ns) | set(target_ns or ()))
@@ -391,4 +428,6 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
         (progress or (lambda _m: None))(f"the profile is provisional, not stored: {verdict.reason}")
     elif timed or not path.is_file() or refresh:
         prof.save(path)
+        if path != profile_path(key):
+            _prune_spells(key, path)
     return prof

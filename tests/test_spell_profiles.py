@@ -1,0 +1,141 @@
+"""One machine profile per spell of the memory's bandwidth (issue 40): on a host whose read bandwidth jumps
+between levels (the Zen 4 VM: ~31 or ~55 GB/s, minutes each) a one-token forward follows the spell and a
+32-token one hardly does, so one spell's rows price the other's trees wrongly. A probe before planning picks
+the profile of its spell; a spell without one is priced by the nearest, says so, and gets its own measured
+(in the app: in the background)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from dyntree_core.planning.machine_profile import (MachineProfile, profile_key, profile_path, spell_profile_path,
+                                                   spell_profiles)
+from dyntree_core.planning.profiling import SPELLS_KEPT, load_or_measure_profile, spell_choice
+
+NS = [1, 2, 4]
+
+
+def _stored(key: str, read: float, t1: float, path=None) -> MachineProfile:
+    prof = MachineProfile(key=key, machine={"cpu_model": "test cpu", "cpu_class": "avx2"}, prefix_len=128, ns=list(NS),
+                          target={"float32": [t1, t1 * 1.1, t1 * 1.3]}, draft={"float32": [t1 / 4] * 3},
+                          other=[0.001] * 3, created="2026-11-29 15:00:00", meta={"read_gb_per_s": read})
+    prof.save(path or profile_path(key))
+    return prof
+
+
+def _loader(loads: list):
+    from dyntree_core.testing import tiny_pair
+
+    def load(role, precision):
+        loads.append((role, precision))
+        d, t = tiny_pair(seed=0)
+        return (d if role == "draft" else t).to(getattr(torch, precision))
+
+    return load
+
+
+def _load(read, measure=False, loads=None):
+    return load_or_measure_profile(_loader(loads if loads is not None else []), "tiny", "cpu", ["float32"], ns=NS,
+                                   measure=measure, read_gb_per_s=read)
+
+
+def test_each_spell_is_priced_by_its_own_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    key = profile_key("tiny", "cpu")
+    _stored(key, 31.0, 0.035)
+    _stored(key, 55.0, 0.024, spell_profile_path(key, 55.0))
+    assert [p.name for p, _ in spell_profiles(key)] == [f"machine-{key}.json", f"machine-{key}@55GBs.json"]
+    loads: list = []
+    for read, t1 in ((54.1, 0.024), (47.0, 0.024), (30.2, 0.035), (33.9, 0.035), (None, 0.035)):
+        prof = _load(read, loads=loads)
+        assert prof.target_time("float32", 1) == t1 and prof.other_spell is None, read
+    # 42 GB/s is neither spell (more than SPELL_GAP from both): the nearest prices it and says which probe it was
+    between = _load(42.0, loads=loads)
+    assert between.read_gb_per_s == 55.0 and between.other_spell == 42.0
+    assert loads == []  # nothing was measured: measure=False
+    assert spell_choice(spell_profiles(key), 42.0) == (1, False)
+    assert spell_choice(spell_profiles(key), None) == (0, True)
+
+
+def test_a_profile_without_probed_rows_serves_every_spell(tmp_path, monkeypatch):
+    """Rows too small to be the memory's (the tiny pair, a GPU) are not probed: one profile, as before."""
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    loads: list = []
+    first = _load(None, measure=True, loads=loads)
+    assert first.read_gb_per_s is None and loads
+    n = len(loads)
+    for read in (31.0, 55.0):
+        again = _load(read, measure=True, loads=loads)
+        assert again.target == first.target and again.other_spell is None and len(loads) == n
+    assert len(spell_profiles(first.key)) == 1
+
+
+def test_a_new_spell_is_measured_into_a_file_of_its_own_and_few_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    key = profile_key("tiny", "cpu")
+    _stored(key, 31.0, 0.035)
+    first = profile_path(key).read_text()
+    loads: list = []
+    new = _load(55.0, measure=True, loads=loads)
+    assert loads and new.read_gb_per_s == 55.0 and new.other_spell is None
+    assert new.target_time("float32", 1) != 0.035  # measured now, not the other spell's row
+    assert spell_profile_path(key, 55.0).is_file() and profile_path(key).read_text() == first  # the first stays
+    n = len(loads)
+    assert _load(53.0, loads=loads).target == new.target and len(loads) == n  # stored: read back, not measured
+    for i, read in enumerate((75.0, 100.0, 135.0)):  # more spells than are kept: the oldest other one goes
+        os.utime(spell_profile_path(key, 55.0 if i == 0 else (75.0, 100.0)[i - 1]), ns=(i + 1, i + 1))
+        _load(read, measure=True, loads=loads)
+    kept = [p.name for p, _ in spell_profiles(key)]
+    assert len(kept) == SPELLS_KEPT and kept[0] == f"machine-{key}.json" and f"machine-{key}@135GBs.json" in kept
+    assert f"machine-{key}@55GBs.json" not in kept
+
+
+def test_the_plan_says_when_its_profile_is_another_spells(tmp_path, monkeypatch):
+    from dyntree_core.planning.auto import choose
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    key = profile_key("tiny", "cpu")
+    _stored(key, 31.0, 0.035)
+    prof = _load(55.0)
+    prof.meta["row_gb_per_s"] = {"target:float32": [31.0, 31.0]}  # (the reason names a spell only where rows were probed)
+    plan = choose(prof, (0.8, 0.6), 0.0, ["float32"], ["float32"])
+    assert ("memory read at 31 GB/s when profiled, 55 GB/s now: another spell of this machine's memory bandwidth, "
+            "not profiled yet") in plan.reason
+    prof.other_spell = None
+    assert "GB/s now" not in choose(prof, (0.8, 0.6), 0.0, ["float32"], ["float32"]).reason
+
+
+def test_the_app_keeps_a_plan_per_spell_and_measures_a_spell_without_a_profile(tmp_path, monkeypatch):
+    """The app's plan cache (one plan per request while the measurements stay) holds one plan per spell; a plan
+    priced by another spell's profile starts the measurement of this spell's in the background."""
+    from ui.model_lock import ModelLock
+    from ui.planner import BackgroundPlanner, plan_auto_for_app
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    key = profile_key("tiny", "cpu")
+    _stored(key, 31.0, 0.035)
+    planner = BackgroundPlanner(ModelLock(), idle_s=0.0)
+    made, measured = [], []
+
+    def plan(read):
+        def cached():
+            made.append(dataclasses.make_dataclass("Plan", ["profile"])(_load(read)))
+            return made[-1]
+
+        def measure(turn, note):
+            measured.append(read)
+
+        return plan_auto_for_app(planner, ("tiny",), ("float32",), ("float32",), cached=cached, measure=measure,
+                                 foreground=None, read_gb_per_s=read)
+
+    slow = plan(31.5)
+    assert plan(30.0) is slow and plan(None) is slow and len(made) == 1 and measured == []
+    fast = plan(55.0)  # no profile of this spell: the slow one prices it, and this spell's is measured
+    assert fast is not slow and fast.profile.other_spell == 55.0
+    planner._thread.join(10)
+    assert measured == [55.0]
+    assert plan(53.0) is fast and plan(31.0) is slow and len(made) == 2  # one plan per spell
+    assert planner.close(10)
