@@ -155,6 +155,7 @@ class HubModelProvider:
         or with a ``ui.planner.BackgroundPlanner`` the provisional plan while it measures."""
         from dyntree_core.planning.auto import plan_auto
         from dyntree_core.planning.pair_cache import PairCache
+        from dyntree_core.planning.profiling import run_probe
 
         from .planner import plan_auto_for_app
 
@@ -164,17 +165,24 @@ class HubModelProvider:
                 progress(msg)
 
         draft, target, device, temperature, kw, key = self._plan_request(settings)
-        kw["read_gb_per_s"] = read_gb_per_s
+
+        def measure(turn, note):
+            now = read_gb_per_s
+            if now is not None:  # probed again in an idle turn: the Run's probe may have shared the memory with a step
+                with turn():
+                    now = run_probe()
+            # the background measurement loads its own models: the run's cache stays this thread's
+            return plan_auto(PairCache(draft, target, device=device), temperature, turn=turn, progress=note,
+                             read_gb_per_s=now, **kw)
+
         with self._lock:
             try:
                 cache = self._pair_cache(draft, target, device)
                 return plan_auto_for_app(
                     planner, key, kw["target_precisions"], kw["draft_precisions"],
-                    cached=lambda: plan_auto(cache, temperature, measure=False, **kw),
-                    # the background measurement loads its own models: the run's cache stays this thread's
-                    measure=lambda turn, note: plan_auto(PairCache(draft, target, device=device), temperature,
-                                                         turn=turn, progress=note, **kw),
-                    foreground=lambda: plan_auto(cache, temperature, progress=say, **kw),
+                    cached=lambda: plan_auto(cache, temperature, measure=False, read_gb_per_s=read_gb_per_s, **kw),
+                    measure=measure,
+                    foreground=lambda: plan_auto(cache, temperature, progress=say, read_gb_per_s=read_gb_per_s, **kw),
                     read_gb_per_s=read_gb_per_s)
             except (OSError, ValueError, KeyError) as e:
                 raise ModelLoadError(f"could not plan 'auto' for draft {settings.draft!r} / target "
