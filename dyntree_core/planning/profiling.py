@@ -155,7 +155,8 @@ def _prune_spells(key: str, keep: Path) -> None:
 
 
 def run_probe() -> float:
-    """The read bandwidth (GB/s) around a run (``RUN_PROBE_BYTES``: ~50 ms), to set against its profile's spell."""
+    """The read bandwidth (GB/s) before planning a run and around it (``RUN_PROBE_BYTES``, 3 reads: 54-66 ms on the
+    2-core Zen 4 host, allocation included), to set against its profile's spell."""
     return round(read_gb_per_s(RUN_PROBE_BYTES, samples=3), 2)
 
 
