@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import torch
-
+from test_auto import _tiny_loader
 from dyntree_core.planning.machine_profile import (MachineProfile, profile_key, profile_path, spell_profile_path,
                                                    spell_profiles)
 from dyntree_core.planning.profiling import SPELLS_KEPT, load_or_measure_profile, spell_choice
@@ -26,19 +25,8 @@ def _stored(key: str, read: float, t1: float, path=None) -> MachineProfile:
     return prof
 
 
-def _loader(loads: list):
-    from dyntree_core.testing import tiny_pair
-
-    def load(role, precision):
-        loads.append((role, precision))
-        d, t = tiny_pair(seed=0)
-        return (d if role == "draft" else t).to(getattr(torch, precision))
-
-    return load
-
-
 def _load(read, measure=False, loads=None):
-    return load_or_measure_profile(_loader(loads if loads is not None else []), "tiny", "cpu", ["float32"], ns=NS,
+    return load_or_measure_profile(_tiny_loader(loads if loads is not None else []), "tiny", "cpu", ["float32"], ns=NS,
                                    measure=measure, read_gb_per_s=read)
 
 

@@ -142,7 +142,7 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
         plan = cached()
         planner.plans[key] = made + [(version, plan)]
         if getattr(getattr(plan, "profile", None), "other_spell", None):
-            planner.start(key + ("spell",) if isinstance(key, tuple) else (key, "spell"), measure)
+            planner.start((key, "spell"), measure)
         return plan
     except NotMeasuredYet as e:
         missing = e

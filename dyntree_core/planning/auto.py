@@ -169,7 +169,7 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
         best = best_ar
     ms = lambda c: c.seconds_per_token * 1e3  # noqa: E731
     machine = profile.machine
-    read = profile.meta.get("read_gb_per_s") if profile.meta.get("row_gb_per_s") else None  # (rows it bracketed)
+    read = profile.read_gb_per_s if profile.meta.get("row_gb_per_s") else None  # (rows it bracketed)
     now = profile.other_spell
     cpu = (f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')}"
            + (f"; memory read at {read:.0f} GB/s when profiled" if read else "")

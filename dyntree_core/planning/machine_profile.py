@@ -195,12 +195,16 @@ def spell_profile_path(key: str, read_gb_per_s: float) -> Path:
     return profile_path(key).with_name(f"machine-{key}@{read_gb_per_s:.0f}GBs.json")
 
 
+def other_spell_paths(key: str) -> list[Path]:
+    """The files of ``key``'s profiles of spells other than the first (``spell_profile_path``), by name."""
+    return sorted(profile_path(key).parent.glob(f"machine-{key}@*GBs.json"))
+
+
 def spell_profiles(key: str) -> list[tuple[Path, MachineProfile]]:
-    """The stored profiles of ``key``, the first spell measured first, then the others' (``spell_profile_path``),
+    """The stored profiles of ``key``, the first spell measured first, then the others' (``other_spell_paths``),
     each of this ``PROFILE_VERSION`` and readable."""
-    first = profile_path(key)
     out = []
-    for path in [first, *sorted(first.parent.glob(f"machine-{key}@*GBs.json"))]:
+    for path in [profile_path(key), *other_spell_paths(key)]:
         try:
             prof = MachineProfile.load(path)
         except (OSError, ValueError, TypeError):

@@ -124,7 +124,7 @@ def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional
         draft_precision=dp, reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
         profile_created=profile.created if profile is not None else "",
         rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None,
-        read_gb_per_s=profile.meta.get("read_gb_per_s") if profile is not None else None)
+        read_gb_per_s=profile.read_gb_per_s if profile is not None else None)
 
 
 @dataclass(frozen=True)

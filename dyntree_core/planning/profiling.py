@@ -31,8 +31,8 @@ from ..process_memory import memory_budget, process_memory, release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
 from .provisional import WEIGHT_BYTES
-from .machine_profile import (DEFAULT_NS, PREFIX_LEN, MachineProfile, NotMeasuredYet, empty_profile, profile_key,
-                              profile_path, spell_profile_path, spell_profiles)
+from .machine_profile import (DEFAULT_NS, PREFIX_LEN, MachineProfile, NotMeasuredYet, empty_profile,
+                              other_spell_paths, profile_key, profile_path, spell_profile_path, spell_profiles)
 
 #: loads one model ("draft" | "target") at a precision
 ModelLoader = Callable[[str, str], object]
@@ -147,10 +147,8 @@ def spell_choice(stored: Sequence[tuple[object, MachineProfile]], now: Optional[
 def _prune_spells(key: str, keep: Path) -> None:
     """At most ``SPELLS_KEPT`` profiles of ``key``: the first spell's and ``keep`` stay, the other spells' least
     recently written go."""
-    first = profile_path(key)
-    others = sorted((p for p in first.parent.glob(f"machine-{key}@*GBs.json") if p != keep),
-                    key=lambda p: p.stat().st_mtime)
-    for path in others[:max(0, len(others) - (SPELLS_KEPT - 1 - int(keep != first)))]:
+    others = sorted((p for p in other_spell_paths(key) if p != keep), key=lambda p: p.stat().st_mtime)
+    for path in others[:max(0, len(others) - (SPELLS_KEPT - 1 - int(keep != profile_path(key))))]:
         path.unlink(missing_ok=True)
 
 
@@ -308,7 +306,7 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
             probed = bool(nbytes) and nbytes >= SPELL_MIN_BYTES
             if probed and probe is None:
                 with turn():
-                    probe = SpellProbe(prof.meta.get("read_gb_per_s"))
+                    probe = SpellProbe(prof.read_gb_per_s)
                 prof.meta.setdefault("read_gb_per_s", probe.reference)
             for attempt in range(SPELL_RETRIES + 1 if probed else 1):
                 if attempt:
