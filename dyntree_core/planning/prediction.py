@@ -267,6 +267,13 @@ class PredictionCheck:
         return f"{head}: off by more than {OFF_BY:.0%} ({parts}){tail}"
 
 
+def _step_means(steps: Sequence[StepTrace]) -> tuple[float, float, float, float]:
+    """Mean seconds per step of the draft, the target forward and the rest (``other_seconds``), and mean tokens."""
+    mean = statistics.fmean
+    return (mean(t.timings.draft for t in steps), mean(t.timings.target_forward for t in steps),
+            mean(other_seconds(t.tree_size, t.method, step=t) for t in steps), mean(t.num_committed for t in steps))
+
+
 def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others_share: Optional[float] = None,
                      cpus: Optional[int] = None, threads: Optional[int] = None,
                      read_gb_per_s: Sequence[float] = ()) -> Optional[PredictionCheck]:
@@ -287,10 +294,7 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     steps = everything if switch is None else everything[:switch + 1]  # the steps of the method priced
     plain = [] if switch is None else everything[switch + 1:]
     mean = statistics.fmean
-    draft = mean(t.timings.draft for t in steps)
-    target = mean(t.timings.target_forward for t in steps)
-    other = mean(other_seconds(t.tree_size, t.method, step=t) for t in steps)
-    tokens = mean(t.num_committed for t in steps)
+    draft, target, other, tokens = means = _step_means(steps)
     p, rows = prediction, prediction.part_rows()
     priced = (p.draft_s, p.target_s, p.other_s)
     names = ("draft", "target forward", "rest of the step")
@@ -315,9 +319,7 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     if plain and math.isfinite(one):
         parts += (PartCheck(f"target forward of the {len(plain)} plain steps", one,
                             mean(t.timings.target_forward for t in plain), rows["target forward"], len(plain)),)
-    measured = seconds_per_token(mean(t.timings.target_forward for t in everything),
-                                 mean(t.timings.draft for t in everything),
-                                 mean(other_seconds(t.tree_size, t.method, step=t) for t in everything),
-                                 mean(t.num_committed for t in everything))
+    whole_draft, whole_target, whole_other, whole_tokens = _step_means(everything) if plain else means
+    measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
                            tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1)
