@@ -385,6 +385,29 @@ def test_where_x8_wins_at_one_row_the_int8_rows_are_timed_between_only_if_they_w
     assert plan.x8 == x8_at_most_rows and plan.vnni_min_rows == 1, plan
 
 
+@pytest.mark.parametrize("x8_at_one_row, takes_x8", [(5.681, True), (5.671 * (1 + kt.X8_ONE_ROW_TIE) * 1.01, False)])
+def test_a_one_row_tie_goes_to_the_layout_faster_at_the_most_rows(x8_at_one_row, takes_x8):
+    """The target's Q6_K head as one table measured it (ms): at one row the x8 tiles 0.2% behind the row kernels (the
+    same bytes from DRAM: a tie), at 64 rows 2.0x ahead. Within ``X8_ONE_ROW_TIE`` the x8 layout takes it; beyond,
+    the rows keep it. The rule is in the profiles' key: another rule, other plans, another profile."""
+    head = kt.LayerShape("Q6_K", 151936, 1536)
+    got = {"aten": {"1": 13.02}, "native_rows": {"1": 11.93}, "native_dequant_mm": {"1": 34.8},
+           "native_q8": {"1": 6.035, "4": 9.39, "16": 43.11, "64": 159.2},
+           "native_q8_vnni": {"1": 5.671, "4": 7.80, "16": 34.93, "64": 131.3},
+           "native_x8": {"1": x8_at_one_row, "4": 6.06, "16": 24.37, "64": 103.9},
+           "native_x8_vnni": {"1": max(5.849, x8_at_one_row), "4": 6.09, "16": 15.25, "64": 65.77}}
+    plan = _table({head.label: got}).plan_for(head)
+    assert (plan.x8, plan.int8_activations) == (takes_x8, True), plan
+    if takes_x8:
+        assert plan.vnni_min_rows == 16 and "within 10% of int8 rows 5.671 ms at 1 row and 65.770 < 131.300" in plan.why
+
+
+def test_the_plan_rules_key_the_profiles(monkeypatch):
+    before = kt.table_identity()
+    monkeypatch.setattr(kt, "X8_ONE_ROW_TIE", 0.0)
+    assert kt.table_identity() != before and kt.table_key() in before
+
+
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels
 
 def _write_tiny_qwen2(tmp_path, embed_type: str = "F32", tied: bool = False, head_type: Optional[str] = None):

@@ -28,7 +28,8 @@ and ``TABLE_VERSION``; shapes not yet in it are measured when first asked for (`
 every candidate, more rows only where the float32 row kernel wins; about a second per shape here) or all of them
 by ``bench kernels``. A shape measured while the machine was busy (``measured.watch``) is used by this process
 but not stored (``KernelTable.provisional`` says why): the next process measures it again.
-``table_identity()`` names all of that for the machine profile's cache key.
+``table_identity()`` names all of that, and how plans are read from it (``plans_digest``), for the machine
+profile's cache key.
 """
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ GIVE_UP = 4.0
 #: only), and a tree of more than 64 nodes does not pay on a CPU; 256 rows of a 150k-row head took ~4 s of the
 #: table's first measurement per model
 HEAD_MAX_ROWS = 64
+#: at one row a layer's x8 tiles and its int8 row kernels read the same bytes (Q6_K's x8 layout is the rows' size),
+#: so where the weights come from DRAM both run at the memory's rate, and their one-row times differ by the noise of
+#: calls timed seconds apart. Within this fraction at one row the layout faster at the most rows takes the shape.
+#: The target's Q6_K head (Zen 4 VM, 26 tables measured on a quiet machine): x8 behind the row kernels at one row
+#: in 3 of them, by 0.2, 2.4 and 5.9%, and 2.0x ahead at 64 rows in all (e.g. 65.8 against 131.3 ms); the old rule
+#: (x8 faster at one row) then put the head on the row kernels, and t(32) paid ~35 ms for it. 10% of the head's
+#: one-row time is 0.57 ms, 2% of the target's t(1)
+X8_ONE_ROW_TIE = 0.10
 
 
 @dataclass(frozen=True)
@@ -313,11 +322,23 @@ def table_identity() -> str:
     """What the kernels chosen here depend on, for caches of measurements that run them (the machine
     profile): table version, native kernels' digest (or why there are none) and the table key."""
     nk = native_kernels()
-    return f"kt{TABLE_VERSION}-{kernel_policy()}-{nk.digest if nk is not None else 'none'}-{table_key()}"
+    return (f"kt{TABLE_VERSION}-{kernel_policy()}-{nk.digest if nk is not None else 'none'}-{table_key()}-"
+            f"{plans_digest()}")
+
+
+def plans_digest() -> str:
+    """A digest of how plans are read from the table (``KernelTable.plan_for`` and its rules): a profile measured
+    on other plans is another profile, while the table's timings stay valid."""
+    return measured.code_digest((KernelTable, _best, f"{NATIVE_LAYER_MARGIN} {X8_ONE_ROW_TIE}"))
 
 
 def table_path(key: Optional[str] = None) -> Path:
     return measure_key().path if key is None else measure_key().path.with_name(f"table-{key}.json")
+
+
+def _best(m: Optional[str], *cols: dict) -> Optional[float]:
+    """The fastest of ``cols`` (candidate timings ``{str(M): ms}``) at M, None where none was measured."""
+    return min((c[m] for c in cols if c.get(m) is not None), default=None)
 
 
 @dataclass
@@ -361,9 +382,12 @@ class KernelTable:
             x8, x8v = t.get("native_x8", {}), t.get("native_x8_vnni", {})
             if self._x8_wins(q8, vnni, x8, x8v):
                 vnni_rows = self._switch_rows(x8v, x8)
-                x8_one = min(v for v in (x8.get(one), x8v.get(one)) if v is not None)
-                return LayerPlan("ggml", 0, f"x8 tiles {x8_one:.3f} ms < int8 rows {int8_one:.3f} ms at {one} row and "
-                                            f"at the most rows measured (used at every M)"
+                last = self._last_both(q8, vnni, x8, x8v)
+                x8_one, x8_last = _best(one, x8, x8v), _best(last, x8, x8v)
+                at_one = ("<" if x8_one < int8_one else f"within {X8_ONE_ROW_TIE:.0%} of")
+                return LayerPlan("ggml", 0, f"x8 tiles {x8_one:.3f} ms {at_one} int8 rows {int8_one:.3f} ms at {one} "
+                                            f"row and {x8_last:.3f} < {_best(last, q8, vnni):.3f} ms at {last} rows "
+                                            f"(used at every M)"
                                  + (f"; AVX-512 VNNI from {vnni_rows} rows" if vnni_rows else ""),
                                  int8_activations=True, vnni_min_rows=vnni_rows, x8=True)
             vnni_rows = self._switch_rows(vnni, q8)
@@ -375,15 +399,20 @@ class KernelTable:
         return LayerPlan("ggml", threshold, f"native {rows[one]:.3f} ms at {one} row"
                          + (f"; dequant+GEMM from {threshold} rows" if threshold else ""))
 
-    def _x8_wins(self, q8: dict, vnni: dict, x8: dict, x8v: dict) -> bool:
-        """The x8 layout (the faster of its two kernels at each M) beats the int8 row kernels (likewise) at one
-        row and at the largest M measured for both: one arithmetic serves every M, so it must pay for trees too."""
-        def best(m: str, *cols: dict) -> Optional[float]:
-            return min((c[m] for c in cols if c.get(m) is not None), default=None)
+    def _last_both(self, q8: dict, vnni: dict, x8: dict, x8v: dict) -> Optional[str]:
+        """The largest M measured for both int8 layouts (None: none)."""
+        both = [m for m in map(str, self.ms) if _best(m, x8, x8v) is not None and _best(m, q8, vnni) is not None]
+        return both[-1] if both else None
 
-        both = [m for m in map(str, self.ms) if best(m, x8, x8v) is not None and best(m, q8, vnni) is not None]
-        return bool(both) and both[0] == str(self.ms[0]) and all(
-            best(m, x8, x8v) < best(m, q8, vnni) for m in (both[0], both[-1]))
+    def _x8_wins(self, q8: dict, vnni: dict, x8: dict, x8v: dict) -> bool:
+        """The x8 layout (the faster of its two kernels at each M) is faster than the int8 row kernels (likewise) at
+        the largest M measured for both and at one row no slower than ``X8_ONE_ROW_TIE`` allows: one arithmetic
+        serves every M, so it must pay for trees and keep plain decoding's price."""
+        one, last = str(self.ms[0]), self._last_both(q8, vnni, x8, x8v)
+        if last is None or _best(one, x8, x8v) is None or _best(one, q8, vnni) is None:
+            return False
+        return (_best(one, x8, x8v) <= _best(one, q8, vnni) * (1 + X8_ONE_ROW_TIE)
+                and _best(last, x8, x8v) < _best(last, q8, vnni))
 
     def _switch_rows(self, new: dict[str, Optional[float]], old: dict[str, Optional[float]]) -> int:
         """The smallest measured M from which ``new`` is faster than ``old`` at every larger measured M (0: none);
