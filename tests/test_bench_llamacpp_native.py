@@ -218,3 +218,41 @@ def test_interleave_runs_every_row_on_a_prompt_before_the_next_prompt(tmp_path, 
     assert [c["row"].split(" ")[0] for c in rec["cells"]] == ["autoregressive", "auto", "fixed:"]
     assert all(len(c["per_prompt_ms_per_token"]) == 2 for c in rec["cells"]) and rec["per_prompt_ratios"] == {}
     assert all(len(c["read_gb_per_s_before"]) == 2 and min(c["read_gb_per_s_before"]) > 0 for c in rec["cells"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan_once", [False, True])
+def test_auto_plans_each_prompt_in_the_spell_its_probe_saw(tmp_path, monkeypatch, one_torch_thread, plan_once):
+    """As the app's Run does: a probe in another spell of the memory's bandwidth gets that spell's plan (its profile
+    measured then), and each prompt records the plan it ran, its prediction and the profile's bandwidth;
+    ``--plan-once`` runs the first plan throughout."""
+    from dyntree_core.bench import speed
+
+    probes = iter([1000.0, 1000.0, 1000.0, 10.0, 10.0])  # the first plan, then prompt 0's two rows, prompt 1's
+    monkeypatch.setattr(speed, "read_gb_per_s", lambda **_: next(probes))
+    asked = []
+    real_plan = speed.plan_auto
+
+    def plan_auto(*a, **kw):
+        asked.append(kw.get("read_gb_per_s"))
+        plan = real_plan(*a, **kw)
+        plan.profile.meta["read_gb_per_s"] = kw["read_gb_per_s"]  # (the tiny pair's profile is not probed)
+        return plan
+
+    monkeypatch.setattr(speed, "plan_auto", plan_auto)
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "s.json"
+    assert speed.main(["--pair", "tiny", "--datasets", "code", "--prompts", "2", "--prompt-tokens", "16",
+                       "--new-tokens", "4", "--temperatures", "0", "--precisions", "float32", "--auto-precisions",
+                       "float32", "--fixed", "--no-hf", "--interleave", "--json", str(out)]
+                      + (["--plan-once"] if plan_once else [])) == 0
+    rec = json.loads(out.read_text())
+    auto = next(c for c in rec["cells"] if c["row"] == "auto")
+    assert auto["read_gb_per_s_before"] == [1000.0, 10.0]
+    assert len(auto["plan_per_prompt"]) == 2 and all(r > 0 for r in auto["measured_over_predicted"])
+    if plan_once:
+        assert asked == [1000.0] and "plans_by_spell" not in rec
+        assert auto["profile_read_gb_per_s"] == [1000.0, 1000.0]
+    else:
+        assert asked == [1000.0, 10.0] and len(rec["plans_by_spell"]["0.0"]) == 1
+        assert auto["profile_read_gb_per_s"] == [1000.0, 10.0]

@@ -35,7 +35,7 @@ class BackgroundPlanner:
         self.failed: dict[Hashable, str] = {}  # key -> why its last measurement failed
         self.not_stored: dict[Hashable, str] = {}  # key -> why its last measurement was not stored (busy)
         #: key -> [(the cached measurements' version, the plan made from them)]: one per spell of the memory's
-        #: bandwidth a plan was asked in (``_fits``)
+        #: bandwidth a plan was asked in (``planning.auto.priced_for_spell``)
         self.plans: dict[Hashable, list[tuple]] = {}
 
     @property
@@ -106,19 +106,6 @@ def measurements_version() -> tuple:
         return ()
 
 
-def _fits(plan: Any, read_gb_per_s: Optional[float]) -> bool:
-    """Whether ``plan`` was priced for the spell a probe of ``read_gb_per_s`` GB/s is in: by that spell's profile,
-    or, while that spell has none, by the nearest one for the same missing spell (no probe, or a profile
-    without probed rows: any plan fits)."""
-    from dyntree_core.planning.profiling import same_spell
-
-    prof = getattr(plan, "profile", None)
-    ref = getattr(prof, "read_gb_per_s", None)
-    if not read_gb_per_s or not ref:
-        return True
-    return same_spell(prof.other_spell or ref, read_gb_per_s)
-
-
 def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, target_precisions, draft_precisions,
                       cached: Callable[[], Any], measure: Measure, foreground: Callable[[], Any],
                       read_gb_per_s: Optional[float] = None) -> Any:
@@ -128,6 +115,7 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
     first, as the CLI does). ``read_gb_per_s``: the memory's read bandwidth probed for this Run; where its spell
     has no profile yet, the nearest spell's prices the plan (it says so) and ``measure`` measures this spell's
     in the background (the three callables price and measure at that probe)."""
+    from dyntree_core.planning.auto import priced_for_spell
     from dyntree_core.planning.provisional import provisional_plan
     from dyntree_core.planning.machine_profile import NotMeasuredYet
 
@@ -136,7 +124,7 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
     version = measurements_version()
     made = [m for m in planner.plans.get(key, ()) if m[0] == version]
     for _, plan in made:
-        if _fits(plan, read_gb_per_s):
+        if priced_for_spell(plan, read_gb_per_s):
             return plan  # the same request on the same measurements in the same spell: the same plan (and prediction)
     try:
         plan = cached()

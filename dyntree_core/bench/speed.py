@@ -41,6 +41,12 @@ weight, so plain decoding follows the machine's bandwidth. On a VM whose bandwid
 2-core Zen 4 host: ~34 and ~57 GB/s, minutes each) the ratios are also given per spell
 (``record["per_prompt_ratios"][...][row]["vs"][reference]["by_spell"]``): prompts where both runs saw the
 slower, or both the faster, bandwidth (``spell_split``).
+
+``auto`` plans as the app's Run does: from the profile of the spell the probe before each prompt saw (a spell
+without one gets it measured then, as the app measures it in the background), so each of its prompts records the
+plan it ran (``plan_per_prompt``), that plan's predicted ms/token and ``measured_over_predicted``, and the probed
+bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-once`` keeps the plan made at the
+start for every prompt.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..planning.auto import plan_auto
+from ..planning.auto import AutoPlan, plan_auto, priced_for_spell
 from ..planning.pair_cache import PairCache
 from ..planning.profiling import SPELL_GAP, read_gb_per_s
 from ..config import DecodeConfig, parse_spec_factor
@@ -148,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip our rows and transformers' (only llama.cpp's; plans are still made for the prompts)")
     p.add_argument("--probe-mib", type=int, default=512,
                    help="memory read bandwidth probe before each prompt of each row: MiB summed (0: no probe)")
+    p.add_argument("--plan-once", action="store_true",
+                   help="auto runs the plan made at the start on every prompt (default: planned before each prompt "
+                        "from the profile of the spell its probe saw, as the app plans each Run)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -200,10 +209,33 @@ def main(argv: Optional[list[str]] = None) -> int:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(record, indent=1))
 
-    plans = {}
+    probe = torch.ones(args.probe_mib << 18) if args.probe_mib > 0 else None
+    probed: list[Optional[float]] = [None]  # the latest probe (``run_one``)
+
+    def probe_now() -> Optional[float]:
+        probed[0] = round(read_gb_per_s(samples=3, buffer=probe), 1) if probe is not None else None
+        return probed[0]
+
+    plans: dict[float, AutoPlan] = {}
+    spell_plans: dict[float, list[AutoPlan]] = {}
     for temp in args.temperatures:
-        plans[temp] = plan_auto(models, temp, target_precisions=args.auto_precisions, progress=say)
+        plans[temp] = plan_auto(models, temp, target_precisions=args.auto_precisions, progress=say,
+                                read_gb_per_s=probe_now())
+        spell_plans[temp] = [plans[temp]]
         record["plans"][str(temp)] = plans[temp].to_dict()
+
+    def plan_in_spell(temp: float) -> AutoPlan:
+        """The plan for the spell of the latest probe: made once per spell (``priced_for_spell``)."""
+        if args.plan_once:
+            return plans[temp]
+        for plan in spell_plans[temp]:
+            if priced_for_spell(plan, probed[0]):
+                return plan
+        say(f"auto at T={temp:g}: the memory reads {probed[0]} GB/s, another spell: planning for it")
+        plan = plan_auto(models, temp, target_precisions=args.auto_precisions, progress=say, read_gb_per_s=probed[0])
+        spell_plans[temp].append(plan)
+        record.setdefault("plans_by_spell", {}).setdefault(str(temp), []).append(plan.to_dict())
+        return plan
     from ..prompts import load_prompts
 
     base = models.pair(plans[args.temperatures[0]].best.target_precision,
@@ -214,12 +246,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     for p in load_prompts(ds, args.prompts)] for ds in args.datasets}
 
     pending: list[tuple] = []  # (row, temp, runner, extra, per_prompt) until run_pending()
-    probe = torch.ones(args.probe_mib << 18) if args.probe_mib > 0 else None
 
     def run_one(cell: Cell, runner, per_prompt: Optional[list[dict]], i: int, ids: list[int]) -> None:
         if probe is not None:
-            cell.extra.setdefault("read_gb_per_s_before", []).append(
-                round(read_gb_per_s(samples=3, buffer=probe), 1))
+            cell.extra.setdefault("read_gb_per_s_before", []).append(probe_now())
         ms, tps, ntok = runner(ids, args.seed + i)
         cell.ms_per_token.append(ms)
         cell.tokens_per_step.append(tps)
@@ -231,6 +261,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         say(f"{cell.row:<44} {cell.dataset:<5} T={cell.temperature:<4g} {statistics.median(cell.ms_per_token):8.1f} "
             f"ms/token ({statistics.fmean(cell.tokens_per_step):.2f} tokens/step, "
             f"{time.perf_counter() - t_start:.0f} s)")
+        if cell.extra.get("measured_over_predicted"):
+            say(f"  {cell.row}: measured / predicted ms/token {prediction_summary(cell.extra)}")
         save()
 
     def run_rows(row: str, temp: float, runner, extra: Optional[dict] = None,
@@ -262,6 +294,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
         return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, per_prompt)
 
+    def auto_runner(temp: float, per_prompt: list[dict]):
+        """``auto`` on one prompt: the plan of the spell the prompt's probe saw, its prediction beside the run."""
+        def run(ids: list[int], seed: int) -> tuple[float, float, int]:
+            plan = plan_in_spell(temp)
+            pair = models.pair(plan.best.target_precision, plan.best.draft_precision or plan.fastest_draft_precision)
+            dec = SpeculativeDecoder(pair.draft, pair.target, plan.apply(DecodeConfig(temperature=temp, seed=args.seed)),
+                                     eos_token_id=eos or None)
+            ms, tps, ntok = _ours(dec, ids, args.new_tokens, seed, per_prompt)
+            predicted = plan.best.seconds_per_token * 1e3
+            per_prompt[-1].update(plan_per_prompt=plan.best.label(), predicted_ms_per_token_per_prompt=round(predicted, 2),
+                                  measured_over_predicted=round(ms / predicted, 3),
+                                  profile_read_gb_per_s=plan.profile.read_gb_per_s if plan.profile else None)
+            return ms, tps, ntok
+        return run
+
     for temp in args.temperatures:
         plan = plans[temp]
         dp = plan.best.draft_precision or plan.fastest_draft_precision
@@ -279,9 +326,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             run_rows(f"autoregressive @ {prec}", temp, ours(pair, DecodeConfig(method="autoregressive",
                                                                                  temperature=temp, seed=args.seed)))
         pair = models.pair(plan.best.target_precision, dp)
-        auto_cfg = plan.apply(DecodeConfig(temperature=temp, seed=args.seed))
         per_prompt: list[dict] = []
-        run_rows("auto", temp, ours(pair, auto_cfg, per_prompt),
+        run_rows("auto", temp, auto_runner(temp, per_prompt),
                  extra=dict(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
                             break_even_tokens=plan.break_even_tokens()), per_prompt=per_prompt)
         for spec in args.fixed:
@@ -491,6 +537,22 @@ def per_prompt_ratios(cells: list[dict]) -> dict:
         if rows:
             out[f"{ds} T={t:g}"] = rows
     return out
+
+
+def prediction_summary(extra: dict) -> str:
+    """``auto``'s measured / predicted ms/token over a cell's prompts: the median and range, and per profile that
+    priced the prompts (by its probed bandwidth) where more than one did."""
+    ratios = extra.get("measured_over_predicted") or []
+    if not ratios:
+        return ""
+    text = f"median {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) over {len(ratios)} prompts"
+    by: dict = {}
+    for r, gb in zip(ratios, extra.get("profile_read_gb_per_s") or [None] * len(ratios)):
+        by.setdefault(gb, []).append(r)
+    if len(by) > 1:
+        text += "; " + "; ".join(f"profile at {gb} GB/s: {statistics.median(rs):.2f} on {len(rs)}"
+                                 for gb, rs in sorted(by.items(), key=lambda kv: kv[0] or 0))
+    return text
 
 
 def print_ratios(ratios: dict, out=None) -> None:

@@ -28,7 +28,7 @@ from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
 from .pair_cache import PairCache
 from .prediction import Prediction, fastest_plain, prediction_for
 from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, break_even_tokens, price_candidates
-from .profiling import load_or_measure_profile
+from .profiling import load_or_measure_profile, same_spell
 from .search_space import AUTO, MODEL_TREE_METHODS, default_precisions
 
 TREE_MARGIN = 0.05
@@ -243,6 +243,17 @@ def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precis
                                    refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
                                    target_ns=tuple(target_ns), measure=measure, turn=turn, remeasure=remeasure,
                                    forward_bytes=getattr(cache, "forward_bytes", None), read_gb_per_s=read_gb_per_s)
+
+
+def priced_for_spell(plan: object, read_gb_per_s: Optional[float]) -> bool:
+    """Whether ``plan`` (an ``AutoPlan``, or a plan without a profile) was priced for the spell a probe of
+    ``read_gb_per_s`` GB/s is in: by that spell's profile, or, while that spell has none, by the nearest one for the
+    same missing spell (no probe, or a profile without probed rows: any plan fits)."""
+    prof = getattr(plan, "profile", None)
+    ref = getattr(prof, "read_gb_per_s", None)
+    if not read_gb_per_s or not ref:
+        return True
+    return same_spell(prof.other_spell or ref, read_gb_per_s)
 
 
 def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
