@@ -9,12 +9,25 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pytest
+
 from test_auto import _tiny_loader
+from dyntree_core.planning import profiling
 from dyntree_core.planning.machine_profile import (MachineProfile, profile_key, profile_path, spell_profile_path,
                                                    spell_profiles)
 from dyntree_core.planning.profiling import SPELLS_KEPT, load_or_measure_profile, spell_choice
 
 NS = [1, 2, 4]
+#: what the confirming probes read (``profiling.confirmed_probe``): None, the probe asked with
+STEADY: dict = {"gb": None}
+
+
+@pytest.fixture(autouse=True)
+def _confirming_probes(monkeypatch):
+    confirming: list = []
+    monkeypatch.setattr(profiling, "SPELL_CONFIRM_GAP_S", 0.0)
+    monkeypatch.setattr(profiling, "run_probe", lambda: confirming.append(STEADY["gb"]) or STEADY["gb"])
+    yield confirming
 
 
 def _stored(key: str, read: float, t1: float, path=None) -> MachineProfile:
@@ -25,7 +38,8 @@ def _stored(key: str, read: float, t1: float, path=None) -> MachineProfile:
     return prof
 
 
-def _load(read, measure=False, loads=None):
+def _load(read, measure=False, loads=None, steady=None):
+    STEADY["gb"] = read if steady is None else steady
     return load_or_measure_profile(_tiny_loader(loads if loads is not None else []), "tiny", "cpu", ["float32"], ns=NS,
                                    measure=measure, read_gb_per_s=read)
 
@@ -127,3 +141,22 @@ def test_the_app_keeps_a_plan_per_spell_and_measures_a_spell_without_a_profile(t
     assert measured == [55.0]
     assert plan(53.0) is fast and plan(31.0) is slow and len(made) == 2  # one plan per spell
     assert planner.close(10)
+
+
+def test_a_probe_the_memory_does_not_stay_at_measures_no_new_spell(tmp_path, monkeypatch, _confirming_probes):
+    """One probe outside every stored spell (the memory changing level, another process reading it) is confirmed
+    by ``SPELL_CONFIRM_PROBES`` more before a profile is measured for it: where their median is a stored spell,
+    that spell's profile prices the plan and nothing is measured."""
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    key = profile_key("tiny", "cpu")
+    _stored(key, 31.0, 0.035)
+    _stored(key, 55.0, 0.024, spell_profile_path(key, 55.0))
+    loads: list = []
+    transient = _load(18.4, measure=True, loads=loads, steady=30.0)
+    assert loads == [] and transient.read_gb_per_s == 31.0 and transient.other_spell is None
+    assert _confirming_probes == [30.0] * profiling.SPELL_CONFIRM_PROBES
+    assert len(spell_profiles(key)) == 2  # no file for 18.4
+    _confirming_probes.clear()
+    assert _load(54.0, measure=True, loads=loads).read_gb_per_s == 55.0 and _confirming_probes == []  # a stored spell
+    stays = _load(18.4, measure=True, loads=loads, steady=18.0)  # the memory stays there: its own profile
+    assert loads and stays.read_gb_per_s == 18.0 and spell_profile_path(key, 18.0).is_file()

@@ -57,6 +57,11 @@ RUN_PROBE_BYTES = 128 << 20
 #: profiles kept per machine and pair, one per spell of its memory bandwidth (the least recently written other
 #: spell's goes first)
 SPELLS_KEPT = 3
+#: a probe outside every stored profile's spell is confirmed before a profile is measured for it: this many more
+#: probes, this far apart, and their median with it decides (one `bench speed` run on the Zen 4 VM measured
+#: profiles at 18.4 and 39.0 GB/s beside the host's two levels, ~29 and ~52, each from a single probe)
+SPELL_CONFIRM_PROBES = 3
+SPELL_CONFIRM_GAP_S = 0.5
 
 
 OTHER_STEPS = 3
@@ -150,6 +155,18 @@ def _prune_spells(key: str, keep: Path) -> None:
     others = sorted((p for p in other_spell_paths(key) if p != keep), key=lambda p: p.stat().st_mtime)
     for path in others[:max(0, len(others) - (SPELLS_KEPT - 1 - int(keep != profile_path(key))))]:
         path.unlink(missing_ok=True)
+
+
+def confirmed_probe(first: float, probe: Optional[Callable[[], float]] = None) -> float:
+    """The median of ``first`` and ``SPELL_CONFIRM_PROBES`` more probes (``run_probe``), ``SPELL_CONFIRM_GAP_S``
+    apart: a new spell is one the memory stays in, not one probe read while it changed or while another process
+    read memory."""
+    probe = probe or run_probe
+    got = [first]
+    for _ in range(SPELL_CONFIRM_PROBES):
+        time.sleep(SPELL_CONFIRM_GAP_S)
+        got.append(probe())
+    return sorted(got)[len(got) // 2]
 
 
 def run_probe() -> float:
@@ -391,8 +408,8 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     ``read_gb_per_s``: the memory's read bandwidth probed just before (``run_probe``). A host whose bandwidth jumps
     between spells keeps a profile per spell (a one-token forward follows the spell, a 32-token one hardly does,
     so one spell's rows price the other's trees wrongly): the profile of the probe's spell is used; where there
-    is none, ``measure`` measures one (``spell_profile_path``), else the nearest spell's is returned with
-    ``other_spell`` set to the probe."""
+    is none, ``measure`` confirms the probe (``confirmed_probe``: a spell it stays in) and measures one
+    (``spell_profile_path``), else the nearest spell's is returned with ``other_spell`` set to the probe."""
     key = profile_key(pair_name, device)
     path = profile_path(key)
     prof: Optional[MachineProfile] = None
@@ -400,6 +417,10 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     stored = spell_profiles(key) if not refresh else []
     if stored:
         i, same = spell_choice(stored, read_gb_per_s)
+        if not same and measure:
+            with turn():
+                read_gb_per_s = confirmed_probe(read_gb_per_s)
+            i, same = spell_choice(stored, read_gb_per_s)
         path, prof = stored[i]
         if not same and measure:
             path, prof = spell_profile_path(key, read_gb_per_s), empty_profile(key)
