@@ -44,7 +44,8 @@ slower, or both the faster, bandwidth (``spell_split``).
 
 ``auto`` plans as the app's Run does: from the profile of the spell the probe before each prompt saw (a spell
 without one gets it measured then, as the app measures it in the background), so each of its prompts records the
-plan it ran (``plan_per_prompt``), that plan's predicted ms/token and ``measured_over_predicted``, and the probed
+plan it ran (``plan_per_prompt``), that plan's predicted ms/token, ``measured_over_predicted`` and
+``tokens_per_step_over_expected`` (how much of the miss the text's acceptance explains), and the probed
 bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-once`` keeps the plan made at the
 start for every prompt.
 """
@@ -305,6 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             predicted = plan.best.seconds_per_token * 1e3
             per_prompt[-1].update(plan_per_prompt=plan.best.label(), predicted_ms_per_token_per_prompt=round(predicted, 2),
                                   measured_over_predicted=round(ms / predicted, 3),
+                                  tokens_per_step_over_expected=round(tps / plan.best.expected_tokens, 3),
                                   profile_read_gb_per_s=plan.profile.read_gb_per_s if plan.profile else None)
             return ms, tps, ntok
         return run
@@ -546,6 +548,9 @@ def prediction_summary(extra: dict) -> str:
     if not ratios:
         return ""
     text = f"median {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) over {len(ratios)} prompts"
+    tokens = extra.get("tokens_per_step_over_expected") or []
+    if tokens:
+        text += f" (tokens per step / expected: median {statistics.median(tokens):.2f})"
     by: dict = {}
     for r, gb in zip(ratios, extra.get("profile_read_gb_per_s") or [None] * len(ratios)):
         by.setdefault(gb, []).append(r)
