@@ -251,6 +251,8 @@ def test_auto_plans_each_prompt_in_the_spell_its_probe_saw(tmp_path, monkeypatch
     assert auto["read_gb_per_s_before"] == [1000.0, 10.0]
     assert len(auto["plan_per_prompt"]) == 2 and all(r > 0 for r in auto["measured_over_predicted"])
     assert all(r > 0 for r in auto["tokens_per_step_over_expected"])
+    assert all(set(p) >= {"draft", "target forward", "rest of the step", "tokens per step"}
+               for p in auto["parts_over_priced"])
     if plan_once:
         assert asked == [1000.0] and "plans_by_spell" not in rec
         assert auto["profile_read_gb_per_s"] == [1000.0, 1000.0]

@@ -45,7 +45,9 @@ slower, or both the faster, bandwidth (``spell_split``).
 ``auto`` plans as the app's Run does: from the profile of the spell the probe before each prompt saw (a spell
 without one gets it measured then, as the app measures it in the background), so each of its prompts records the
 plan it ran (``plan_per_prompt``), that plan's predicted ms/token, ``measured_over_predicted`` and
-``tokens_per_step_over_expected`` (how much of the miss the text's acceptance explains), and the probed
+``tokens_per_step_over_expected`` (how much of the miss the text's acceptance explains), ``parts_over_priced``
+(``planning.prediction.check_prediction``, as the app's status line checks a Run: draft, target forward and the
+rest of the step each against its profile price at the run's own sizes, tokens per step), and the probed
 bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-once`` keeps the plan made at the
 start for every prompt.
 """
@@ -65,6 +67,8 @@ import torch
 
 from ..planning.auto import AutoPlan, plan_auto, priced_for_spell
 from ..planning.pair_cache import PairCache
+from ..planning.prediction import check_prediction
+from ..planning.search_space import AUTO
 from ..planning.profiling import SPELL_GAP, read_gb_per_s
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
@@ -92,13 +96,15 @@ class Cell:
 
 
 def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
-          per_prompt: Optional[list[dict]] = None) -> tuple[float, float, int]:
+          per_prompt: Optional[list[dict]] = None, traces: Optional[list] = None) -> tuple[float, float, int]:
     """(ms/token, tokens/step, tokens) of one prompt; ``per_prompt`` gets ``{"fell_back_after_step": the step
-    after which the run decoded plainly (DecodeConfig.fallback), or None}``."""
+    after which the run decoded plainly (DecodeConfig.fallback), or None}``; ``traces`` gets the steps."""
     steps = tokens = 0
     seconds = 0.0
     at = None
     for tr in dec.generate(ids, n, seed=seed):
+        if traces is not None:
+            traces.append(tr)
         steps += 1
         tokens += len(tr.committed)
         seconds += tr.step_seconds
@@ -302,8 +308,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             pair = models.pair(plan.best.target_precision, plan.best.draft_precision or plan.fastest_draft_precision)
             dec = SpeculativeDecoder(pair.draft, pair.target, plan.apply(DecodeConfig(temperature=temp, seed=args.seed)),
                                      eos_token_id=eos or None)
-            ms, tps, ntok = _ours(dec, ids, args.new_tokens, seed, per_prompt)
+            traces: list = []
+            ms, tps, ntok = _ours(dec, ids, args.new_tokens, seed, per_prompt, traces)
             predicted = plan.best.seconds_per_token * 1e3
+            check = check_prediction(plan.prediction(AUTO, plan.best.target_precision, plan.best.draft_precision),
+                                     traces)
+            per_prompt[-1].update(
+                parts_over_priced={_part_key(part.name): round(part.ratio, 3) for part in check.parts}
+                if check is not None else None)
             per_prompt[-1].update(plan_per_prompt=plan.best.label(), predicted_ms_per_token_per_prompt=round(predicted, 2),
                                   measured_over_predicted=round(ms / predicted, 3),
                                   tokens_per_step_over_expected=round(tps / plan.best.expected_tokens, 3),
@@ -541,6 +553,14 @@ def per_prompt_ratios(cells: list[dict]) -> dict:
     return out
 
 
+def _part_key(name: str) -> str:
+    """A ``PartCheck`` name without the run's own numbers: "draft (4.2 levels of 1.0)" -> "draft", "target forward
+    of the 51 plain steps" -> "target forward of the plain steps"."""
+    if name.startswith("target forward of the "):
+        return "target forward of the plain steps"
+    return name.split(" (")[0]
+
+
 def prediction_summary(extra: dict) -> str:
     """``auto``'s measured / predicted ms/token over a cell's prompts: the median and range, and per profile that
     priced the prompts (by its probed bandwidth) where more than one did."""
@@ -551,6 +571,13 @@ def prediction_summary(extra: dict) -> str:
     tokens = extra.get("tokens_per_step_over_expected") or []
     if tokens:
         text += f" (tokens per step / expected: median {statistics.median(tokens):.2f})"
+    parts: dict = {}
+    for got in extra.get("parts_over_priced") or ():
+        for name, r in (got or {}).items():
+            parts.setdefault(name, []).append(r)
+    if parts:
+        text += "; each part / its price at the run's own sizes (median): " + ", ".join(
+            f"{name} {statistics.median(rs):.2f}" for name, rs in parts.items())
     by: dict = {}
     for r, gb in zip(ratios, extra.get("profile_read_gb_per_s") or [None] * len(ratios)):
         by.setdefault(gb, []).append(r)
