@@ -160,3 +160,26 @@ def test_a_probe_the_memory_does_not_stay_at_measures_no_new_spell(tmp_path, mon
     assert _load(54.0, measure=True, loads=loads).read_gb_per_s == 55.0 and _confirming_probes == []  # a stored spell
     stays = _load(18.4, measure=True, loads=loads, steady=18.0)  # the memory stays there: its own profile
     assert loads and stays.read_gb_per_s == 18.0 and spell_profile_path(key, 18.0).is_file()
+
+
+def test_another_spells_profile_with_rows_measured_outside_it_is_not_stored(tmp_path, monkeypatch):
+    """The memory changed spell right after the probes confirmed one and stayed out of it for every retry of a row
+    (``meta["mixed_spells"]``): that profile would price the spell it names with the other spell's rows, so it is
+    provisional and not stored; the first profile of a machine is kept as measured (auto needs one)."""
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    real = profiling.measure_into
+
+    def outside(prof, *a, **kw):
+        timed = real(prof, *a, **kw)
+        prof.meta["read_gb_per_s"] = prof.meta.get("read_gb_per_s") or 31.0
+        prof.meta["mixed_spells"] = ["target:float32"]
+        return timed
+
+    monkeypatch.setattr(profiling, "measure_into", outside)
+    key = profile_key("tiny", "cpu")
+    first = _load(None, measure=True, loads=[])
+    assert not first.provisional and profile_path(key).is_file()
+    _stored(key, 31.0, 0.035)
+    new = _load(55.0, measure=True, loads=[])
+    assert "outside its spell of 55 GB/s: target:float32" in new.provisional
+    assert not spell_profile_path(key, 55.0).is_file()

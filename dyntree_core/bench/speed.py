@@ -240,6 +240,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return plan
         say(f"auto at T={temp:g}: the memory reads {probed[0]} GB/s, another spell: planning for it")
         plan = plan_auto(models, temp, target_precisions=args.auto_precisions, progress=say, read_gb_per_s=probed[0])
+        if plan.profile is not None and plan.profile.provisional:  # (not stored: the app prices by the nearest)
+            plan = plan_auto(models, temp, target_precisions=args.auto_precisions, progress=say, measure=False,
+                             read_gb_per_s=probed[0])
         spell_plans[temp].append(plan)
         record.setdefault("plans_by_spell", {}).setdefault(str(temp), []).append(plan.to_dict())
         return plan

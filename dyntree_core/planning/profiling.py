@@ -443,9 +443,13 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     if rows_before == (repr(prof.target), repr(prof.draft), repr(prof.other)) and path.is_file() and not refresh:
         return prof  # nothing was timed: the stored rows stand, whatever the machine's load just now
     verdict = w.verdict()
-    if not verdict.quiet:
-        prof.provisional = verdict.reason
-        (progress or (lambda _m: None))(f"the profile is provisional, not stored: {verdict.reason}")
+    # another spell's profile exists to price that spell: rows that never were measured in it make it worse than
+    # the nearest spell's (the first profile is kept as measured: auto needs one)
+    mixed = prof.meta.get("mixed_spells") if path != profile_path(key) else None
+    if not verdict.quiet or mixed:
+        prof.provisional = verdict.reason if not verdict.quiet else (
+            f"rows measured outside its spell of {prof.read_gb_per_s:.0f} GB/s: {', '.join(mixed)}")
+        (progress or (lambda _m: None))(f"the profile is provisional, not stored: {prof.provisional}")
     elif timed or not path.is_file() or refresh:
         prof.save(path)
         if path != profile_path(key):
