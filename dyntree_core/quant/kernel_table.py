@@ -82,10 +82,10 @@ HEAD_MAX_ROWS = 64
 #: at one row a layer's x8 tiles and its int8 row kernels read the same bytes (Q6_K's x8 layout is the rows' size),
 #: so where the weights come from DRAM both run at the memory's rate, and their one-row times differ by the noise of
 #: calls timed seconds apart. Within this fraction at one row the layout faster at the most rows takes the shape.
-#: The target's Q6_K head (Zen 4 VM, 26 tables measured on a quiet machine): x8 behind the row kernels at one row
-#: in 3 of them, by 0.2, 2.4 and 5.9%, and 2.0x ahead at 64 rows in all (e.g. 65.8 against 131.3 ms); the old rule
-#: (x8 faster at one row) then put the head on the row kernels, and t(32) paid ~35 ms for it. 10% of the head's
-#: one-row time is 0.57 ms, 2% of the target's t(1)
+#: The target's Q6_K head (Zen 4 VM, the 27 stored tables that timed both layouts at 1 and 64 rows): x8 behind the
+#: row kernels at one row in 4 of them, by 0.2, 2.4, 5.9% and one outlier at 2.1x, and 1.3-2.1x ahead at 64 rows in
+#: all (e.g. 65.8 against 131.3 ms); the old rule (x8 faster at one row) then put the head on the row kernels, and
+#: t(32) paid ~35 ms for it. 10% of the head's one-row time is 0.57 ms, 2% of the target's t(1)
 X8_ONE_ROW_TIE = 0.10
 
 
