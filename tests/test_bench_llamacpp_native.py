@@ -199,9 +199,9 @@ def test_interleave_runs_every_row_on_a_prompt_before_the_next_prompt(tmp_path, 
     calls = []
     real = speed._ours
 
-    def logged(dec, ids, n, seed, per_prompt=None):
+    def logged(dec, ids, n, seed, per_prompt=None, traces=None):
         calls.append((dec.config.method == "autoregressive", seed))
-        return real(dec, ids, n, seed, per_prompt)
+        return real(dec, ids, n, seed, per_prompt, traces)
 
     monkeypatch.setattr(speed, "_ours", logged)
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path / "cache"))
