@@ -316,12 +316,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             predicted = plan.best.seconds_per_token * 1e3
             check = check_prediction(plan.prediction(AUTO, plan.best.target_precision, plan.best.draft_precision),
                                      traces)
-            per_prompt[-1].update(
-                parts_over_priced={_part_key(part.name): round(part.ratio, 3) for part in check.parts}
-                if check is not None else None)
             per_prompt[-1].update(plan_per_prompt=plan.best.label(), predicted_ms_per_token_per_prompt=round(predicted, 2),
                                   measured_over_predicted=round(ms / predicted, 3),
                                   tokens_per_step_over_expected=round(tps / plan.best.expected_tokens, 3),
+                                  parts_over_priced=None if check is None else {
+                                      _part_key(part.name): round(part.ratio, 3) for part in check.parts},
                                   profile_read_gb_per_s=plan.profile.read_gb_per_s if plan.profile else None)
             return ms, tps, ntok
         return run

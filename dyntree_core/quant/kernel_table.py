@@ -373,7 +373,7 @@ class KernelTable:
         if rows.get(one) is None:
             return LayerPlan("aten", 0, f"no native kernels ({self.native_unavailable})")
         q8, vnni = t.get("native_q8", {}), t.get("native_q8_vnni", {})
-        int8_one = min((v for v in (q8.get(one), vnni.get(one)) if v is not None), default=None)
+        int8_one = _best(one, q8, vnni)
         ggml_ms, best = min((v, c) for c, v in (("native_rows", rows[one]), ("native_q8", int8_one)) if v is not None)
         if aten.get(one) is not None and aten[one] * (1 + NATIVE_LAYER_MARGIN) < ggml_ms:
             return LayerPlan("aten", 0, f"torch's kernel {aten[one]:.3f} ms < native {ggml_ms:.3f} ms / "
