@@ -1,6 +1,6 @@
 """Whether plain decoding follows the machine's memory bandwidth: in one process, round after round, the embedded
 target's one-token forward (int4, after 128 cached tokens; median of 20 before and of 20 after the probes), the
-memory read bandwidth on one and on two threads (``planning.profiling.read_gb_per_s``), and llama.cpp's
+memory read bandwidth on one and on two threads (``memory_bandwidth.read_gb_per_s``), and llama.cpp's
 ``llama-bench`` generation on the same GGUF (its own process, 32 tokens, 2 repetitions), so that every row of a
 round sees the same spell of a VM whose bandwidth jumps.
 
@@ -25,7 +25,7 @@ from dyntree_core.machine import machine_info  # noqa: E402
 from dyntree_core.models.load import resolve_spec  # noqa: E402
 from dyntree_core.planning.forward_timer import ForwardTimer  # noqa: E402
 from dyntree_core.planning.pair_cache import PairCache  # noqa: E402
-from dyntree_core.planning.profiling import read_gb_per_s  # noqa: E402
+from dyntree_core.memory_bandwidth import read_gb_per_s  # noqa: E402
 
 def llama_bench_ms(binary: Path, gguf: Path, threads: int) -> float:
     out = subprocess.run([str(binary), "-m", str(gguf), "-p", "0", "-n", "32", "-r", "2", "-t", str(threads),

@@ -189,7 +189,7 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     measured = []
 
     def fake_measure(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0,
-                     give_up=None):
+                     give_up=None, best_so_far=None):
         measured.append(self.shape.label)
         return {"aten": {str(m): 2.0 * m for m in ms}, "native_rows": {str(m): 1.0 * m for m in ms},
                 "native_dequant_mm": {str(m): 50.0 for m in ms}, "native_q8": {str(m): None for m in ms}}
@@ -198,8 +198,8 @@ def test_the_table_is_measured_once_and_read_back_from_the_cache(monkeypatch, tm
     s = kt.LayerShape("Q4_K", 16, 256)
     first = kt.layer_plans([s])
     again = kt.layer_plans([s])
-    # one row for every candidate, then the other rows for the float32 row kernel (it won at one row)
-    assert measured == [s.label, s.label] and first == again
+    # one row for the GGML kernels, then torch's, then the other rows for the float32 row kernel (it won at one row)
+    assert measured == [s.label] * 3 and first == again
     assert first[s].kind == "ggml" and first[s].mm_min_rows == 64
     saved = json.loads(kt.table_path().read_text())
     assert saved["digest"] == kt.table_key() and saved["verdict"]["quiet"]
@@ -214,7 +214,7 @@ def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, 
     measured_shapes = []
 
     def fake_measure(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0,
-                     give_up=None):
+                     give_up=None, best_so_far=None):
         measured_shapes.append(self.shape.label)
         return {c: {str(m): 1.0 for m in ms} for c in candidates}
 
@@ -234,14 +234,15 @@ def test_a_shape_measured_on_a_busy_machine_is_used_but_not_stored(monkeypatch, 
 def test_measure_for_plan_times_more_rows_only_where_the_float32_kernel_wins(monkeypatch):
     calls = []
 
-    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,
+             best_so_far=None):
         calls.append((tuple(ms), tuple(candidates), stat))
         fast = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0}  # no VNNI here
         return {c: {str(m): fast[c] * m if c in fast else None for m in ms} for c in candidates}
 
     monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
     got = kt.measure_for_plan(kt.LayerShape("Q4_K", 8, 256), (1, 4, 16))
-    assert calls == [((1,), kt.RUNTIME_CANDIDATES, "min")]  # int8 activations won at one row: nothing more
+    assert calls == [((1,), kt.FIRST_PASS, "min"), ((1,), ("aten",), "min")]  # int8 activations won: nothing more
     assert got["native_q8"] == {"1": 1.0, "4": None, "16": None}
     plan = _table({"Q4_K [8, 256]": got}).plan_for(kt.LayerShape("Q4_K", 8, 256))
     assert plan.int8_activations and plan.vnni_min_rows == 0
@@ -252,7 +253,8 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
     the smallest M from which it wins at every larger one (here: slower at 1 row, faster from 4)."""
     calls = []
 
-    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,
+             best_so_far=None):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.5}
         return {c: {str(m): (1.1 if c == "native_q8_vnni" and m == 1 else per_row[c] * m if c in per_row else None)
@@ -261,7 +263,7 @@ def test_vnni_rows_start_where_the_vnni_kernels_win_at_every_larger_row_count(mo
     monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
     shape = kt.LayerShape("Q4_K", 8, 256)
     got = kt.measure_for_plan(shape, (1, 4, 16))
-    assert calls == [((1,), kt.RUNTIME_CANDIDATES), ((4, 16), ("native_q8", "native_q8_vnni"))]
+    assert calls == [((1,), kt.FIRST_PASS), ((1,), ("aten",)), ((4, 16), ("native_q8", "native_q8_vnni"))]
     plan = _table({shape.label: got}, (1, 4, 16)).plan_for(shape)
     assert plan.int8_activations and plan.vnni_min_rows == 4 and "VNNI from 4 rows" in plan.why
     got["native_q8_vnni"]["16"] = 99.0  # slower at the largest M: never switch
@@ -277,7 +279,8 @@ def test_an_output_head_is_measured_up_to_the_rows_a_tree_gives_it(monkeypatch, 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     asked = {}
 
-    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,
+             best_so_far=None):
         asked.setdefault(self.shape.label, set()).update(ms)
         per_row = {"aten": 30.0, "native_rows": 20.0, "native_dequant_mm": 90.0, "native_q8": 1.0,
                    "native_q8_vnni": 0.9, "native_x8": 0.5, "native_x8_vnni": 0.4}
@@ -338,7 +341,8 @@ def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_
     its VNNI tile ran, both x8 kernels at every M for the switch)."""
     calls = []
 
-    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,
+             best_so_far=None):
         calls.append((tuple(ms), tuple(candidates)))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_x8": 0.5,
                    **({"native_x8_vnni": 0.4} if vnni else {})}
@@ -348,7 +352,7 @@ def test_measure_for_plan_times_the_x8_layout_at_the_most_rows_or_with_its_vnni_
     shape = kt.LayerShape("Q4_K", 8, 256)
     got = kt.measure_for_plan(shape, (1, 4, 16))
     more = ((4, 16), ("native_x8", "native_x8_vnni")) if vnni else ((16,), ("native_q8", "native_x8"))
-    assert calls == [((1,), kt.RUNTIME_CANDIDATES), more]
+    assert calls == [((1,), kt.FIRST_PASS), ((1,), ("aten",)), more]
     plan = _table({shape.label: got}, (1, 4, 16)).plan_for(shape)
     assert plan.x8 and plan.int8_activations and plan.vnni_min_rows == (1 if vnni else 0), plan
 
@@ -362,7 +366,8 @@ def test_where_x8_wins_at_one_row_the_int8_rows_are_timed_between_only_if_they_w
     draft's Q5_0 head went from 19 to 12 s of measuring)."""
     calls = []
 
-    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None):
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,
+             best_so_far=None):
         calls.append((tuple(ms), tuple(candidates), budget_s))
         per_row = {"aten": 3.0, "native_rows": 2.0, "native_dequant_mm": 9.0, "native_q8": 1.0, "native_q8_vnni": 0.9,
                    "native_x8": 0.5, "native_x8_vnni": 0.4}
@@ -377,7 +382,8 @@ def test_where_x8_wins_at_one_row_the_int8_rows_are_timed_between_only_if_they_w
     shape = kt.LayerShape("Q4_K", 8, 256)
     got = kt.measure_for_plan(shape, (1, 4, 16))
     q8s, x8s, follow = ("native_q8", "native_q8_vnni"), ("native_x8", "native_x8_vnni"), kt.FOLLOW_UP_BUDGET_S
-    expect = [((1,), kt.RUNTIME_CANDIDATES, kt.TIME_BUDGET_S), ((4, 16), x8s, follow), ((16,), q8s, follow)]
+    expect = [((1,), kt.FIRST_PASS, kt.TIME_BUDGET_S), ((1,), ("aten",), kt.TIME_BUDGET_S), ((4, 16), x8s, follow),
+              ((16,), q8s, follow)]
     if not x8_at_most_rows:
         expect.append(((4,), q8s, follow))
     assert calls == expect
@@ -821,3 +827,65 @@ def test_the_set_up_step_compiles_the_kernels_or_says_why_not(monkeypatch, capsy
     finally:
         monkeypatch.delenv("DYNTREE_NATIVE_KERNELS")
         reset_native_kernels()
+
+
+def test_the_cache_size_is_read_from_sysfs(tmp_path):
+    from dyntree_core.memory_bandwidth import largest_cache_bytes, parse_cache_size
+
+    assert (parse_cache_size("32768K"), parse_cache_size("1M"), parse_cache_size("512"),
+            parse_cache_size("big")) == (32 << 20, 1 << 20, 512, None)
+    for i, (kind, size) in enumerate([("Data", "32K"), ("Instruction", "64M"), ("Unified", "1024K"),
+                                      ("Unified", "32768K")]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "type").write_text(kind + "\n")
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert largest_cache_bytes(tmp_path) == 32 << 20  # (not the instruction cache)
+    assert largest_cache_bytes(tmp_path / "nowhere") is None
+
+
+HEAD = kt.LayerShape("Q6_K", 151936, 1536)  # the target's output head: int8 in torch's form, 234 MB
+
+
+def test_torch_kernel_is_out_of_reach_only_beyond_the_cache_and_the_read_bandwidth():
+    """The target's head: x8's one row 5.2 ms; torch's int8 layer reads 234 MB, >= 3.6 ms at 2x 32 GB/s, and would
+    need < 2.6 ms to take the shape. A faster memory, a bigger cache, a slower GGML kernel or an unknown machine:
+    time it."""
+    assert kt.aten_weight_bytes(HEAD) == 151936 * 1536 + 2 * 151936
+    why = kt.aten_out_of_reach(HEAD, 5.2, 32.0, 32 << 20)
+    assert why and "234 MB" in why and "2.60 ms" in why, why
+    assert kt.aten_out_of_reach(HEAD, 5.2, 60.0, 32 << 20) is None
+    assert kt.aten_out_of_reach(HEAD, 5.2, 32.0, 256 << 20) is None
+    assert kt.aten_out_of_reach(HEAD, 9.0, 32.0, 32 << 20) is None
+    assert kt.aten_out_of_reach(HEAD, 5.2, None, 32 << 20) is None and kt.aten_out_of_reach(HEAD, 5.2, 32.0, None) is None
+    q4 = kt.LayerShape("Q4_K", 8960, 1536)  # a layer's weight: 8.6 MB in torch's int4 form, in cache
+    assert kt.aten_weight_bytes(q4) == 8960 * 1536 // 2 + 4 * 8960 * 1536 // 32
+    assert kt.aten_out_of_reach(q4, 0.01, 1.0, 32 << 20) is None
+
+
+@pytest.mark.parametrize("read_gb_per_s, timed", [(32.0, False), (500.0, True)])
+def test_a_head_torch_cannot_win_is_never_built_and_the_table_says_why(monkeypatch, tmp_path, read_gb_per_s, timed):
+    """``ensure_shapes`` on the head: with the memory read at 32 GB/s torch's layer is not built (a 0.9 GB float32
+    dequantization) nor timed, and the table keeps the reason; at 500 GB/s it is timed."""
+    from dyntree_core import memory_bandwidth
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    monkeypatch.setattr(kt, "largest_cache_bytes", lambda: 32 << 20)
+    monkeypatch.setattr(kt, "read_gb_per_s", lambda nbytes, samples: read_gb_per_s)
+    assert memory_bandwidth.read_gb_per_s is not kt.read_gb_per_s
+    asked = []
+
+    def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,
+             best_so_far=None):
+        asked.extend(candidates)
+        per_row = {"aten": 13.0, "native_rows": 11.9, "native_dequant_mm": 34.8, "native_q8": 6.0,
+                   "native_q8_vnni": 5.7, "native_x8": 5.3, "native_x8_vnni": 5.2}
+        return {c: {str(m): per_row[c] * m for m in ms} for c in candidates}
+
+    monkeypatch.setattr(kt.ShapeCandidates, "time", fake)
+    plans = kt.layer_plans([HEAD], heads=[HEAD])
+    assert ("aten" in asked) == timed and plans[HEAD].x8
+    stored = kt.load_table()
+    assert (stored.timings[HEAD.label]["aten"]["1"] is not None) == timed
+    assert (HEAD.label in stored.not_timed) != timed
+    if not timed:
+        assert "would need < 2.60 ms" in stored.not_timed[HEAD.label]["aten"]

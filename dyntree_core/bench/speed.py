@@ -35,7 +35,7 @@ its second, ...) instead of row by row, so that a machine whose speed drifts ove
 the per-prompt ratios (``record["per_prompt_ratios"]``: each row against ``llama.cpp plain`` and against the
 fastest llama.cpp row of the same prompt, where those rows ran) then compare like with like.
 
-Before each prompt of each row the bench sums a ``--probe-mib`` buffer (``planning.profiling.read_gb_per_s``) and
+Before each prompt of each row the bench sums a ``--probe-mib`` buffer (``memory_bandwidth.read_gb_per_s``) and
 records the memory read bandwidth it saw (``read_gb_per_s_before``, per prompt): a one-token forward reads every
 weight, so plain decoding follows the machine's bandwidth. On a VM whose bandwidth jumps between spells (the
 2-core Zen 4 host: ~34 and ~57 GB/s, minutes each) the ratios are also given per spell
@@ -69,7 +69,8 @@ from ..planning.auto import AutoPlan, plan_auto, priced_for_spell
 from ..planning.pair_cache import PairCache
 from ..planning.prediction import check_prediction
 from ..planning.search_space import AUTO
-from ..planning.profiling import SPELL_GAP, read_gb_per_s
+from ..memory_bandwidth import read_gb_per_s
+from ..planning.profiling import SPELL_GAP
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
 from ..machine import machine_info

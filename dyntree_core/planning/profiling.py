@@ -27,6 +27,7 @@ import torch
 
 from .. import measured
 from ..machine import machine_info
+from ..memory_bandwidth import read_gb_per_s
 from ..process_memory import memory_budget, process_memory, release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
@@ -113,22 +114,6 @@ def _widen(prof: MachineProfile, ns: Sequence[int]) -> None:
             table[prec] = remap(table[prec])
     prof.other = remap(prof.other)
     prof.ns = new
-
-
-def read_gb_per_s(nbytes: int = 1 << 29, samples: int = 5, buffer: Optional[torch.Tensor] = None) -> float:
-    """This process's read bandwidth from memory (GB/s): the fastest of ``samples`` sums of an ``nbytes`` float32
-    buffer (bigger than any cache), on torch's threads. ``buffer``: a float32 tensor to sum instead (its size
-    counts; a caller that probes often keeps one rather than allocate and fault in ``nbytes`` each time)."""
-    x = buffer if buffer is not None else torch.ones(nbytes // 4)
-    nbytes = x.numel() * x.element_size()
-    if buffer is None:
-        x.sum()  # (a fresh allocation: its first pass)
-    best = math.inf
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
 
 
 def same_spell(a: float, b: float) -> bool:

@@ -25,9 +25,10 @@ to float32 rounding).
 The table is cached as JSON under ``$DYNTREE_CACHE/kernels/`` through ``dyntree_core.measured``, keyed by the
 machine (CPU model and flags, CPUs, threads), the torch version, the native kernels' digest, the measuring code
 and ``TABLE_VERSION``; shapes not yet in it are measured when first asked for (``measure_for_plan``: one row for
-every candidate, more rows only where the float32 row kernel wins; about a second per shape here) or all of them
-by ``bench kernels``. A shape measured while the machine was busy (``measured.watch``) is used by this process
-but not stored (``KernelTable.provisional`` says why): the next process measures it again.
+every candidate, torch's kernel only where it could win (``aten_out_of_reach``), more rows only where the float32
+row kernel wins; about a second per shape here) or all of them by ``bench kernels``. A shape measured while the
+machine was busy (``measured.watch``) is used by this process but not stored (``KernelTable.provisional`` says why):
+the next process measures it again.
 ``table_identity()`` names all of that, and how plans are read from it (``plans_digest``), for the machine
 profile's cache key.
 """
@@ -42,6 +43,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .. import measured
+from ..memory_bandwidth import largest_cache_bytes, read_gb_per_s
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 from .native import synthetic_blocks as native_synthetic_blocks
 
@@ -87,6 +89,15 @@ HEAD_MAX_ROWS = 64
 #: all (e.g. 65.8 against 131.3 ms); the old rule (x8 faster at one row) then put the head on the row kernels, and
 #: t(32) paid ~35 ms for it. 10% of the head's one-row time is 0.57 ms, 2% of the target's t(1)
 X8_ONE_ROW_TIE = 0.10
+#: torch's kernel is not timed on a shape whose weights (in its own form) are beyond this many times the largest cache
+#: and could not be read in half the best GGML kernel's one-row time (``NATIVE_LAYER_MARGIN``) even at
+#: ``ATEN_READ_MARGIN`` x the read bandwidth probed then (``aten_out_of_reach``): building it dequantizes the whole
+#: weight (a 152k-row head: 0.9 GB of float32, 1.3-3.1 s of the first load) to time a kernel that cannot win. 2x, as
+#: the Zen 4 VM's memory reads ~32 or 50-57 GB/s in spells (docs/CPU_KERNELS.md)
+ATEN_OUT_OF_CACHE = 2
+ATEN_READ_MARGIN = 2.0
+#: the probe's buffer (4x the Zen 4 host's 32 MiB L3)
+ATEN_PROBE_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,33 @@ def _aten_layer(shape: LayerShape, blocks: torch.Tensor):
     if shape.type_name == "Q4_K" and int4_shape_ok(shape.n, shape.k):
         return Int4Linear.from_dense(dense)
     return Int8Linear.from_dense(dense)
+
+
+def aten_weight_bytes(shape: LayerShape) -> int:
+    """Bytes torch's kernel (``_aten_layer``'s layer) reads of this shape's weight in a forward."""
+    from .linear import Int4Linear, Int8Linear, int4_shape_ok
+
+    if shape.type_name == "Q4_K" and int4_shape_ok(shape.n, shape.k):
+        return Int4Linear.weight_bytes(shape.n, shape.k)
+    return Int8Linear.weight_bytes(shape.n, shape.k)
+
+
+def aten_out_of_reach(shape: LayerShape, best_ms: float, read_gb_per_s: Optional[float],
+                      cache_bytes: Optional[int]) -> Optional[str]:
+    """Why torch's kernel cannot take ``shape`` from a GGML kernel that runs one row in ``best_ms`` (None: it might,
+    time it): its weights are over ``ATEN_OUT_OF_CACHE`` x ``cache_bytes`` (read from memory at every call), and
+    reading them at ``ATEN_READ_MARGIN`` x ``read_gb_per_s`` takes at least ``best_ms / (1 + NATIVE_LAYER_MARGIN)``.
+    Unknown bandwidth or cache size: None."""
+    if not read_gb_per_s or not cache_bytes:
+        return None
+    nbytes = aten_weight_bytes(shape)
+    floor_ms = nbytes / (ATEN_READ_MARGIN * read_gb_per_s * 1e6)
+    need_ms = best_ms / (1 + NATIVE_LAYER_MARGIN)
+    if nbytes <= ATEN_OUT_OF_CACHE * cache_bytes or floor_ms < need_ms:
+        return None
+    return (f"not timed: at one row it reads {nbytes / 1e6:.0f} MB (> {ATEN_OUT_OF_CACHE}x the {cache_bytes >> 20} MiB "
+            f"cache), >= {floor_ms:.2f} ms at {ATEN_READ_MARGIN:g}x the {read_gb_per_s:.1f} GB/s read, and it would "
+            f"need < {need_ms:.2f} ms ({best_ms:.2f} / {1 + NATIVE_LAYER_MARGIN:g}) to take the shape")
 
 
 def x8_takes(shape: LayerShape) -> bool:
@@ -200,12 +238,14 @@ class ShapeCandidates:
         return GGMLLinear(shape.type_name, self.blocks, shape.k, kernels=nk)
 
     def time(self, ms: Iterable[int], candidates: Iterable[str] = RUNTIME_CANDIDATES, stat: str = "median",
-             budget_s: float = TIME_BUDGET_S, give_up: Optional[float] = None) -> dict[str, dict[str, Optional[float]]]:
+             budget_s: float = TIME_BUDGET_S, give_up: Optional[float] = None,
+             best_so_far: Optional[dict[str, float]] = None) -> dict[str, dict[str, Optional[float]]]:
         """``{candidate: {str(M): ms or None}}`` (``time_rows``); ``give_up``: a candidate whose first call at some M
-        takes more than this many times the best time so far there is timed by that one call (``time_rows``)."""
+        takes more than this many times the best time so far there (``best_so_far``: ``{str(M): ms}`` timed before
+        this call) is timed by that one call (``time_rows``)."""
         ms = list(ms)
         gen = torch.Generator().manual_seed(1)
-        best: dict[str, float] = {}
+        best: dict[str, float] = dict(best_so_far or {})
         out = {}
         with torch.inference_mode():
             for c in candidates:
@@ -262,7 +302,15 @@ def time_rows(call: Optional[Callable[[torch.Tensor], Callable[[], object]]], k:
     return out
 
 
-def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[str, dict[str, Optional[float]]]:
+#: the order candidates are timed in at the first M: the int8 kernels (fastest on every shape measured so far) first,
+#: so the others are measured against them (``GIVE_UP``, ``aten_out_of_reach``), torch's kernel last
+FIRST_PASS: tuple[str, ...] = ("native_x8_vnni", "native_x8", "native_q8_vnni", "native_q8", "native_rows",
+                               "native_dequant_mm")
+assert set(FIRST_PASS) | {"aten"} == set(RUNTIME_CANDIDATES)
+
+
+def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
+                     notes: Optional[dict[str, str]] = None) -> dict[str, dict[str, Optional[float]]]:
     """What ``plan_for`` needs, quickly: every candidate at the first M; the other Ms only where the float32 row
     kernel wins there (they set its switch to ``native_dequant_mm``), where the VNNI kernels ran, for the
     int8-activation kernels (they set ``vnni_min_rows``), and the largest M for the two int8 layouts (the x8
@@ -270,12 +318,27 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS) -> dict[
     layout wins at the first M, the int8 row kernels are timed between the first and the largest M only if they
     win at the largest (their VNNI switch matters only then). After the first M each timing stops at
     ``FOLLOW_UP_BUDGET_S`` (a 150k-row head at 256 rows takes ~0.6 s a call); at the first M a candidate whose
-    warm-up call takes over ``GIVE_UP`` x the best so far is timed by that call. Each layer is built once
+    warm-up call takes over ``GIVE_UP`` x the best so far is timed by that call, and torch's kernel, timed last, is
+    not built where ``aten_out_of_reach`` says it cannot win (``notes["aten"]`` says why). Each layer is built once
     (``ShapeCandidates``). Unmeasured entries are None. ``bench kernels`` measures everything."""
     ms = list(ms)
     layers = ShapeCandidates(shape)
     # the fastest of 7 calls: interference (a scheduler quantum on a busy 2-core machine) only adds time
-    first = layers.time(ms[:1], RUNTIME_CANDIDATES, "min", give_up=GIVE_UP)
+    first = layers.time(ms[:1], FIRST_PASS, "min", give_up=GIVE_UP)
+    timed = [v[str(ms[0])] for v in first.values() if v.get(str(ms[0])) is not None]
+    why = None
+    if timed:
+        cache = largest_cache_bytes()
+        big = cache is not None and aten_weight_bytes(shape) > ATEN_OUT_OF_CACHE * cache
+        why = aten_out_of_reach(shape, min(timed), read_gb_per_s(ATEN_PROBE_BYTES, samples=3) if big else None,
+                                cache)
+    if why is None:
+        first.update(layers.time(ms[:1], ("aten",), "min", give_up=GIVE_UP,
+                                 best_so_far={str(ms[0]): min(timed)} if timed else None))
+    else:
+        first["aten"] = {str(ms[0]): None}
+        if notes is not None:
+            notes["aten"] = why
     out = {c: {**first.get(c, {}), **{str(m): None for m in ms[1:]}} for c in RUNTIME_CANDIDATES}
     got = {c: v[str(ms[0])] for c, v in first.items() if v.get(str(ms[0])) is not None}
     if len(ms) < 2:
@@ -355,6 +418,8 @@ class KernelTable:
     timings: dict[str, dict[str, dict[str, Optional[float]]]] = field(default_factory=dict)
     version: int = TABLE_VERSION
     provisional: dict[str, str] = field(default_factory=dict)
+    #: label -> candidate -> why it was not timed (``measure_for_plan``'s ``notes``)
+    not_timed: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def winners(self, label: str) -> dict[str, Optional[str]]:
         """``{str(M): fastest runtime candidate}`` for one measured shape."""
@@ -433,6 +498,7 @@ class KernelTable:
         d = asdict(self)
         d.pop("provisional")
         d["timings"] = {k: v for k, v in self.timings.items() if k not in self.provisional}
+        d["not_timed"] = {k: v for k, v in self.not_timed.items() if k not in self.provisional}
         return d
 
 
@@ -477,8 +543,12 @@ def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str
     for i, s in enumerate(missing, 1):
         if progress:
             progress(f"  measuring this machine's kernels for {s.label} ({i}/{len(missing)}, once per machine)")
+        notes: dict[str, str] = {}
         with measured.watch() as w:
-            table.timings[s.label] = measure_for_plan(s, [m for m in table.ms if s not in heads or m <= HEAD_MAX_ROWS])
+            table.timings[s.label] = measure_for_plan(s, [m for m in table.ms if s not in heads or m <= HEAD_MAX_ROWS],
+                                                      notes)
+        if notes:
+            table.not_timed[s.label] = notes
         verdict = w.verdict()
         if verdict.quiet:
             quiet += 1

@@ -105,6 +105,11 @@ class Int8Linear(nn.Module):
         self.dense_parts: Optional[torch.Tensor] = None
         self.dense_min_rows = 0
 
+    @staticmethod
+    def weight_bytes(out_features: int, in_features: int) -> int:
+        """Bytes a forward reads of an ``[N, K]`` layer's weight: ``qweight`` and ``scales``."""
+        return out_features * in_features + 2 * out_features
+
     @classmethod
     def from_dense(cls, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> "Int8Linear":
         """Quantize a dense ``[N, K]`` weight, symmetric per row; |error| <= s/2 per element."""
@@ -179,6 +184,11 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.dense_parts: Optional[torch.Tensor] = None
         self.dense_min_rows = 0
+
+    @staticmethod
+    def weight_bytes(out_features: int, in_features: int) -> int:
+        """Bytes a forward reads of an ``[N, K]`` layer's weight: ``packed`` and ``scales_and_zeros``."""
+        return out_features * in_features // 2 + 4 * out_features * (in_features // GROUP_SIZE)
 
     @classmethod
     def from_buffers(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
