@@ -829,20 +829,6 @@ def test_the_set_up_step_compiles_the_kernels_or_says_why_not(monkeypatch, capsy
         reset_native_kernels()
 
 
-def test_the_cache_size_is_read_from_sysfs(tmp_path):
-    from dyntree_core.memory_bandwidth import largest_cache_bytes, parse_cache_size
-
-    assert (parse_cache_size("32768K"), parse_cache_size("1M"), parse_cache_size("512"),
-            parse_cache_size("big")) == (32 << 20, 1 << 20, 512, None)
-    for i, (kind, size) in enumerate([("Data", "32K"), ("Instruction", "64M"), ("Unified", "1024K"),
-                                      ("Unified", "32768K")]):
-        (tmp_path / f"index{i}").mkdir()
-        (tmp_path / f"index{i}" / "type").write_text(kind + "\n")
-        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
-    assert largest_cache_bytes(tmp_path) == 32 << 20  # (not the instruction cache)
-    assert largest_cache_bytes(tmp_path / "nowhere") is None
-
-
 HEAD = kt.LayerShape("Q6_K", 151936, 1536)  # the target's output head: int8 in torch's form, 234 MB
 
 
@@ -870,8 +856,7 @@ def test_a_head_torch_cannot_win_is_never_built_and_the_table_says_why(monkeypat
 
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     monkeypatch.setattr(kt, "largest_cache_bytes", lambda: 32 << 20)
-    monkeypatch.setattr(kt, "read_gb_per_s", lambda nbytes, samples: read_gb_per_s)
-    assert memory_bandwidth.read_gb_per_s is not kt.read_gb_per_s
+    monkeypatch.setattr(kt, "probe_read", lambda nbytes, samples: memory_bandwidth.ReadProbe(read_gb_per_s))
     asked = []
 
     def fake(self, ms=kt.DEFAULT_MS, candidates=kt.RUNTIME_CANDIDATES, stat="median", budget_s=2.0, give_up=None,

@@ -27,7 +27,7 @@ import torch
 
 from .. import measured
 from ..machine import machine_info
-from ..memory_bandwidth import read_gb_per_s
+from ..memory_bandwidth import probe_read, read_gb_per_s
 from ..process_memory import memory_budget, process_memory, release_freed_memory
 from .forward_timer import ForwardTimer, Progress, Turn
 from .pricing import other_seconds
@@ -142,22 +142,26 @@ def _prune_spells(key: str, keep: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def confirmed_probe(first: float, probe: Optional[Callable[[], float]] = None) -> float:
-    """The median of ``first`` and ``SPELL_CONFIRM_PROBES`` more probes (``run_probe``), ``SPELL_CONFIRM_GAP_S``
-    apart: a new spell is one the memory stays in, not one probe read while it changed or while another process
-    read memory."""
+def confirmed_probe(first: float, probe: Optional[Callable[[], Optional[float]]] = None) -> float:
+    """The median of ``first`` and ``SPELL_CONFIRM_PROBES`` more probes (``run_probe``; those the CPUs' contention
+    read, None, left out), ``SPELL_CONFIRM_GAP_S`` apart: a new spell is one the memory stays in, not one probe read
+    while it changed or while another process read memory."""
     probe = probe or run_probe
     got = [first]
     for _ in range(SPELL_CONFIRM_PROBES):
         time.sleep(SPELL_CONFIRM_GAP_S)
         got.append(probe())
+    got = [g for g in got if g is not None]  # (a probe the CPUs' contention read: ``run_probe``)
     return sorted(got)[len(got) // 2]
 
 
-def run_probe() -> float:
+def run_probe() -> Optional[float]:
     """The read bandwidth (GB/s) before planning a run and around it (``RUN_PROBE_BYTES``, 3 reads: 54-66 ms on the
-    2-core Zen 4 host, allocation included), to set against its profile's spell."""
-    return round(read_gb_per_s(RUN_PROBE_BYTES, samples=3), 2)
+    2-core Zen 4 host, allocation included), to set against its profile's spell; None when tasks waited for a CPU
+    through every read (``memory_bandwidth.probe_read``): a browser drawing the page beside the run read 15 GB/s
+    against the profile's 36, and the page called it another spell of the memory."""
+    got = probe_read(RUN_PROBE_BYTES, samples=3)
+    return None if got.contended else round(got.gb_per_s, 2)
 
 
 class SpellProbe:

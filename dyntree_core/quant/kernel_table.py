@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .. import measured
-from ..memory_bandwidth import largest_cache_bytes, read_gb_per_s
+from ..memory_bandwidth import largest_cache_bytes, probe_read
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 from .native import synthetic_blocks as native_synthetic_blocks
 
@@ -91,9 +91,10 @@ HEAD_MAX_ROWS = 64
 X8_ONE_ROW_TIE = 0.10
 #: torch's kernel is not timed on a shape whose weights (in its own form) are beyond this many times the largest cache
 #: and could not be read in half the best GGML kernel's one-row time (``NATIVE_LAYER_MARGIN``) even at
-#: ``ATEN_READ_MARGIN`` x the read bandwidth probed then (``aten_out_of_reach``): building it dequantizes the whole
-#: weight (a 152k-row head: 0.9 GB of float32, 1.3-3.1 s of the first load) to time a kernel that cannot win. 2x, as
-#: the Zen 4 VM's memory reads ~32 or 50-57 GB/s in spells (docs/CPU_KERNELS.md)
+#: ``ATEN_READ_MARGIN`` x the read bandwidth probed then (``aten_out_of_reach``; a probe the CPUs' contention read
+#: decides nothing): building it dequantizes the whole weight (a 152k-row head: 0.9 GB of float32, 1.3-3.1 s of the
+#: first load) to time a kernel that cannot win. 2x, as the Zen 4 VM's memory reads ~32 or 50-57 GB/s in spells
+#: (docs/CPU_KERNELS.md)
 ATEN_OUT_OF_CACHE = 2
 ATEN_READ_MARGIN = 2.0
 #: the probe's buffer (4x the Zen 4 host's 32 MiB L3)
@@ -330,8 +331,8 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
     if timed:
         cache = largest_cache_bytes()
         big = cache is not None and aten_weight_bytes(shape) > ATEN_OUT_OF_CACHE * cache
-        why = aten_out_of_reach(shape, min(timed), read_gb_per_s(ATEN_PROBE_BYTES, samples=3) if big else None,
-                                cache)
+        read = probe_read(ATEN_PROBE_BYTES, samples=3) if big else None
+        why = aten_out_of_reach(shape, min(timed), read.gb_per_s if read and not read.contended else None, cache)
     if why is None:
         first.update(layers.time(ms[:1], ("aten",), "min", give_up=GIVE_UP,
                                  best_so_far={str(ms[0]): min(timed)} if timed else None))
