@@ -409,9 +409,20 @@ def test_a_one_row_tie_goes_to_the_layout_faster_at_the_most_rows(x8_at_one_row,
 
 
 def test_the_plan_rules_key_the_profiles(monkeypatch):
+    """Another rule or constant of ``plan_for``: another profile key; another field the table stores: the same."""
+    from dyntree_core import measured
+
     before = kt.table_identity()
     monkeypatch.setattr(kt, "X8_ONE_ROW_TIE", 0.0)
     assert kt.table_identity() != before and kt.table_key() in before
+    monkeypatch.undo()
+    digest, real = kt.plans_digest(), measured._source
+    for method, changes_plans in ((kt.KernelTable._x8_wins, True), (kt.KernelTable.plan_for, True),
+                                  (kt.KernelTable.stored, False), (kt.KernelTable.winners, False)):
+        # (an edit of a method is an edit of its class's source too)
+        monkeypatch.setattr(measured, "_source", lambda o, m=method: "edited" if o is m else (
+            real(o) + "edited" if o is kt.KernelTable else real(o)))
+        assert (kt.plans_digest() != digest) == changes_plans, method
 
 
 # ------------------------------------------------------------------ a tiny GGUF model on these kernels

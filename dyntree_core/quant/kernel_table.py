@@ -391,9 +391,11 @@ def table_identity() -> str:
 
 
 def plans_digest() -> str:
-    """A digest of how plans are read from the table (``KernelTable.plan_for`` and its rules): a profile measured
-    on other plans is another profile, while the table's timings stay valid."""
-    return measured.code_digest((KernelTable, _best, f"{NATIVE_LAYER_MARGIN} {X8_ONE_ROW_TIE}"))
+    """A digest of how plans are read from the table (``KernelTable.plan_for``, its rules and their constants): a
+    profile measured on other plans is another profile, while the table's timings stay valid. The rest of the class
+    (what the table stores) does not change plans."""
+    return measured.code_digest((KernelTable.plan_for, KernelTable._last_both, KernelTable._x8_wins,
+                                 KernelTable._switch_rows, _best, f"{NATIVE_LAYER_MARGIN} {X8_ONE_ROW_TIE}"))
 
 
 def table_path(key: Optional[str] = None) -> Path:
