@@ -292,7 +292,7 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys, one_to
     rc = main(["--pair", "tiny", "--datasets", "wiki", "code", "--prompts", "2", "--prompt-tokens", "16",
                "--new-tokens", "8", "--temperatures", "0", "0.6", "--precisions", "float32", "int8",
                "--auto-precisions", "float32", "int8", "--fixed", "chain:2", "sequoia:4:2", "suffix:4:2", "--hf-prompt-lookup", "3",
-               "--json", str(out)])
+               "--prompt-aware", "--json", str(out)])
     assert rc == 0
     rec = json.loads(out.read_text())
     assert rec["machine_info"]["cpu_model"]
@@ -307,6 +307,9 @@ def test_speed_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch, capsys, one_to
     assert {(c["dataset"], c["temperature"]) for c in rec["cells"] if c["row"].startswith("hf_prompt_lookup k=3")} \
         == {(ds, t) for ds in ("wiki", "code") for t in (0.0, 0.6)}
     assert set(rec["plans"]) == {"0.0", "0.6"} and all(p["reason"].startswith("auto:") for p in rec["plans"].values())
+    aware = [c for c in rec["cells"] if c["row"] == "auto, priced for the prompt"]
+    assert len(aware) == 4 and all(len(c["prompt_agreement"]) == 2 and all(0 <= a <= 1 for a in c["prompt_agreement"])
+                                   and len(c["measured_over_predicted"]) == 2 for c in aware)
     assert "| auto |" in capsys.readouterr().out
 
 

@@ -49,7 +49,9 @@ plan it ran (``plan_per_prompt``), that plan's predicted ms/token, ``measured_ov
 (``planning.prediction.check_prediction``, as the app's status line checks a Run: draft, target forward and the
 rest of the step each against its profile price at the run's own sizes, tokens per step), and the probed
 bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-once`` keeps the plan made at the
-start for every prompt.
+start for every prompt. ``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt
+priced on the calibration texts whose prompts' draft/target agreement is nearest its own (``plan_auto``'s
+``prompt_ids``; each prompt records its ``prompt_agreement``); the app's ``auto`` does not do that yet.
 """
 
 from __future__ import annotations
@@ -165,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-once", action="store_true",
                    help="auto runs the plan made at the start on every prompt (default: planned before each prompt "
                         "from the profile of the spell its probe saw, as the app plans each Run)")
+    p.add_argument("--prompt-aware", action="store_true",
+                   help="add the row 'auto, priced for the prompt': auto priced on the calibration texts whose "
+                        "prompts' draft/target agreement is nearest each prompt's own")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -305,10 +310,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
         return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, per_prompt)
 
-    def auto_runner(temp: float, per_prompt: list[dict]):
-        """``auto`` on one prompt: the plan of the spell the prompt's probe saw, its prediction beside the run."""
+    def auto_runner(temp: float, per_prompt: list[dict], for_prompt: bool = False):
+        """``auto`` on one prompt: the plan of the spell the prompt's probe saw, its prediction beside the run;
+        ``for_prompt``: priced on the calibration texts nearest the prompt (``plan_auto``'s ``prompt_ids``)."""
         def run(ids: list[int], seed: int) -> tuple[float, float, int]:
             plan = plan_in_spell(temp)
+            if for_prompt:
+                t0 = time.perf_counter()
+                plan = plan_auto(models, temp, target_precisions=args.auto_precisions, measure=False,
+                                 read_gb_per_s=probed[0], prompt_ids=ids)
+                planned_s = time.perf_counter() - t0
             pair = models.pair(plan.best.target_precision, plan.best.draft_precision or plan.fastest_draft_precision)
             dec = SpeculativeDecoder(pair.draft, pair.target, plan.apply(DecodeConfig(temperature=temp, seed=args.seed)),
                                      eos_token_id=eos or None)
@@ -323,6 +334,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   parts_over_priced=None if check is None else {
                                       _part_key(part.name): round(part.ratio, 3) for part in check.parts},
                                   profile_read_gb_per_s=plan.profile.read_gb_per_s if plan.profile else None)
+            if for_prompt:
+                per_prompt[-1].update(prompt_agreement=plan.prompt_agreement, planning_seconds=round(planned_s, 3))
             return ms, tps, ntok
         return run
 
@@ -347,6 +360,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         run_rows("auto", temp, auto_runner(temp, per_prompt),
                  extra=dict(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
                             break_even_tokens=plan.break_even_tokens()), per_prompt=per_prompt)
+        if args.prompt_aware:
+            aware: list[dict] = []
+            run_rows("auto, priced for the prompt", temp, auto_runner(temp, aware, for_prompt=True), per_prompt=aware)
         for spec in args.fixed:
             fx = _parse_fixed(spec)
             if fx["method"] == "sequoia":  # the acceptance vector auto measured, as auto's own Sequoia trees use

@@ -5,6 +5,11 @@ continuation; on the continuation positions Sequoia's estimator gives the positi
 vector, and each position's chain acceptance and confidence-stop statistics are kept as they are
 (``Acceptance``). Measured once per pair, precisions and temperature and cached as JSON next to the
 machine profiles.
+
+Each calibration text also keeps how often draft and target agree on its prompt (``prompt_agreement``: the
+argmax of both over the prompt's last ``AGREEMENT_WINDOW`` tokens), so a prompt can be priced on the texts
+whose prompts agree as much as its own (``Acceptance.nearest``): over 30 eval prompts the agreement on the
+prompt followed the chain's tokens per step on the continuation (docs/PLANNING.md).
 """
 
 from __future__ import annotations
@@ -22,10 +27,17 @@ import torch
 from ..config import DecodeConfig
 from .forward_timer import Progress, Turn
 
-ACCEPTANCE_VERSION = 4  # 3: the calibration texts are kept (the suffix method is replayed on them)
+ACCEPTANCE_VERSION = 5  # 3: the calibration texts are kept (the suffix method is replayed on them)
 # 4: an int4 draft's head is read from the embedding where that is the same matrix (gguf_model.with_head)
+# 5: each text's own positional vector and its prompt's agreement (``nearest``)
 #: confidence-stop thresholds the chain is priced at (None = always draft k tokens)
 STOP_GRID: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: the prompt tokens whose draft/target argmax agreement is measured (the last ones; ``prompt_agreement``)
+AGREEMENT_WINDOW = 32
+#: calibration texts a prompt is priced on (``Acceptance.nearest``): over the 30 eval prompts of wiki, news and
+#: code (docs/PLANNING.md) the nearest 1 / 2 / all 4 texts by agreement predicted the chain's tokens per step within
+#: a median factor of 1.23 / 1.30 / 1.65; two, as one 48-token text is a small sample
+NEAREST_TEXTS = 2
 
 
 @dataclass(frozen=True)
@@ -41,11 +53,31 @@ class Acceptance:
             (the chain goes on). Runs of easy tokens (code) are kept as they are, not averaged away.
         texts: per calibration continuation, ``(prompt ids, continuation ids)`` (the suffix method
             is replayed on them).
+        vectors: per calibration continuation, its own positional vector (``vector`` is their mean by
+            position count).
+        prompt_agreement: per calibration continuation, ``prompt_agreement`` of its prompt.
     """
 
     vector: tuple[float, ...]
     sequences: tuple[tuple[tuple[float, ...], ...], ...] = ()
     texts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    vectors: tuple[tuple[float, ...], ...] = ()
+    prompt_agreement: tuple[float, ...] = ()
+
+    def nearest(self, agreement: float, k: int = NEAREST_TEXTS) -> "Acceptance":
+        """The acceptance of the ``k`` calibration texts whose prompts' draft/target agreement is nearest
+        ``agreement`` (a prompt's own, ``prompt_agreement``): their sequences and texts, and their positional
+        vectors averaged by position count. Itself when it keeps no agreement or has at most ``k`` texts."""
+        n = len(self.prompt_agreement)
+        if n <= k or n != len(self.sequences) or n != len(self.vectors):
+            return self
+        pick = sorted(sorted(range(n), key=lambda i: (abs(self.prompt_agreement[i] - agreement), i))[:k])
+        rows = [len(self.sequences[i]) for i in pick]
+        width = min(len(self.vectors[i]) for i in pick)
+        vector = tuple(sum(r * self.vectors[i][j] for r, i in zip(rows, pick)) / sum(rows) for j in range(width))
+        return Acceptance(vector, tuple(self.sequences[i] for i in pick),
+                          tuple(self.texts[i] for i in pick) if len(self.texts) == n else self.texts,
+                          tuple(self.vectors[i] for i in pick), tuple(self.prompt_agreement[i] for i in pick))
 
 
 def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: float, new_tokens: int = 48,
@@ -64,8 +96,7 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
     say = progress or (lambda _m: None)
     gen = torch.Generator().manual_seed(seed)
     total, count = None, 0
-    sequences = []
-    texts = []
+    sequences, texts, vectors, agreements = [], [], [], []
     taus = torch.tensor(STOP_GRID, dtype=torch.float64)
     dec = SpeculativeDecoder(pair.draft, pair.target,
                              DecodeConfig(method="autoregressive", temperature=temperature, seed=seed,
@@ -91,9 +122,13 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
             dl = pair.draft(x).logits[0, len(ids) - 1:-1]
         t = temperature if temperature > 0 else 1.0
         tp, dp = probs_from_logits(tl, t).cpu().double(), probs_from_logits(dl, t).cpu().double()
-        acc = estimate_acceptance_vector(dp, tp, width, gen, deterministic=temperature == 0) * tp.shape[0]
+        own = estimate_acceptance_vector(dp, tp, width, gen, deterministic=temperature == 0)
+        vectors.append(tuple(float(a) for a in own))
+        acc = own * tp.shape[0]
         total = acc if total is None else total + acc
         count += tp.shape[0]
+        with turn():
+            agreements.append(prompt_agreement(pair, ids))
         if temperature == 0:
             accept = (dp.argmax(-1) == torch.tensor(cont)).double()
             conf = dp.max(-1).values
@@ -105,7 +140,21 @@ def measure_acceptance(pair, prompts: Sequence[Sequence[int]], temperature: floa
         say(f"    acceptance prompt {i + 1}/{len(prompts)}: p1 so far {float(total[0]) / count:.2f}")
     if not count:
         raise ValueError("no acceptance could be measured: the continuations were empty")
-    return Acceptance(tuple(float(a) for a in total / count), tuple(sequences), tuple(texts))
+    return Acceptance(tuple(float(a) for a in total / count), tuple(sequences), tuple(texts), tuple(vectors),
+                      tuple(agreements))
+
+
+def prompt_agreement(pair, ids: Sequence[int], window: int = AGREEMENT_WINDOW) -> float:
+    """How often draft and target pick the same next token over the last ``window`` tokens of ``ids`` (one forward
+    of each over those tokens alone, every row's argmax): what a prompt says of the acceptance of its continuation
+    before it is decoded. ``ids``: ``[P]`` token ids (P >= 1)."""
+    tail = list(ids)[-window:]
+    if not tail:
+        raise ValueError("an empty prompt has no agreement")
+    with torch.inference_mode():
+        x = torch.tensor([tail])
+        same = pair.target(x).logits[0].argmax(-1) == pair.draft(x).logits[0].argmax(-1)
+    return float(same.double().mean())
 
 
 def _dense_dtype(pair) -> str:
@@ -136,7 +185,8 @@ def cached_acceptance(pair_name: str, draft_precision: str, target_precision: st
     try:
         d = json.loads(path.read_text())
         return Acceptance(tuple(d["acceptance"]), tuple(tuple(tuple(r) for r in seq) for seq in d["sequences"]),
-                          tuple((tuple(p), tuple(c)) for p, c in d["texts"]))
+                          tuple((tuple(p), tuple(c)) for p, c in d["texts"]), tuple(tuple(v) for v in d["vectors"]),
+                          tuple(d["prompt_agreement"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -154,6 +204,7 @@ def load_or_measure_acceptance(pair, pair_name: str, prompts: Sequence[Sequence[
     acc = measure_acceptance(pair, prompts, temperature, new_tokens, progress=progress, turn=turn)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"acceptance": acc.vector, "sequences": acc.sequences, "texts": acc.texts,
+                                "vectors": acc.vectors, "prompt_agreement": acc.prompt_agreement,
                                 "stop_grid": STOP_GRID,
                                 "pair": pair_name, "temperature": temperature,
                                 "draft_precision": pair.draft_precision, "target_precision": pair.target_precision,

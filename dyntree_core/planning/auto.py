@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 
 from ..config import DecodeConfig
 from ..step_price import EARLY_CHECK_FROM, EARLY_MARGIN, FALLBACK_AFTER, FallbackPrice, PricedRows
-from .acceptance import Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance
+from .acceptance import (Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance,
+                         prompt_agreement)
 from .forward_timer import Progress, Turn
 from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
 from .pair_cache import PairCache
@@ -50,6 +51,9 @@ class AutoPlan:
     per_method: tuple[Candidate, ...] = ()  # the cheapest candidate of each priced method
     reference: Optional[Candidate] = None  # the fastest plain decoding in the profile, any precision
     profile: Optional[MachineProfile] = field(default=None, repr=False, compare=False)  # what priced it
+    #: the prompt's draft/target agreement it was priced for (``acceptance.prompt_agreement``; None: every
+    #: calibration text priced it)
+    prompt_agreement: Optional[float] = None
 
     @property
     def method(self) -> str:
@@ -260,7 +264,8 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
               draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
               refresh: bool = False, progress: Optional[Progress] = None,
               target_ns: Sequence[int] = (), measure: bool = True, turn: Turn = nullcontext,
-              remeasure: Sequence = (), read_gb_per_s: Optional[float] = None) -> AutoPlan:
+              remeasure: Sequence = (), read_gb_per_s: Optional[float] = None,
+              prompt_ids: Optional[Sequence[int]] = None) -> AutoPlan:
     """Profile (cached), measure acceptance (cached), choose. Loads models through ``cache``.
     ``target_ns``: target sizes the profile must also cover (a calibration that follows prices
     bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``). ``measure=False``: only from the
@@ -268,7 +273,9 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
     the context each timed measurement runs in (``profiling.measure_into``); ``remeasure``: profile rows
     (``prediction.ProfileRow``) to measure anew, the cached ones serving until then; ``read_gb_per_s``: the
     memory's read bandwidth probed just before (``profiling.run_probe``): the profile of that spell prices the
-    plan (``profiling.load_or_measure_profile``)."""
+    plan (``profiling.load_or_measure_profile``); ``prompt_ids``: the prompt to be decoded: its draft/target
+    agreement (``acceptance.prompt_agreement``, one forward of each model over its last tokens, the models loaded
+    even with ``measure=False``) picks the calibration texts that price it (``Acceptance.nearest``)."""
     say = progress or (lambda _m: None)
     tps = tuple(target_precisions or default_precisions(cache.device))
     dps = tuple(draft_precisions or tps)
@@ -292,6 +299,16 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
                 pair = cache.pair(fast_t, fast_d)
             acc = load_or_measure_acceptance(pair, name, calibration_prompts(pair.tokenizer), temperature,
                                              refresh=refresh, progress=say, turn=turn)
+    agreement = None
+    if prompt_ids and acc.prompt_agreement:
+        with turn():
+            agreement = prompt_agreement(cache.pair(fast_t, fast_d), prompt_ids)
+        acc = acc.nearest(agreement)
     plan = choose(prof, acc, temperature, tps, dps, methods)
+    if agreement is not None:
+        plan = replace(plan, prompt_agreement=round(agreement, 3), reason=(
+            f"{plan.reason}; priced on the {len(acc.prompt_agreement)} calibration texts whose prompts' draft/target "
+            f"agreement ({', '.join(f'{a:.2f}' for a in acc.prompt_agreement)}) is nearest this prompt's "
+            f"({agreement:.2f})"))
     say(plan.reason)
     return plan
