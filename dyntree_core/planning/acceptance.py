@@ -32,11 +32,14 @@ ACCEPTANCE_VERSION = 5  # 3: the calibration texts are kept (the suffix method i
 # 5: each text's own positional vector and its prompt's agreement (``nearest``)
 #: confidence-stop thresholds the chain is priced at (None = always draft k tokens)
 STOP_GRID: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-#: the prompt tokens whose draft/target argmax agreement is measured (the last ones; ``prompt_agreement``)
-AGREEMENT_WINDOW = 32
-#: calibration texts a prompt is priced on (``Acceptance.nearest``): over the 30 eval prompts of wiki, news and
-#: code (docs/PLANNING.md) the nearest 1 / 2 / all 4 texts by agreement predicted the chain's tokens per step within
-#: a median factor of 1.23 / 1.30 / 1.65; two, as one 48-token text is a small sample
+#: the prompt tokens whose draft/target argmax agreement is measured (the last ones; ``prompt_agreement``). Over
+#: the 30 eval prompts of wiki, news and code (128 tokens; ``scripts/prompt_agreement.py``, docs/PLANNING.md) the
+#: agreement over the last 16 / 32 / 64 / 128 correlated 0.17 / 0.58 / 0.67 / 0.82 with the chain's tokens per
+#: step on the continuation, and the nearest two calibration texts by it predicted those within a median factor
+#: of 1.41 / 1.58 / 1.30 / 1.29 (all four texts: 1.65); 64 costs half of 128's forwards
+AGREEMENT_WINDOW = 64
+#: calibration texts a prompt is priced on (``Acceptance.nearest``): by the last 128 tokens' agreement the nearest
+#: 1 / 2 / 3 texts were within 1.23 / 1.29 / 1.46; two, as one 48-token text is a small sample
 NEAREST_TEXTS = 2
 
 
@@ -172,7 +175,7 @@ def _acceptance_path(pair_name: str, draft_precision: str, target_precision: str
     from ..models.load import draft_head
 
     raw = json.dumps([pair_name, draft_precision, target_precision, float(temperature), new_tokens,
-                      [list(p) for p in prompts], ACCEPTANCE_VERSION, draft_head()])
+                      [list(p) for p in prompts], ACCEPTANCE_VERSION, draft_head(), AGREEMENT_WINDOW])
     return acceptance_cache_path(hashlib.sha256(raw.encode()).hexdigest()[:16])
 
 
