@@ -314,7 +314,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         """``auto`` on one prompt: the plan of the spell the prompt's probe saw, its prediction beside the run;
         ``for_prompt``: priced on the calibration texts nearest the prompt (``plan_auto``'s ``prompt_ids``)."""
         def run(ids: list[int], seed: int) -> tuple[float, float, int]:
-            plan = plan_in_spell(temp)
+            plan = plan_in_spell(temp)  # (for_prompt too: it measures a new spell's profile, which measure=False reads)
             if for_prompt:
                 t0 = time.perf_counter()
                 plan = plan_auto(models, temp, target_precisions=args.auto_precisions, measure=False,

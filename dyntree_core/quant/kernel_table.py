@@ -158,18 +158,23 @@ def aten_weight_bytes(shape: LayerShape) -> int:
     return Int8Linear.weight_bytes(shape.n, shape.k)
 
 
+def aten_beyond_cache(shape: LayerShape, cache_bytes: Optional[int]) -> bool:
+    """Whether torch's form of ``shape``'s weight is over ``ATEN_OUT_OF_CACHE`` x ``cache_bytes`` (so read from memory
+    at every call); False where the cache size is unknown."""
+    return bool(cache_bytes) and aten_weight_bytes(shape) > ATEN_OUT_OF_CACHE * cache_bytes
+
+
 def aten_out_of_reach(shape: LayerShape, best_ms: float, read_gb_per_s: Optional[float],
                       cache_bytes: Optional[int]) -> Optional[str]:
     """Why torch's kernel cannot take ``shape`` from a GGML kernel that runs one row in ``best_ms`` (None: it might,
-    time it): its weights are over ``ATEN_OUT_OF_CACHE`` x ``cache_bytes`` (read from memory at every call), and
-    reading them at ``ATEN_READ_MARGIN`` x ``read_gb_per_s`` takes at least ``best_ms / (1 + NATIVE_LAYER_MARGIN)``.
-    Unknown bandwidth or cache size: None."""
-    if not read_gb_per_s or not cache_bytes:
+    time it): its weights are beyond the cache (``aten_beyond_cache``), and reading them at ``ATEN_READ_MARGIN`` x
+    ``read_gb_per_s`` takes at least ``best_ms / (1 + NATIVE_LAYER_MARGIN)``. Unknown bandwidth or cache size: None."""
+    if not read_gb_per_s or not aten_beyond_cache(shape, cache_bytes):
         return None
     nbytes = aten_weight_bytes(shape)
     floor_ms = nbytes / (ATEN_READ_MARGIN * read_gb_per_s * 1e6)
     need_ms = best_ms / (1 + NATIVE_LAYER_MARGIN)
-    if nbytes <= ATEN_OUT_OF_CACHE * cache_bytes or floor_ms < need_ms:
+    if floor_ms < need_ms:
         return None
     return (f"not timed: at one row it reads {nbytes / 1e6:.0f} MB (> {ATEN_OUT_OF_CACHE}x the {cache_bytes >> 20} MiB "
             f"cache), >= {floor_ms:.2f} ms at {ATEN_READ_MARGIN:g}x the {read_gb_per_s:.1f} GB/s read, and it would "
@@ -330,8 +335,7 @@ def measure_for_plan(shape: LayerShape, ms: Iterable[int] = DEFAULT_MS,
     why = None
     if timed:
         cache = largest_cache_bytes()
-        big = cache is not None and aten_weight_bytes(shape) > ATEN_OUT_OF_CACHE * cache
-        read = probe_read(ATEN_PROBE_BYTES, samples=3) if big else None
+        read = probe_read(ATEN_PROBE_BYTES, samples=3) if aten_beyond_cache(shape, cache) else None  # (~60 ms)
         why = aten_out_of_reach(shape, min(timed), read.gb_per_s if read and not read.contended else None, cache)
     if why is None:
         first.update(layers.time(ms[:1], ("aten",), "min", give_up=GIVE_UP,
