@@ -97,8 +97,10 @@ class DecodeConfig:
             plain decoding (from ``check_from`` on: more than ``early_margin`` x that;
             ``step_price.FallbackPrice.falls_back``), the rest of the run decodes plainly (the tree
             does not pay on this text; ``auto`` sets it from its plan's profile rows,
-            ``AutoPlan.fallback_price``). Eager steps only (graph steps keep the tree). None = never. Every
-            step stays exact and the switch depends only on steps already decoded: the run stays lossless.
+            ``AutoPlan.fallback_price``), except where the text repeats itself: there a step verifies the
+            suffix tree of its repeats priced at the same rows (``drafting.repeats``, no draft model).
+            Eager steps only (graph steps keep the tree). None = never. Every step stays exact and the
+            switch depends only on steps already decoded: the run stays lossless.
     """
 
     method: str = "chain"

@@ -39,7 +39,7 @@ def test_a_tree_run_below_its_break_even_decodes_plainly_from_then_on_token_iden
     methods = [t.method for t in traces]
     switch = next(i for i, t in enumerate(traces) if t.fallback)
     assert switch >= FALLBACK_AFTER - 1 and methods[:switch + 1] == ["chain"] * (switch + 1)
-    assert set(methods[switch + 1:]) == {"autoregressive"} and len(methods) > switch + 1
+    assert set(methods[switch + 1:]) <= {"autoregressive", "suffix"} and len(methods) > switch + 1
     tree = traces[:switch + 1]
     mean = sum(t.num_committed for t in tree) / len(tree)
     assert mean < 4.5 and f"{mean:.2f} tokens each over {len(tree)} steps" in traces[switch].fallback
@@ -54,24 +54,29 @@ def test_a_tree_that_pays_keeps_drafting(pair, one_torch_thread):
         assert {t.method for t in traces} == {"chain"} and not any(t.fallback for t in traces)
 
 
-def test_a_suffix_run_that_falls_back_keeps_its_index_of_the_text(one_torch_thread):
-    """The drafter still sees every committed token (a model-free drafter indexes the text)."""
-    from dyntree_core.drafting import suffix
+def test_after_the_fallback_the_repeat_drafter_indexes_the_whole_text(one_torch_thread):
+    """The repeats are drafted from the text so far: the drafter made at the fallback is given the prompt and every
+    token committed until then, and each token committed after it (plain steps and its own steps alike)."""
+    from dyntree_core.drafting.repeats import RepeatDrafter
 
     seen: list[int] = []
-    orig = suffix.SuffixDrafter.extend
+    reset, extend = RepeatDrafter.reset, RepeatDrafter.extend
 
-    def spy(self, tokens):
+    def spy_reset(self, prompt=()):
+        seen[:] = list(prompt)
+        return reset(self, prompt)
+
+    def spy_extend(self, tokens):
         seen.extend(tokens)
-        return orig(self, tokens)
+        return extend(self, tokens)
 
     import unittest.mock as mock
 
-    with mock.patch.object(suffix.SuffixDrafter, "extend", spy):
+    with mock.patch.object(RepeatDrafter, "reset", spy_reset), mock.patch.object(RepeatDrafter, "extend", spy_extend):
         traces = _run(tiny_pair(vocab=64, seed=4, layers=2, hidden=64), n=30, method="suffix", budget=8, depth=4,
                       fallback=below(64.0))
-    assert traces[FALLBACK_AFTER - 1].fallback and traces[-1].method == "autoregressive"
-    assert seen[-30:] == [c.token_id for t in traces for c in t.committed]
+    assert traces[FALLBACK_AFTER - 1].fallback
+    assert seen == [5, 9] + [c.token_id for t in traces for c in t.committed]
 
 
 def test_a_chain_pays_for_the_draft_forwards_its_steps_ran(pair, one_torch_thread):
@@ -86,7 +91,7 @@ def test_a_chain_pays_for_the_draft_forwards_its_steps_ran(pair, one_torch_threa
     assert tps < 1.2 + 0.5 * levels  # so the dear draft must fall back at step FALLBACK_AFTER
     dear = _run(pair, method="chain", depth=4, fallback=below(1.2, draft_s=0.5))
     switch = next(i for i, t in enumerate(dear) if t.fallback)
-    assert switch == FALLBACK_AFTER - 1 and dear[switch + 1].method == "autoregressive"
+    assert switch == FALLBACK_AFTER - 1 and dear[switch + 1].method in ("autoregressive", "suffix")
 
 
 def test_the_early_check_ends_a_run_far_below_its_break_even_and_waits_near_it():

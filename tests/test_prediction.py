@@ -258,11 +258,33 @@ def test_a_run_that_fell_back_is_checked_step_kind_by_step_kind():
     assert "0.06x" not in text and "0.23x" not in text
     assert [x.name for x in c.wrong_parts()] == ["draft (3.0 levels of 1.0)"]  # 3 levels at 14.5 ms: 0.11 is 2.5x
     assert c.rows_to_remeasure() == ()  # 3 tree steps are too few to blame the draft's row
-    within = check_prediction(p, tree + _steps(51, 0.0, 0.037, 0.0005, 1, method="autoregressive"))
+    plain = _steps(51, 0.0, 0.037, 0.0005, 1, method="autoregressive")
+    for t in plain:
+        t.tree = None
+    within = check_prediction(p, tree + plain)
     assert within.parts[4].ratio == pytest.approx(0.037 / 0.036) and not within.parts[4].off
     assert all(x.name != within.parts[4].name for x in within.wrong_parts())
     whole = check_prediction(p, _steps(12, 0.11, 0.07, 0.005, 4))  # no fallback: as before, four parts
     assert whole.fell_back_after is None and len(whole.parts) == 4 and "fell back" not in whole.text()
+
+
+def test_the_repeats_after_a_fallback_are_not_counted_as_plain_steps():
+    """After the fallback, steps that verified the text's repeats (``drafting.repeats``: a few-node tree, no draft
+    forward) stay out of the plain steps' one-token check, and the line counts them."""
+    rows = PricedRows(ns=(1, 4, 8, 16), target=(0.036, 0.056, 0.067, 0.126), draft=(0.0145, 0.022, 0.032, 0.06),
+                      other=(0.0005, 0.0048, 0.0049, 0.0053))
+    p = _prediction(s_per_token=0.027, draft_s=0.071, target_s=0.062, other_s=0.005, tokens_per_step=5.2, rows=rows)
+    tree = _steps(3, 0.5, 0.07, 0.005, 4)  # (a dear draft: the run is off the prediction, and the line says why)
+    tree[-1].fallback = "chain steps committed 4.00 tokens each over 3 steps; ..."
+    plain = _steps(40, 0.0, 0.036, 0.0005, 1, method="autoregressive")
+    for t in plain:
+        t.tree = None
+    repeats = _steps(11, 0.0, 0.056, 0.001, 3, method="suffix")
+    c = check_prediction(p, tree + plain + repeats)
+    assert c.steps == 54 and c.fell_back_after == 3 and c.repeat_steps == 11
+    assert c.parts[4].name == "target forward of the 40 plain steps" and c.parts[4].steps == 40
+    assert c.parts[4].ratio == pytest.approx(1.0)  # the repeats' 4-token forwards are not one-token forwards
+    assert "40 of its 54 steps were plain, 11 verified the text's own repeats" in c.text()
 
 
 def test_too_few_steps_re_measure_nothing():

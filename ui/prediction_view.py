@@ -40,7 +40,8 @@ def check_table(record: RunRecord) -> str:
              f"<td class='{'dt-lose' if check.off else 'dt-win'}'>{check.ratio:.2f}×</td><td></td></tr>")
     k = check.fell_back_after
     over = (f"{check.steps} steps" if k is None else
-            f"its {k} tree steps, then the plain steps after its fallback")
+            f"its {k} tree steps, then the plain steps after its fallback"
+            + (f" and its {check.repeat_steps} steps of the text's repeats" if check.repeat_steps else ""))
     return ("<table><tr><th>per step</th><th>priced by auto (at the run's sizes where the profile has them)</th><th>measured (mean of "
             f"{over})</th><th>measured ÷ predicted</th><th>priced from</th></tr>"
             + rows + total + "</table>")

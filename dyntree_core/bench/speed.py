@@ -49,7 +49,9 @@ plan it ran (``plan_per_prompt``), that plan's predicted ms/token, ``measured_ov
 (``planning.prediction.check_prediction``, as the app's status line checks a Run: draft, target forward and the
 rest of the step each against its profile price at the run's own sizes, tokens per step), and the probed
 bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-once`` keeps the plan made at the
-start for every prompt. ``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt
+start for every prompt. A run that falls back (``DecodeConfig.fallback``) still verifies the text's own repeats
+(``drafting.repeats``; ``repeat_steps`` per prompt); ``--fallback-ab`` adds the row ``auto, plain steps after its
+fallback`` without them. ``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt
 priced on the calibration texts whose prompts' draft/target agreement is nearest its own (``plan_auto``'s
 ``prompt_ids``; each prompt records its ``prompt_agreement``); the app's ``auto`` does not do that yet.
 """
@@ -101,8 +103,9 @@ class Cell:
 def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
           per_prompt: Optional[list[dict]] = None, traces: Optional[list] = None) -> tuple[float, float, int]:
     """(ms/token, tokens/step, tokens) of one prompt; ``per_prompt`` gets ``{"fell_back_after_step": the step
-    after which the run decoded plainly (DecodeConfig.fallback), or None}``; ``traces`` gets the steps."""
-    steps = tokens = 0
+    after which the run decoded plainly (DecodeConfig.fallback), or None, "repeat_steps": the steps after it that
+    verified the text's own repeats (drafting.repeats)}``; ``traces`` gets the steps."""
+    steps = tokens = repeats = 0
     seconds = 0.0
     at = None
     for tr in dec.generate(ids, n, seed=seed):
@@ -112,8 +115,9 @@ def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
         tokens += len(tr.committed)
         seconds += tr.step_seconds
         at = tr.step + 1 if tr.fallback else at
+        repeats += at is not None and tr.step >= at and tr.tree is not None
     if per_prompt is not None:
-        per_prompt.append({"fell_back_after_step": at})
+        per_prompt.append({"fell_back_after_step": at, "repeat_steps": repeats})
     return seconds * 1e3 / max(tokens, 1), tokens / max(steps, 1), tokens
 
 
@@ -170,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-aware", action="store_true",
                    help="add the row 'auto, priced for the prompt': auto priced on the calibration texts whose "
                         "prompts' draft/target agreement is nearest each prompt's own")
+    p.add_argument("--fallback-ab", action="store_true",
+                   help="add the row 'auto, plain steps after its fallback': auto without the text's repeats "
+                        "drafted after a fallback (drafting.repeats), as it decoded before them")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -310,9 +317,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
         return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, per_prompt)
 
-    def auto_runner(temp: float, per_prompt: list[dict], for_prompt: bool = False):
+    def auto_runner(temp: float, per_prompt: list[dict], for_prompt: bool = False, repeats: bool = True):
         """``auto`` on one prompt: the plan of the spell the prompt's probe saw, its prediction beside the run;
-        ``for_prompt``: priced on the calibration texts nearest the prompt (``plan_auto``'s ``prompt_ids``)."""
+        ``for_prompt``: priced on the calibration texts nearest the prompt (``plan_auto``'s ``prompt_ids``);
+        ``repeats``: the text's repeats drafted after a fallback (``SpeculativeDecoder.repeats_after_fallback``)."""
         def run(ids: list[int], seed: int) -> tuple[float, float, int]:
             plan = plan_in_spell(temp)  # (for_prompt too: it measures a new spell's profile, which measure=False reads)
             if for_prompt:
@@ -323,6 +331,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             pair = models.pair(plan.best.target_precision, plan.best.draft_precision or plan.fastest_draft_precision)
             dec = SpeculativeDecoder(pair.draft, pair.target, plan.apply(DecodeConfig(temperature=temp, seed=args.seed)),
                                      eos_token_id=eos or None)
+            dec.repeats_after_fallback = repeats
             traces: list = []
             ms, tps, ntok = _ours(dec, ids, args.new_tokens, seed, per_prompt, traces)
             predicted = plan.best.seconds_per_token * 1e3
@@ -360,6 +369,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         run_rows("auto", temp, auto_runner(temp, per_prompt),
                  extra=dict(plan=plan.best.label(), predicted_ms_per_token=plan.best.seconds_per_token * 1e3,
                             break_even_tokens=plan.break_even_tokens()), per_prompt=per_prompt)
+        if args.fallback_ab:
+            before: list[dict] = []
+            run_rows("auto, plain steps after its fallback", temp, auto_runner(temp, before, repeats=False),
+                     per_prompt=before)
         if args.prompt_aware:
             aware: list[dict] = []
             run_rows("auto, priced for the prompt", temp, auto_runner(temp, aware, for_prompt=True), per_prompt=aware)

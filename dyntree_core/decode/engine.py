@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from ..trace import NodeStatus, PrefillProgress, StepTrace, TokenProvenance
 from ..tree import BLOCK_SIZES, ORDERS, TokenTree, count_nonzero_blocks
 from ..verify.common import sample_index
 from ..verify.rows import DenseRows, LogitRows
+
+if TYPE_CHECKING:
+    from ..drafting.repeats import RepeatDrafter
 
 
 
@@ -64,6 +67,8 @@ class _Step:
     tree_tokens: int = 0
     tree_priced_s: float = 0.0
     plain: bool = False  # the run fell back to plain decoding
+    repeats: Optional["RepeatDrafter"] = None  # after the fallback: the text's own repeats, where priced to pay,
+    repeat_verifier: Any = None  # and their verifier (greedy at T = 0, else point mass: the trees are deterministic)
 
 #: at most this many prompt tokens per prefill forward: long prompts report progress and keep peak
 #: activation memory bounded; the KV cache is the same as one forward's
@@ -172,6 +177,9 @@ class SpeculativeDecoder:
         #: T > 0 graph steps verify token level and point mass on the device (``verify.device``); False: on
         #: the host from the read rows, as Traversal does (the A/B of ``bench gpu``)
         self.device_verify = True
+        #: after a fallback (``DecodeConfig.fallback``) verify the text's own repeats where they are priced to pay
+        #: (``drafting.repeats``); False: plain steps only, as before them (the A/B of ``bench speed --fallback-ab``)
+        self.repeats_after_fallback = True
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -372,6 +380,10 @@ class SpeculativeDecoder:
             # sized for the whole run: prompt, new tokens and the largest tree in flight (the draft's
             # forwarded nodes may exceed the kept tree); a cache only grows if a drafter exceeds this
             tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
+            if cfg.fallback is not None and not is_ar:  # the repeat trees after a fallback
+                from ..drafting.repeats import REPEAT_BUDGET
+
+                tree_cap = max(tree_cap, REPEAT_BUDGET)
             capacity = len(prompt) + max_new_tokens + tree_cap
             t_cache = new_cache(self.target, capacity)
             if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
@@ -406,8 +418,12 @@ class SpeculativeDecoder:
                 if graph is not None:
                     trace, timer = (self._graph_ar_step(state, graph, rng) if is_ar
                                     else self._graph_tree_step(state, graph, verifier, rng, device_gen))
+                elif state.repeats is not None and state.repeats.candidate(state.committed[-1]) is not None:
+                    trace, timer = self._tree_step(state, t_cache, None, state.repeats, state.repeat_verifier, gen,
+                                                   rng)
+                    trace.method, trace.verifier = state.repeats.name, state.repeat_verifier.name
                 elif is_ar or state.plain:
-                    trace, timer = self._ar_step(state, t_cache, rng, drafter)
+                    trace, timer = self._ar_step(state, t_cache, rng, state.repeats or drafter)
                 else:
                     trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng, gdraft,
                                                    device_gen)
@@ -479,10 +495,19 @@ class SpeculativeDecoder:
         per_token = state.tree_priced_s / max(1, state.tree_tokens)
         if not rule.falls_back(state.tree_steps, per_token) or trace.finish_reason is not None:
             return ""
+        from ..drafting.repeats import RepeatDrafter
+        from ..verify import make_verifier
+
         state.plain = True
-        return (f"{self.config.method} steps committed {state.tree_tokens / state.tree_steps:.2f} tokens each over "
+        said = (f"{self.config.method} steps committed {state.tree_tokens / state.tree_steps:.2f} tokens each over "
                 f"{state.tree_steps} steps; priced at this machine's profile that is {per_token * 1e3:.0f} ms per token "
                 f"against {rule.plain_s_per_token * 1e3:.0f} for plain decoding: plain decoding from the next step on")
+        if not self.repeats_after_fallback:
+            return said
+        state.repeats = RepeatDrafter(self.config, rule.rows)
+        state.repeats.reset(state.committed)
+        state.repeat_verifier = make_verifier("greedy" if self.config.greedy else "point_mass")
+        return f"{said}, drafting only the text's own repeats where they are priced to pay (no draft model)"
 
     def _ar_step(self, state: _Step, t_cache, rng: np.random.Generator, drafter=None) -> tuple[StepTrace, StepTimer]:
         """One causal target forward of the last committed token and one sample (argmax at T=0):

@@ -160,6 +160,8 @@ class PredictionCheck:
             predicted method; after a fallback to plain decoding (``DecodeConfig.fallback``) also the plain
             steps' target forward against its row's one-token price.
         fell_back_after: the tree steps the run decoded before it fell back to plain decoding (None: it did not).
+        repeat_steps: of the steps after the fallback, those that verified the text's own repeats
+            (``drafting.repeats``); the rest were plain.
     """
 
     prediction: Prediction
@@ -171,6 +173,7 @@ class PredictionCheck:
     threads: Optional[int] = None
     read_gb_per_s: tuple[float, ...] = ()  # the memory's read bandwidth probed before and after the run
     fell_back_after: Optional[int] = None
+    repeat_steps: int = 0  # of the steps after the fallback, those that verified the text's repeats
 
     @property
     def other_spell(self) -> Optional[str]:
@@ -244,8 +247,10 @@ class PredictionCheck:
             parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
         if self.fell_back_after is not None:
             k = self.fell_back_after
-            fell = (f"it fell back to plain decoding after tree step {k}: {self.steps - k} of its {self.steps} "
-                    "steps were plain")
+            later = self.steps - k
+            fell = (f"it fell back to plain decoding after tree step {k}: {later - self.repeat_steps} of its "
+                    f"{self.steps} steps were plain"
+                    + (f", {self.repeat_steps} verified the text's own repeats" if self.repeat_steps else ""))
             parts = f"{fell}; its tree steps: {parts}" if parts else fell
         parts = parts or "no single part"
         rows = self.rows_to_remeasure()
@@ -292,7 +297,8 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
         return None
     switch = next((i for i, t in enumerate(everything) if t.fallback), None)
     steps = everything if switch is None else everything[:switch + 1]  # the steps of the method priced
-    plain = [] if switch is None else everything[switch + 1:]
+    after = [] if switch is None else everything[switch + 1:]
+    plain = [t for t in after if t.tree is None]  # (the others verified the text's repeats: ``drafting.repeats``)
     mean = statistics.fmean
     draft, target, other, tokens = means = _step_means(steps)
     p, rows = prediction, prediction.part_rows()
@@ -310,7 +316,7 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
             priced = at
             names = (f"draft ({levels:.1f} levels of {width:.1f})" if levels else "draft",
                      f"target forward ({size:.1f} tokens)", f"rest of the step ({size:.1f}-node trees)")
-    n = len(steps) if plain else 0
+    n = len(steps) if after else 0
     parts = (PartCheck(names[0], priced[0], draft, rows["draft"], n),
              PartCheck(names[1], priced[1], target, rows["target forward"], n),
              PartCheck(names[2], priced[2], other, rows["rest of the step"], n),
@@ -319,7 +325,8 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     if plain and math.isfinite(one):
         parts += (PartCheck(f"target forward of the {len(plain)} plain steps", one,
                             mean(t.timings.target_forward for t in plain), rows["target forward"], len(plain)),)
-    whole_draft, whole_target, whole_other, whole_tokens = _step_means(everything) if plain else means
+    whole_draft, whole_target, whole_other, whole_tokens = _step_means(everything) if after else means
     measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
-                           tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1)
+                           tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1,
+                           len(after) - len(plain))
