@@ -7,6 +7,8 @@ ratios (10 eval prompts of wiki / news / code, 128 prompt tokens, 64 new tokens,
 * ``auto, tokens/step fallback``: the earlier rule, the plan's break-even in tokens per step whatever the
   step's shape (the same ``FallbackPrice`` with a flat target row of that many plain tokens, free drafts);
 * ``auto, no fallback``;
+* ``auto, priced fallback, plain after it`` (``--rows norepeats``): the priced rule without the text's repeats
+  drafted after the fallback (``drafting.repeats``; ``SpeculativeDecoder.repeats_after_fallback``);
 * with ``--early FROM MARGIN ...``: ``auto, priced fallback from step FROM at MARGINx``, the priced rule checked
   from tree step FROM on, at MARGIN x the plain price until step ``FALLBACK_AFTER`` (``FallbackPrice.check_from``,
   ``early_margin``); ``--rows`` keeps only the rows named (plain always runs).
@@ -37,7 +39,7 @@ ap.add_argument("--method", default="auto", help="auto's choice (default), or th
                 "kind (chain, sequoia), with its shape and fallback rule")
 ap.add_argument("--early", nargs="+", default=[], metavar="FROM MARGIN",
                 help="pairs: an early-checked priced rule from tree step FROM at MARGIN x the plain price")
-ap.add_argument("--rows", nargs="+", choices=("priced", "tokens", "none", "early"),
+ap.add_argument("--rows", nargs="+", choices=("priced", "tokens", "none", "early", "norepeats"),
                 default=["priced", "tokens", "none", "early"], help="which rows besides plain decoding")
 ap.add_argument("--chat", action="store_true", help="the chat template around each prompt, and the app's default "
                 "prompt as a set of its own (the app's defaults)")
@@ -60,6 +62,9 @@ if "tokens" in args.rows:
     decs["auto, tokens/step fallback"] = dataclasses.replace(priced, fallback=flat)
 if "none" in args.rows:
     decs["auto, no fallback"] = dataclasses.replace(priced, fallback=None)
+NO_REPEATS = "auto, priced fallback, plain after it"
+if "norepeats" in args.rows:
+    decs[NO_REPEATS] = priced
 if "early" in args.rows and priced.fallback is not None:
     for first, margin in zip(args.early[::2], args.early[1::2]):
         rule = dataclasses.replace(priced.fallback, check_from=int(first), early_margin=float(margin))
@@ -80,21 +85,23 @@ for ds, texts in sets.items():
                else list(tok(text, add_special_tokens=False)["input_ids"])[:128])
         for k, c in decs.items():
             d = SpeculativeDecoder(pair.draft, pair.target, c, eos_token_id=eos)
+            d.repeats_after_fallback = k != NO_REPEATS
             fell = []
             ms, tps, n = _ours(d, ids, 64, i, fell)
-            rows[k].append((ms, tps, fell[0]["fell_back_after_step"]))
+            rows[k].append((ms, tps, fell[0]["fell_back_after_step"], fell[0]["repeat_steps"]))
     out[ds] = rows
     pl = [r[0] for r in rows["plain"]]
     for k, r in rows.items():
         ratio = [a[0] / b for a, b in zip(r, pl)]
         print(f"{ds:5} {k:27} median {statistics.median(a[0] for a in r):6.1f} ms/token, "
               f"{statistics.fmean(a[1] for a in r):.2f} tokens/step, /plain median {statistics.median(ratio):.2f} "
-              f"({min(ratio):.2f}-{max(ratio):.2f}), fell back on {sum(a[2] is not None for a in r)}/{len(r)}",
-              flush=True)
+              f"({min(ratio):.2f}-{max(ratio):.2f}), fell back on {sum(a[2] is not None for a in r)}/{len(r)}, "
+              f"{sum(a[3] for a in r)} repeat steps", flush=True)
 args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
                                  "machine_info": machine_info().to_dict(),
                                  "threads": torch.get_num_threads(), "plan": plan.best.label(), "ran": cand.label(), "predicted_ms_per_token": cand.seconds_per_token * 1e3,
                                  "break_even": even, "fallback": priced.fallback and dataclasses.asdict(priced.fallback),
-                                 "rows": {ds: {k: [{"ms_per_token": a[0], "tokens_per_step": a[1], "fell_back_after": a[2]}
+                                 "rows": {ds: {k: [{"ms_per_token": a[0], "tokens_per_step": a[1], "fell_back_after": a[2],
+                                                    "repeat_steps": a[3]}
                                                    for a in r] for k, r in rows.items()} for ds, rows in out.items()}},
                                 indent=1))

@@ -285,6 +285,14 @@ def test_the_repeats_after_a_fallback_are_not_counted_as_plain_steps():
     assert c.parts[4].name == "target forward of the 40 plain steps" and c.parts[4].steps == 40
     assert c.parts[4].ratio == pytest.approx(1.0)  # the repeats' 4-token forwards are not one-token forwards
     assert "40 of its 54 steps were plain, 11 verified the text's own repeats" in c.text()
+    from ui.cost_view import cost_model_html
+    from ui.views import status_line
+
+    for t in repeats:
+        t.draft_source = "suffix"
+    rec = _record(p, tree + plain + repeats)
+    assert "(11 later steps verified the text's own repeats)" in status_line(rec)
+    assert "the plain steps after its fallback and its 11 steps of the text's repeats" in cost_model_html(rec, None)
 
 
 def test_too_few_steps_re_measure_nothing():

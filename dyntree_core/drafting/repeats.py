@@ -7,11 +7,12 @@ the target forward of its few nodes. So each step after the fallback builds the 
 beat a plain step's (``best_priced_size``, at the run's own profile rows, ``step_price.PricedRows``); where none
 does, the step is a plain one. The tree is deterministic, so it is verified greedily (T = 0) or by point mass.
 
-Measured by replaying the target's greedy 64-token continuations of the 30 eval prompts (10 each of wiki, news
-and code) from their 13th token on, at the Zen 4 VM's t(1/4/16) = 32.5 / 35.1 / 92.0 ms (docs/PLANNING.md,
-"Repeats after a fallback"): the priced budget-4 tree cost 0.86 / 0.74 / 0.79 x plain decoding (medians, wiki /
-news / code); a budget-8 tree 0.99 / 0.88 / 0.95 (its empirical path probabilities are optimistic: a
-continuation seen once scores 1.0, and the larger trees it prices pay for the optimism).
+Chosen by replaying the target's greedy 64-token continuations of the 30 eval prompts (10 each of wiki, news and
+code) from their 13th token on, priced at the Zen 4 VM's profile rows (``scripts/repeat_replay.py``, docs/PLANNING.md,
+"Repeats after a fallback"): 4 nodes, at most as many tokens as the match is long, cost 0.89 / 0.78 / 0.86 x plain
+decoding (medians, wiki / news / code; the worst prompt 1.04). Without the match-length cap the worst prompt was
+1.11; 8 nodes without it 1.03 / 0.90 / 0.99 (a continuation seen once scores 1.0, so bigger trees are priced
+optimistically and pay for it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from .suffix import TextIndexedDrafter, suffix_tree
 REPEAT_BUDGET = 4
 #: the smallest empirical path probability a repeat node may have (as ``auto``'s suffix trees)
 REPEAT_THRESHOLD = 0.2
+#: at most ``ceil(REPEAT_SPEC_FACTOR * L)`` repeat tokens after a match of ``L`` tokens (``suffix.size_cap``): a word
+#: seen once before scores 1.0 but is weak evidence (replayed: the worst prompt 1.11 -> 1.04 x plain decoding)
+REPEAT_SPEC_FACTOR = 1.0
 
 
 def best_priced_size(value: torch.Tensor, rows: PricedRows) -> int:
@@ -58,9 +62,12 @@ class RepeatDrafter(TextIndexedDrafter):
 
     name = "suffix"
 
-    def __init__(self, cfg: DecodeConfig, rows: PricedRows):
+    def __init__(self, cfg: DecodeConfig, rows: PricedRows, budget: int = REPEAT_BUDGET,
+                 spec_factor: Optional[float] = REPEAT_SPEC_FACTOR):
         super().__init__(cfg)
         self.rows = rows
+        self.budget = budget
+        self.spec_factor = spec_factor
         self._ready: Optional[tuple[int, TokenTree]] = None  # (indexed length, the candidate for it)
 
     def last_origin(self) -> DraftOrigin:
@@ -71,14 +78,14 @@ class RepeatDrafter(TextIndexedDrafter):
         (no repeat, or none whose expected tokens outweigh the bigger forward)."""
         if not self.follows(root_token):
             return None
-        tree = suffix_tree(self.index, REPEAT_BUDGET, REPEAT_BUDGET - 1, REPEAT_THRESHOLD)
+        tree = suffix_tree(self.index, self.budget, self.budget - 1, REPEAT_THRESHOLD, self.spec_factor)
         if tree.size < 2 or tree.value is None:
             return None
         k = best_priced_size(tree.value, self.rows)
         if k < 2:
             return None
         if k < tree.size:  # the best-first tree of k nodes is the first k nodes of the bigger one
-            tree = suffix_tree(self.index, k, REPEAT_BUDGET - 1, REPEAT_THRESHOLD)
+            tree = suffix_tree(self.index, k, self.budget - 1, REPEAT_THRESHOLD, self.spec_factor)
         self._ready = (len(self.index.tokens), tree)
         return tree
 
