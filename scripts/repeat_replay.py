@@ -4,6 +4,8 @@ the target's greedy continuation of each eval prompt (wiki, news, code; 128 prom
 repeat tree of the text so far or is plain, priced as the engine prices it: at the rows of the fallback rule
 ``auto`` sets on this machine (``AutoPlan.fallback_price``: its profile's target forward and the rest of the step).
 A tree's accepted length is what greedy verification accepts on the known continuation (``suffix.accepted_along``).
+``--temperature T`` samples the continuations at T instead (``--samples`` per prompt): the length ``accepted_along``
+finds on a target sample is distributed as point-mass verification's accepted length, so the replay prices T > 0.
 
 Rules replayed, each as cost over plain decoding's for the same tokens (per prompt; medians, means and the worst
 prompt per set):
@@ -13,7 +15,7 @@ prompt per set):
 * ``confident, budget B``: the hybrid method's rule instead of the price (``hybrid.suffix_tree_is_confident``: a
   tree that expects >= 2 tokens, whatever it costs).
 
-    .venv/bin/python scripts/repeat_replay.py [--prompts 10] [--from 12] [--json OUT]
+    .venv/bin/python scripts/repeat_replay.py [--prompts 10] [--from 12] [--temperature 0 --samples 1] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--from", dest="start", type=int, default=12, help="the first continuation token replayed")
+    ap.add_argument("--temperature", type=float, default=0.0, help="the continuations' temperature (0: greedy)")
+    ap.add_argument("--samples", type=int, default=1, help="continuations per prompt (seeded; T > 0)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from dyntree_core.config import DecodeConfig
@@ -55,14 +59,15 @@ def main() -> None:
 
     pair = models.pair(plan.best.target_precision, plan.best.draft_precision or plan.fastest_draft_precision)
     tok = pair.tokenizer
-    dec = SpeculativeDecoder(pair.draft, pair.target, DecodeConfig(method="autoregressive", temperature=0.0),
+    dec = SpeculativeDecoder(pair.draft, pair.target, DecodeConfig(method="autoregressive", temperature=args.temperature),
                              eos_token_id=list(pair.eos_token_ids) or None)
     texts = []
     for ds in ("wiki", "news", "code"):
-        for p in load_prompts(ds, args.prompts):
+        for i, p in enumerate(load_prompts(ds, args.prompts)):
             ids = list(tok(p.text, add_special_tokens=False)["input_ids"])[:128]
-            cont = [c.token_id for tr in dec.generate(ids, 64, seed=0) for c in tr.committed]
-            texts.append((ds, ids, cont))
+            for k in range(args.samples if args.temperature > 0 else 1):
+                cont = [c.token_id for tr in dec.generate(ids, 64, seed=100 * i + k) for c in tr.committed]
+                texts.append((ds, ids, cont))
             print(f"{ds}: {len(cont)} tokens", flush=True)
 
     def replay(ids, cont, pick, budget: int, cap) -> tuple[float, int]:
@@ -103,7 +108,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
                                          "plan": plan.best.label(), "rows": dataclasses.asdict(rows),
-                                         "from_token": args.start, "rules": out}, indent=1))
+                                         "from_token": args.start,
+                                         "temperature": args.temperature, "samples": args.samples, "rules": out}, indent=1))
 
 
 if __name__ == "__main__":
