@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Optional
 
 from dyntree_core.config import DecodeConfig
+from dyntree_core.drafting.repeats import repeat_steps
 from dyntree_core.measured import others_share, sample
 from dyntree_core.planning.forward_timer import ForwardTiming
 from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_prediction
@@ -107,6 +108,7 @@ class RunRecord:
             "mean_tokens_per_step": statistics.fmean(per_step) if per_step else math.nan,
             "finish_reason": last.finish_reason if last else None,
             "suffix_steps": sum(1 for t in self.traces if t.draft_source == "suffix"),
+            "repeat_steps": repeat_steps(self.traces),
             "fallback": next((f"after step {t.step + 1}: {t.fallback}" for t in self.traces if t.fallback), ""),
         }
 

@@ -77,6 +77,7 @@ from ..memory_bandwidth import read_gb_per_s
 from ..planning.profiling import SPELL_GAP
 from ..config import DecodeConfig, parse_spec_factor
 from ..decode.engine import SpeculativeDecoder
+from ..drafting.repeats import repeat_steps
 from ..machine import machine_info
 from .hf_baselines import hf_assisted_defaults, hf_generate
 from .llamacpp_native import NATIVE_ROWS
@@ -105,19 +106,20 @@ def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
     """(ms/token, tokens/step, tokens) of one prompt; ``per_prompt`` gets ``{"fell_back_after_step": the step
     after which the run decoded plainly (DecodeConfig.fallback), or None, "repeat_steps": the steps after it that
     verified the text's own repeats (drafting.repeats)}``; ``traces`` gets the steps."""
-    steps = tokens = repeats = 0
+    steps = tokens = 0
     seconds = 0.0
     at = None
+    ran: list = []
     for tr in dec.generate(ids, n, seed=seed):
-        if traces is not None:
-            traces.append(tr)
+        ran.append(tr)
         steps += 1
         tokens += len(tr.committed)
         seconds += tr.step_seconds
         at = tr.step + 1 if tr.fallback else at
-        repeats += at is not None and tr.step >= at and tr.tree is not None
+    if traces is not None:
+        traces.extend(ran)
     if per_prompt is not None:
-        per_prompt.append({"fell_back_after_step": at, "repeat_steps": repeats})
+        per_prompt.append({"fell_back_after_step": at, "repeat_steps": repeat_steps(ran)})
     return seconds * 1e3 / max(tokens, 1), tokens / max(steps, 1), tokens
 
 
