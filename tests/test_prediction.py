@@ -33,7 +33,7 @@ def _flat_profile() -> MachineProfile:
 def _prediction(**kw) -> Prediction:
     base = dict(label="chain (k=3) @ target int4, draft int4", method="chain", s_per_token=0.05, draft_s=0.03,
                 target_s=0.10, other_s=0.002, tokens_per_step=2.64, target_precision="int4", draft_precision="int4",
-                reference_label="autoregressive @ int4", reference_s_per_token=0.101)
+                reference_label="autoregressive @ int4", reference_s_per_token=0.101, reference_precision="int4")
     base.update(kw)
     return Prediction(**base)
 
@@ -150,6 +150,48 @@ def test_a_run_in_another_spell_of_the_memory_bandwidth_says_so_and_re_measures_
                  check_prediction(_prediction(), steps, read_gb_per_s=(55.2, 54.1))):
         assert same.other_spell is None and same.rows_to_remeasure() == (ProfileRow("target", "int4"),)
     assert check_prediction(p, steps, read_gb_per_s=(55.2, None)).other_spell  # (a stopped run: one probe)
+
+
+def test_the_check_states_the_speed_over_plain_decoding_timed_beside_the_run():
+    """The prediction's speed-up is priced against the profile's plain decoding; the check states the speed the run
+    measured over plain decoding timed beside it (the cost panel's reference). Where that plain decoding cost more
+    than ``OFF_BY`` off its price (the browser run: profile of a 33 GB/s spell at 53 ms/token, timed beside the run
+    in a 45 GB/s spell at 26.6), the line says the predicted speed-up does not hold and why, even when the tree's
+    own ms/token was within the margin."""
+    steps = _steps(10, 0.032, 0.105, 0.002, 3)  # 46 ms/token, within the prediction of 50
+    near = check_prediction(_prediction(), steps, plain_s_per_token=0.095)
+    assert near.speedup == pytest.approx(0.095 / near.measured_s_per_token)
+    assert near.plain_ratio == pytest.approx(0.095 / 0.101)
+    assert near.text().endswith(f"(within {OFF_BY:.0%}); {near.speedup:.2f}x the speed of plain decoding at int4 "
+                                "timed beside it (95.0 ms/token)")
+    assert "not the predicted" not in near.text()
+    p = _prediction(read_gb_per_s=33.0)  # predicted 2.02x against 101 ms of plain decoding
+    fast_spell = check_prediction(p, steps, read_gb_per_s=(45.0, 44.0), plain_s_per_token=0.0463)
+    assert not fast_spell.off and fast_spell.speedup == pytest.approx(1.0, abs=0.01)
+    assert (f"(within {OFF_BY:.0%}); 1.00x the speed of plain decoding at int4 timed beside it (46.3 ms/token), not "
+            "the predicted 2.02x: plain decoding cost 0.46x its price of 101 ms (the memory read 45 / 44 GB/s around "
+            "the run against the 33 GB/s its profile was measured at") in fast_spell.text()
+    busy = check_prediction(_prediction(), steps, others_share=0.6, plain_s_per_token=0.2)
+    assert "1.98x its price of 101 ms (other processes used 60% of the CPUs" in busy.text()
+    off = check_prediction(_prediction(), _steps(12, 0.03, 0.18, 0.002, 3), plain_s_per_token=0.3)
+    assert off.off and off.text().endswith("the speed of plain decoding at int4 timed beside it (300.0 ms/token), "
+                                           "not the predicted 2.02x: plain decoding cost 2.97x its price of 101 ms")
+    # plain decoding at another precision than the reference is stated, not set against the predicted speed-up
+    int8 = check_prediction(_prediction(target_precision="int8", label="chain @ int8"), steps, plain_s_per_token=0.3)
+    assert int8.plain_ratio is None and "plain decoding at int8 timed beside it" in int8.text()
+    assert "not the predicted" not in int8.text()
+    assert check_prediction(_prediction(), steps).speedup is None  # not timed: no clause
+    # on a quiet machine in the profile's spell, plain decoding off its price has the target's row re-measured (the
+    # predicted speed-up stood on it), even from a run whose own ms/token was within the margin
+    slow_plain = check_prediction(_prediction(), steps, plain_s_per_token=0.2)
+    assert not slow_plain.off and slow_plain.rows_to_remeasure() == (ProfileRow("target", "int4"),)
+    assert slow_plain.text().endswith("its price of 101 ms; the target's int4 row of the profile priced it "
+                                      "(re-measured once per app session)")
+    assert slow_plain.text([ProfileRow("target", "int4")]).endswith(
+        "; re-measuring the target's int4 row of the profile in idle moments (the next Run uses it)")
+    for nothing in (near, fast_spell, busy, int8):
+        assert nothing.rows_to_remeasure() == ()
+    assert "timed beside" not in check_prediction(_prediction(), steps).text()
 
 
 def test_a_prediction_carries_its_profiles_spell():
@@ -364,6 +406,27 @@ def test_status_line_cost_panel_and_compare_show_the_same_two_lines():
     assert "chain / greedy @ target int4, draft int4" in stats[0]  # Compare's column names its precisions
     assert "priced by auto" in panel and "1.80×" in panel  # the part-by-part table
     assert "predicted 0." not in panel  # the panel's old after-the-fact 'predicted' speed-up is gone
+
+
+def test_the_status_line_and_the_cost_panel_state_one_speed_over_plain_decoding():
+    """With plain decoding timed beside the run (``Controller.measure_costs``), the status line's check and the cost
+    panel's verdict give the same speed-up over it; where that plain decoding cost half the profile's price (another
+    spell), the status line no longer stands by the predicted speed-up the panel contradicts."""
+    import re
+
+    from dyntree_core.planning.forward_timer import ForwardTiming
+    from ui.cost_view import cost_model_html
+    from ui.views import status_line
+
+    rec = _record(_prediction(), _steps(12, 0.032, 0.105, 0.002, 3))  # 46 ms/token; predicted 2.02x at 101 ms
+    rec.ar_timing = ForwardTiming(seconds=0.045, mean_seconds=0.0463, tokens=1, prefix_len=20, samples=3,
+                                  measured_at="2026-11-30 00:18:47", load_1min=1.4, cpus=2)
+    rec.one_token_forward_s = rec.ar_timing.mean_seconds
+    status, panel = status_line(rec), re.sub("<[^>]+>", "", cost_model_html(rec, None))
+    stated = re.search(r"(\d\.\d\d)x the speed of plain decoding at int4 timed beside it", status)
+    verdict = re.search(r"(\d\.\d\d)× its speed on this run's steps", panel)
+    assert stated and verdict and stated.group(1) == verdict.group(1) == "1.00", (status, panel)
+    assert "not the predicted 2.02x: plain decoding cost 0.46x its price of 101 ms" in status
 
 
 def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():

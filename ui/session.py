@@ -20,6 +20,7 @@ from typing import Iterator, Literal, Optional
 from dyntree_core.config import DecodeConfig
 from dyntree_core.drafting.repeats import repeat_steps
 from dyntree_core.measured import others_share, sample
+from dyntree_core.planning.cost_model import ar_reference
 from dyntree_core.planning.forward_timer import ForwardTiming
 from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_prediction
 from dyntree_core.planning.profiling import run_probe
@@ -69,16 +70,19 @@ class RunRecord:
 
     def prediction_check(self) -> Optional[PredictionCheck]:
         """The run's steps so far against its prediction (None without one, or before a step), with how much of
-        the CPUs other processes used from its first step to its end (or now)."""
+        the CPUs other processes used from its first step to its end (or now), and its speed over plain decoding
+        timed beside it (the cost panel's reference where no baseline run was made)."""
         if self.prediction is None:
             return None
         import torch
 
         start, end = self.cpu_window
         end = end or (sample() if start is not None else None)
+        plain = ar_reference(None, self.ar_timing, self.one_token_forward_s)
         return check_prediction(self.prediction, self.traces, others_share(start, end),
                                 cpus=end.cpus_counted if end is not None else None, threads=torch.get_num_threads(),
-                                read_gb_per_s=self.read_window)
+                                read_gb_per_s=self.read_window,
+                                plain_s_per_token=plain.seconds_per_token if plain is not None else None)
 
     @property
     def label(self) -> str:

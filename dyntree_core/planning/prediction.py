@@ -60,6 +60,7 @@ class Prediction:
         tokens_per_step: expected tokens committed per step.
         target_precision, draft_precision: the precisions priced (draft None for plain decoding).
         reference_label, reference_s_per_token: the fastest plain decoding in the profile, any precision.
+        reference_precision: its target precision ("" where not recorded).
         profile_created: when the profile was first measured (the numbers' age).
         rows: the profile rows it was priced from (None: the parts are checked at the predicted sizes).
         read_gb_per_s: the memory read bandwidth the profile's rows were measured at (its spell:
@@ -80,6 +81,7 @@ class Prediction:
     profile_created: str = ""
     rows: Optional[PricedRows] = None
     read_gb_per_s: Optional[float] = None
+    reference_precision: str = ""
 
     @property
     def speedup(self) -> float:
@@ -122,7 +124,7 @@ def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional
         draft_s=candidate.draft_seconds, target_s=candidate.target_seconds, other_s=candidate.verify_seconds,
         tokens_per_step=candidate.expected_tokens, target_precision=candidate.target_precision,
         draft_precision=dp, reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
-        profile_created=profile.created if profile is not None else "",
+        reference_precision=ref.target_precision, profile_created=profile.created if profile is not None else "",
         rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None,
         read_gb_per_s=profile.read_gb_per_s if profile is not None else None)
 
@@ -162,6 +164,9 @@ class PredictionCheck:
         fell_back_after: the tree steps the run decoded before it fell back to plain decoding (None: it did not).
         repeat_steps: of the steps after the fallback, those that verified the text's own repeats
             (``drafting.repeats``); the rest were plain.
+        plain_s_per_token: plain decoding at the run's target precision, timed beside the run (the cost panel's
+            reference, ``cost_model.ar_reference``; None: not timed). The run's measured speed-up is against it,
+            whatever the profile priced plain decoding at.
     """
 
     prediction: Prediction
@@ -174,6 +179,45 @@ class PredictionCheck:
     read_gb_per_s: tuple[float, ...] = ()  # the memory's read bandwidth probed before and after the run
     fell_back_after: Optional[int] = None
     repeat_steps: int = 0  # of the steps after the fallback, those that verified the text's repeats
+    plain_s_per_token: Optional[float] = None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """The run's speed over plain decoding timed beside it (None: not timed)."""
+        if not self.plain_s_per_token or self.measured_s_per_token <= 0:
+            return None
+        return self.plain_s_per_token / self.measured_s_per_token
+
+    @property
+    def plain_ratio(self) -> Optional[float]:
+        """Plain decoding timed beside the run over the price of the prediction's reference, where both are the
+        same precision (None: not timed, or the reference is another precision)."""
+        p = self.prediction
+        if not self.plain_s_per_token or p.is_reference or p.reference_precision != p.target_precision:
+            return None
+        return self.plain_s_per_token / p.reference_s_per_token
+
+    @property
+    def plain_off(self) -> bool:
+        """Plain decoding timed beside the run cost more than ``OFF_BY`` off the profile's price of it."""
+        r = self.plain_ratio
+        return r is not None and abs(r - 1.0) > OFF_BY
+
+    def speedup_text(self) -> str:
+        """The clause on the run's measured speed-up over plain decoding timed beside it ('' when not timed);
+        where plain decoding cost more than ``OFF_BY`` off its price, it names the predicted speed-up it replaces
+        and why (another spell of the memory's bandwidth, other processes)."""
+        x = self.speedup
+        if x is None:
+            return ""
+        p = self.prediction
+        plain = f"plain decoding at {p.target_precision} timed beside it ({self.plain_s_per_token * 1e3:.1f} ms/token)"
+        ratio = self.plain_ratio
+        if not self.plain_off:
+            return f"{x:.2f}x the speed of {plain}"
+        why = self.other_spell or (f"{self.crowded} while it ran" if self.busy else "")
+        return (f"{x:.2f}x the speed of {plain}, not the predicted {p.speedup:.2f}x: plain decoding cost {ratio:.2f}x "
+                f"its price of {p.reference_s_per_token * 1e3:.0f} ms" + (f" ({why})" if why else ""))
 
     @property
     def other_spell(self) -> Optional[str]:
@@ -228,19 +272,33 @@ class PredictionCheck:
         return tuple(c for c in tree if c.name == TOKENS)
 
     def rows_to_remeasure(self) -> tuple[ProfileRow, ...]:
-        """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's);
-        none from fewer than ``MIN_STEPS`` steps."""
+        """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's), and the
+        target's row when plain decoding timed beside the run was off its price (``plain_off``: the predicted
+        speed-up stood on it); none from fewer than ``MIN_STEPS`` steps, a crowded run or another spell."""
         if self.steps < MIN_STEPS or self.busy or self.other_spell:
             return ()
-        return tuple(dict.fromkeys(p.row for p in self.wrong_parts()
-                                   if p.row is not None and (p.steps or self.steps) >= MIN_STEPS))
+        rows = [p.row for p in self.wrong_parts() if p.row is not None and (p.steps or self.steps) >= MIN_STEPS]
+        if self.plain_off:
+            rows.append(ProfileRow("target", self.prediction.target_precision))
+        return tuple(dict.fromkeys(rows))
+
+    @staticmethod
+    def _remeasure_tail(rows: Sequence[ProfileRow], remeasuring: Sequence[ProfileRow]) -> str:
+        if remeasuring:
+            return ("; re-measuring " + ", ".join(r.text() for r in remeasuring)
+                    + " of the profile in idle moments (the next Run uses it)")
+        if rows:
+            return "; " + ", ".join(r.text() for r in rows) + " of the profile priced it (re-measured once per app session)"
+        return ""
 
     def text(self, remeasuring: Sequence[ProfileRow] = ()) -> str:
         """One line; ``remeasuring``: the profile rows being measured again because of this run."""
         ms = self.measured_s_per_token * 1e3
         head = f"measured {ms:.0f} ms/token over {self.steps} steps, {self.ratio:.2f}x the prediction"
+        speed = self.speedup_text()
+        speed = f"; {speed}" if speed else ""
         if not self.off:
-            return f"{head} (within {OFF_BY:.0%})"
+            return f"{head} (within {OFF_BY:.0%}){speed}{self._remeasure_tail(self.rows_to_remeasure(), remeasuring)}"
         wrong = self.wrong_parts()
         parts = "; ".join(f"{p.name} {p.ratio:.2f}x its price" for p in wrong)
         if any(p.name == TOKENS for p in wrong):
@@ -262,14 +320,9 @@ class PredictionCheck:
                     "in a spell without a profile of its own has auto measure one in idle moments)")
         elif self.steps < MIN_STEPS:
             tail = f"; too few steps to re-measure anything (fewer than {MIN_STEPS})"
-        elif remeasuring:
-            tail = ("; re-measuring " + ", ".join(r.text() for r in remeasuring)
-                    + " of the profile in idle moments (the next Run uses it)")
-        elif rows:
-            tail = "; " + ", ".join(r.text() for r in rows) + " of the profile priced it (re-measured once per app session)"
         else:
-            tail = ""
-        return f"{head}: off by more than {OFF_BY:.0%} ({parts}){tail}"
+            tail = self._remeasure_tail(rows, remeasuring)
+        return f"{head}: off by more than {OFF_BY:.0%} ({parts}){tail}{speed}"
 
 
 def _step_means(steps: Sequence[StepTrace]) -> tuple[float, float, float, float]:
@@ -281,11 +334,13 @@ def _step_means(steps: Sequence[StepTrace]) -> tuple[float, float, float, float]
 
 def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others_share: Optional[float] = None,
                      cpus: Optional[int] = None, threads: Optional[int] = None,
-                     read_gb_per_s: Sequence[float] = ()) -> Optional[PredictionCheck]:
+                     read_gb_per_s: Sequence[float] = (),
+                     plain_s_per_token: Optional[float] = None) -> Optional[PredictionCheck]:
     """``prediction`` against the measured steps of ``traces`` (None before the first step); ``others_share``:
     the share of the CPUs other processes used meanwhile (``measured.others_share``) of ``cpus`` CPUs, the run on
     ``threads`` threads (``PredictionCheck.crowded``); ``read_gb_per_s``: the memory's read bandwidth probed around
-    the run (``profiling.run_probe``; ``PredictionCheck.other_spell``).
+    the run (``profiling.run_probe``; ``PredictionCheck.other_spell``); ``plain_s_per_token``: plain decoding at the
+    run's target precision timed beside it (``PredictionCheck.speedup``).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
     compared with those rows' price **at the sizes the run had** (its mean tree size for the target
@@ -329,4 +384,4 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
                            tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1,
-                           len(after) - len(plain))
+                           len(after) - len(plain), plain_s_per_token)
