@@ -68,7 +68,7 @@ class StepShape:
     @classmethod
     def of(cls, step: "StepTrace") -> "StepShape":
         size = max(1, step.tree_size)
-        if step.tree is None or step.draft_source == "suffix":
+        if step.tree is None or step.draft_source in ("suffix", "repeats"):
             return cls(0, 1.0, size)
         levels = int(step.tree.depth.max())
         return cls(levels, max(1, size - 1) / max(levels, 1), size)
@@ -133,11 +133,15 @@ class FallbackPrice:
     #: more than ``early_margin`` x the plain price per token (few steps: a noisy average)
     check_from: int = EARLY_CHECK_FROM
     early_margin: float = EARLY_MARGIN
+    #: the plan's price per token of the run's own tree steps (None: not priced). Where set, a step whose text
+    #: repeats itself verifies a tree of those repeats instead of drafting, where that tree is priced to beat it
+    #: (``drafting.repeats.RepeatDrafter``, ``REPEAT_EDGE``)
+    tree_s_per_token: Optional[float] = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "FallbackPrice":
         r = d["rows"]
-        early = {k: d[k] for k in ("check_from", "early_margin") if k in d}
+        early = {k: d[k] for k in ("check_from", "early_margin", "tree_s_per_token") if k in d}
         return cls(PricedRows(*(tuple(r[k]) for k in ("ns", "target", "draft", "other"))),
                    float(d["plain_s_per_token"]), **early)
 
@@ -159,4 +163,7 @@ class FallbackPrice:
         if not (1 <= int(self.check_from) <= FALLBACK_AFTER) or not self.early_margin >= 1.0:
             return (f"check_from must be 1..{FALLBACK_AFTER} and early_margin >= 1, got {self.check_from!r}, "
                     f"{self.early_margin!r}")
+        t = self.tree_s_per_token
+        if t is not None and not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            return f"tree_s_per_token must be a positive number of seconds or None, got {t!r}"
         return ""

@@ -15,7 +15,17 @@ prompt per set):
 * ``confident, budget B``: the hybrid method's rule instead of the price (``hybrid.suffix_tree_is_confident``: a
   tree that expects >= 2 tokens, whatever it costs).
 
-    .venv/bin/python scripts/repeat_replay.py [--prompts 10] [--from 12] [--temperature 0 --samples 1] [--json OUT]
+``--in-run`` replays the repeats inside ``auto``'s chain run instead (T = 0, from the first continuation token; the
+plan must be a chain): each step is a chain step as the engine's (the draft's teacher-forced argmax and confidence on
+the continuation: levels while the argmax is the continuation's token and its confidence reaches the plan's stop, one
+more for a wrong token it was confident of; priced at the rows at that shape) or a repeat tree, whose committed tokens
+the draft catches up on in its next chain step's first forward (priced: that forward's extra rows). Rules: the chain
+alone, the hybrid rule, and the price rule against the chain's priced rate at budgets 4 / 8 / 12, edges 1.0 to 2.0
+(``RepeatDrafter.in_run``: ``REPEAT_IN_RUN_BUDGET``, ``REPEAT_EDGE``), a minimum match length (``min_match``), and
+against the run's own chain steps so far (priced, with a prior of some tokens at the plan's rate) instead.
+
+    .venv/bin/python scripts/repeat_replay.py [--prompts 10] [--from 12] [--temperature 0 --samples 1] [--in-run]
+        [--json OUT]
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ def main() -> None:
     ap.add_argument("--from", dest="start", type=int, default=12, help="the first continuation token replayed")
     ap.add_argument("--temperature", type=float, default=0.0, help="the continuations' temperature (0: greedy)")
     ap.add_argument("--samples", type=int, default=1, help="continuations per prompt (seeded; T > 0)")
+    ap.add_argument("--in-run", action="store_true", help="replay the repeats inside auto's chain run instead")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from dyntree_core.config import DecodeConfig
@@ -87,6 +98,14 @@ def main() -> None:
     def priced(d):
         return d.candidate(d.index.tokens[-1])
 
+    if args.in_run:
+        out = in_run(plan, rows, pair, texts, RepeatDrafter, suffix_tree_is_confident, accepted_along)
+        if args.json:
+            args.json.write_text(json.dumps({"argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
+                                             "plan": plan.best.label(), "rows": dataclasses.asdict(rows),
+                                             "rules": out}, indent=1))
+        return
+
     def confident(d):
         tree = suffix_tree(d.index, d.budget, d.budget - 1, REPEAT_THRESHOLD, d.spec_factor)
         return tree if suffix_tree_is_confident(tree) else None
@@ -110,6 +129,92 @@ def main() -> None:
                                          "plan": plan.best.label(), "rows": dataclasses.asdict(rows),
                                          "from_token": args.start,
                                          "temperature": args.temperature, "samples": args.samples, "rules": out}, indent=1))
+
+
+def in_run(plan, rows, pair, texts, RepeatDrafter, suffix_tree_is_confident, accepted_along) -> dict:
+    """``--in-run``: the repeats inside ``auto``'s chain run, rule by rule (cost over plain decoding per prompt)."""
+    import torch
+
+    from dyntree_core.config import DecodeConfig
+    from dyntree_core.drafting.repeats import REPEAT_EDGE, REPEAT_IN_RUN_BUDGET, REPEAT_SPEC_FACTOR, REPEAT_THRESHOLD
+    from dyntree_core.drafting.suffix import suffix_tree
+    from dyntree_core.step_price import StepShape
+
+    b = plan.best
+    if b.method != "chain":
+        raise SystemExit(f"auto chose {b.label()}: --in-run replays a chain run")
+    depth, stop = b.depth, b.stop_confidence or 0.0
+    plain = rows.step_seconds(StepShape(0, 1.0, 1))
+    draft_rows = lambda n: rows.time(rows.draft, n) if rows.draft else 0.0  # noqa: E731
+    teacher = []
+    for _, ids, cont in texts:  # the draft's argmax and confidence at each continuation token, on the true text
+        with torch.inference_mode():
+            probs = torch.softmax(pair.draft(torch.tensor([ids + cont])).logits[0].float(), -1)
+        conf, top = probs.max(-1)
+        teacher.append((top[len(ids) - 1:-1].tolist(), conf[len(ids) - 1:-1].tolist()))
+
+    def replay(ids, cont, top, conf, rule, budget, edge, min_match=1, prior=None) -> tuple[float, int]:
+        drafter = RepeatDrafter(DecodeConfig(method="chain"), rows, budget, bar_s_per_token=b.seconds_per_token / edge,
+                                min_match=min_match)
+        drafter.reset(ids)
+        i, cost, repeats, pending = 0, 0.0, 0, 0
+        chain_s, chain_tokens = 0.0, 0
+        while i < len(cont):
+            tree = None
+            if prior is not None and chain_tokens + prior > 0:  # the bar: this run's chain steps so far, priced, with
+                # ``prior`` tokens at the plan's rate
+                drafter.bar_s_per_token = (chain_s + prior * b.seconds_per_token) / (chain_tokens + prior) / edge
+            if rule == "priced":
+                tree = drafter.candidate(drafter.index.tokens[-1])
+            elif rule == "confident":
+                t = suffix_tree(drafter.index, budget, budget - 1, REPEAT_THRESHOLD, REPEAT_SPEC_FACTOR)
+                tree = t if suffix_tree_is_confident(t) else None
+            if tree is not None:
+                accepted = min(accepted_along(tree, cont[i:]), len(cont) - i - 1)
+                cost += rows.step_seconds(StepShape(0, 1.0, tree.size))
+                repeats += 1
+                pending += accepted + 1
+            else:
+                k = 0
+                while k < depth and i + k < len(cont) - 1 and top[i + k] == cont[i + k] and conf[i + k] >= stop:
+                    k += 1
+                wrong = k < depth and i + k < len(cont) and conf[i + k] >= stop and top[i + k] != cont[i + k]
+                levels = k + int(wrong)
+                accepted = k
+                step_s = rows.step_seconds(StepShape(levels, 1.0, levels + 1)) if levels else plain
+                cost += step_s
+                chain_s, chain_tokens = chain_s + step_s, chain_tokens + accepted + 1
+                if levels and pending:  # the draft's first forward catches up on the repeat steps' tokens
+                    cost += draft_rows(1 + pending) - draft_rows(1)
+                pending = 0 if levels else pending + accepted + 1
+            drafter.extend(cont[i:i + accepted + 1])
+            i += accepted + 1
+        return cost / (plain * len(cont)), repeats
+
+    rules = {"the chain alone": ("chain", REPEAT_IN_RUN_BUDGET, 1.0, 1, None),
+             "hybrid's rule, budget 8": ("confident", 8, 1.0, 1, None)}
+    for budget in (4, 8, 12):
+        for edge in (1.0, 1.2, 1.5, 2.0):
+            for m in (1, 2, 3, 4, 6):
+                if m > 1 and (budget, edge) != (REPEAT_IN_RUN_BUDGET, REPEAT_EDGE):
+                    continue
+                shipped = " (shipped)" if (budget, edge, m) == (REPEAT_IN_RUN_BUDGET, REPEAT_EDGE, 1) else ""
+                rules[f"priced, budget {budget}, edge {edge}, match >= {m}{shipped}"] = ("priced", budget, edge, m, None)
+    for prior in (0, 4, 8, 16):
+        for edge in (1.0, 1.2):
+            rules[f"priced, budget 8, edge {edge}, the run's chain rate (prior {prior})"] = ("priced", 8, edge, 1, prior)
+    out: dict = {}
+    for name, (rule, budget, edge, m, prior) in rules.items():
+        out[name] = {}
+        for ds in ("wiki", "news", "code"):
+            got = [replay(ids, cont, top, conf, rule, budget, edge, m, prior)
+                   for (d, ids, cont), (top, conf) in zip(texts, teacher) if d == ds]
+            ratios = [round(r, 3) for r, _ in got]
+            out[name][ds] = dict(median=statistics.median(ratios), mean=round(statistics.fmean(ratios), 3),
+                                 worst=max(ratios), ratios=ratios, repeat_steps=sum(n for _, n in got))
+        print(f"{name:58} " + "  ".join(f"{ds} {v['median']:.3f} (mean {v['mean']:.3f}, worst {v['worst']:.2f}, "
+                                         f"{v['repeat_steps']} repeats)" for ds, v in out[name].items()), flush=True)
+    return out
 
 
 if __name__ == "__main__":

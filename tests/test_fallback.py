@@ -153,7 +153,8 @@ def test_auto_sets_its_break_even_for_draft_model_trees_only():
     assert plan.break_even_tokens() == pytest.approx(expected, abs=1e-3) and 1 < expected < b.expected_tokens
     cfg = plan.apply(DecodeConfig())
     assert cfg.fallback == FallbackPrice(PricedRows.of(prof, b.target_precision, b.draft_precision),
-                                         plan.best_autoregressive.seconds_per_token)
+                                         plan.best_autoregressive.seconds_per_token,
+                                         tree_s_per_token=b.seconds_per_token)  # (the bar of the repeats inside it)
     # at the planned shape the rule is the break-even
     shape = StepShape(levels=b.depth, width=1.0, size=b.depth + 1) if b.method == "chain" else None
     if shape is not None:

@@ -296,7 +296,7 @@ def test_a_run_that_fell_back_is_checked_step_kind_by_step_kind():
     # the whole run's time over its tokens (the rest of each step as ``other_seconds`` counts it: a few ms at most)
     assert (3 * 0.18 + 51 * 0.042) / 63 < c.measured_s_per_token < (3 * 0.19 + 51 * 0.045) / 63
     text = c.text()
-    assert "it fell back to plain decoding after tree step 3: 51 of its 54 steps were plain" in text, text
+    assert "it fell back to plain decoding after step 3: 51 of its 54 steps were plain" in text, text
     assert "0.06x" not in text and "0.23x" not in text
     assert [x.name for x in c.wrong_parts()] == ["draft (3.0 levels of 1.0)"]  # 3 levels at 14.5 ms: 0.11 is 2.5x
     assert c.rows_to_remeasure() == ()  # 3 tree steps are too few to blame the draft's row
@@ -322,19 +322,46 @@ def test_the_repeats_after_a_fallback_are_not_counted_as_plain_steps():
     for t in plain:
         t.tree = None
     repeats = _steps(11, 0.0, 0.056, 0.001, 3, method="suffix")
+    for t in repeats:
+        t.draft_source = "repeats"
     c = check_prediction(p, tree + plain + repeats)
     assert c.steps == 54 and c.fell_back_after == 3 and c.repeat_steps == 11
     assert c.parts[4].name == "target forward of the 40 plain steps" and c.parts[4].steps == 40
     assert c.parts[4].ratio == pytest.approx(1.0)  # the repeats' 4-token forwards are not one-token forwards
-    assert "40 of its 54 steps were plain, 11 verified the text's own repeats" in c.text()
+    assert "40 of its 54 steps were plain, 11 verified the text's own repeats (no draft forward)" in c.text()
     from ui.cost_view import cost_model_html
     from ui.views import status_line
 
-    for t in repeats:
-        t.draft_source = "suffix"
     rec = _record(p, tree + plain + repeats)
-    assert "(11 later steps verified the text's own repeats)" in status_line(rec)
-    assert "the plain steps after its fallback and its 11 steps of the text's repeats" in cost_model_html(rec, None)
+    assert "11 of its steps verified the text's own repeats where they were priced to pay" in status_line(rec)
+    assert "its 3 tree steps, then the plain steps after its fallback and its 11 steps of the text's repeats" in (
+        cost_model_html(rec, None))
+
+
+def test_the_repeats_inside_a_run_are_checked_apart_from_its_tree_steps():
+    """Inside a run (``drafting.repeats``, before any fallback) the steps that verified the text's repeats have no
+    draft forward and a smaller tree: the parts are checked over the tree steps only, the run's ms/token over all its
+    steps, and a run faster than predicted because of them names them, not a part."""
+    from ui.cost_view import cost_model_html
+    from ui.views import status_line
+
+    p = _prediction()
+    tree = _steps(8, 0.032, 0.105, 0.002, 3)
+    repeats = _steps(8, 0.0, 0.04, 0.001, 4, method="suffix")
+    for t in repeats:
+        t.draft_source = "repeats"
+    run = [x for pair in zip(tree, repeats) for x in pair]
+    c = check_prediction(p, run)
+    assert c.steps == 16 and c.repeat_steps == 8 and c.fell_back_after is None and c.plain_steps == 0
+    assert [x.steps for x in c.parts] == [8, 8, 8, 8]
+    assert c.parts[0].measured == pytest.approx(0.032) and c.parts[3].measured == pytest.approx(3.0)
+    assert c.measured_s_per_token == pytest.approx((0.016 + 0.0725 + 0.0015) / 3.5, rel=0.02)  # all 16 steps
+    assert c.off and c.ratio < 1 and c.wrong_parts() == ()  # faster than predicted: no part to blame
+    assert "(8 of its 16 steps verified the text's own repeats (no draft forward))" in c.text(), c.text()
+    assert c.rows_to_remeasure() == ()
+    rec = _record(p, run)
+    assert "8 of its steps verified the text's own repeats where they were priced to pay" in status_line(rec)
+    assert "its 8 tree steps, and its 8 steps of the text's repeats" in cost_model_html(rec, None)
 
 
 def test_too_few_steps_re_measure_nothing():

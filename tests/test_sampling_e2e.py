@@ -208,6 +208,26 @@ def test_repeats_drafted_after_a_fallback_stay_lossless(pair, monkeypatch, one_t
 
 
 @pytest.mark.slow
+def test_repeats_drafted_inside_a_run_stay_lossless(pair, one_torch_thread):
+    """Inside a chain run (``FallbackPrice.tree_s_per_token``; plain decoding priced too dear to fall back): the first
+    token from the prompt's repeat of its last two tokens (a 3-node repeat tree, priced to pay, verified by point
+    mass), the second from a chain step whose draft catches up on what the repeat step committed, wherever that
+    committed one token (a one-token match's 2-node tree is priced not to pay). 1,355 samples: power >= 0.99 against
+    w2 >= 0.04 at false-alarm rate ALPHA. Checked against the repeat trees verified greedily at T = 1: it fails,
+    p = 1e-85."""
+    noisy = on_lean_forward(tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0))
+    truth = exact_first_two(noisy[1], EVERY_TOKEN, 1.0)
+    rule = FallbackPrice(PricedRows((1, 64), (64.0, 64.0), (0.0, 0.0), (0.0, 0.0)), 1e9,
+                         tree_s_per_token=64.0 * 1.2 / 2.5)  # a repeat step pays at > 2.5 expected tokens
+    make = decoder_factory(noisy, method="chain", depth=1, temperature=1.0, fallback=rule)
+    runs = [[(t.draft_source, t.num_committed) for t in make().generate(EVERY_TOKEN, 2, seed=s)] for s in range(40)]
+    assert all(r[0][0] == "repeats" for r in runs)
+    assert sum(len(r) > 1 and r[1][0] == "model" for r in runs) > 20
+    counts = sample_first_two(make, EVERY_TOKEN, samples_for(truth))
+    assert chi_square_pvalue(counts, truth) > ALPHA
+
+
+@pytest.mark.slow
 def test_a_run_that_falls_back_to_plain_decoding_stays_lossless(pair, exact, monkeypatch, one_torch_thread):
     """``DecodeConfig.fallback``: a one-token chain step, then (the threshold unreachable, checked after one
     step) plain steps; when the chain step's draft is rejected the second token comes from a plain step on the

@@ -25,7 +25,8 @@ STYLE = ("<style>#cost-model table{border-collapse:collapse;font-size:0.85em;mar
 #: the H200 results committed in this repository (absent beside an installed package: no GPU rows)
 GPU_RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "gpu-h200"
 
-KIND_NAMES = {"model": "model-drafted steps", "suffix": "suffix-tree steps (no draft forward)", "": "tree steps"}
+KIND_NAMES = {"model": "model-drafted steps", "suffix": "suffix-tree steps (no draft forward)",
+              "repeats": "steps of the text's repeats (no draft forward)", "": "tree steps"}
 
 
 def _ms(s: float) -> str:

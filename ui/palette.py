@@ -19,11 +19,12 @@ NODE_LABELS: dict[str, str] = {
     "cut": "accepted, but past the run's end (not kept)",
 }
 #: draft-tree node shape and outline by what proposed the tokens (``StepTrace.draft_source``)
-SOURCE_SYMBOLS: dict[str, str] = {"model": "circle", "suffix": "square"}
-SOURCE_EDGE: dict[str, str] = {"model": "#333333", "suffix": "#0f8b8d"}
+SOURCE_SYMBOLS: dict[str, str] = {"model": "circle", "suffix": "square", "repeats": "square"}
+SOURCE_EDGE: dict[str, str] = {"model": "#333333", "suffix": "#0f8b8d", "repeats": "#0f8b8d"}
 SOURCE_LABELS: dict[str, str] = {
     "model": "drafted by the draft model",
     "suffix": "drafted from the text so far (suffix tree)",
+    "repeats": "the text's own repeats, priced to pay here (suffix tree, no draft forward)",
 }
 #: text background per token kind, two shades alternating by step parity
 TEXT_SHADES: dict[str, tuple[str, str]] = {

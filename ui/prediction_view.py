@@ -38,10 +38,15 @@ def check_table(record: RunRecord) -> str:
     total = (f"<tr><td><b>per token</b></td><td>{p.s_per_token * 1e3:.1f} ms</td>"
              f"<td>{check.measured_s_per_token * 1e3:.1f} ms</td>"
              f"<td class='{'dt-lose' if check.off else 'dt-win'}'>{check.ratio:.2f}×</td><td></td></tr>")
-    k = check.fell_back_after
-    over = (f"{check.steps} steps" if k is None else
-            f"its {k} tree steps, then the plain steps after its fallback"
-            + (f" and its {check.repeat_steps} steps of the text's repeats" if check.repeat_steps else ""))
+    k, r = check.fell_back_after, check.repeat_steps
+    tree = check.steps - check.plain_steps - r
+    repeats = f"its {r} steps of the text's repeats" if r else ""
+    if k is not None:
+        over = f"its {tree} tree steps, then the plain steps after its fallback" + (f" and {repeats}" if r else "")
+    elif r:
+        over = f"its {tree} tree steps, and {repeats}"
+    else:
+        over = f"{check.steps} steps"
     return ("<table><tr><th>per step</th><th>priced by auto (at the run's sizes where the profile has them)</th><th>measured (mean of "
             f"{over})</th><th>measured ÷ predicted</th><th>priced from</th></tr>"
             + rows + total + "</table>")

@@ -180,7 +180,7 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
     fig.update_layout(
         title=title or (f"step {trace.step} · {trace.method}/{trace.verifier} · tree of {n} nodes · "
                         f"accepted {accepted}" + (" + bonus" if drawn_bonus else "") + kept
-                        + (" · drafted from the text (no draft forward)" if origin == "suffix" else "")),
+                        + (" · drafted from the text (no draft forward)" if origin in ("suffix", "repeats") else "")),
         height=max(320, min(900, 110 * levels + 140)),
         margin=dict(l=20, r=20, t=60, b=20),
         xaxis=dict(visible=False), yaxis=dict(visible=False, range=[-(levels - 1) - 0.6, 0.4]),

@@ -115,8 +115,9 @@ def status_line(record: Optional[RunRecord]) -> str:
              if record.config.method == "hybrid" else "")
     if s["fallback"]:
         mixed += f" · fell back to plain decoding {html.escape(s['fallback'])}"
-        if s["repeat_steps"]:
-            mixed += f" ({s['repeat_steps']} later steps verified the text's own repeats)"
+    if s["repeat_steps"]:
+        mixed += (f" · {s['repeat_steps']} of its steps verified the text's own repeats where they were priced to pay "
+                  "(no draft forward)")
     checked = prediction_lines(record)[1:]
     check = f"  \n{html.escape(checked[0])}" if checked else ""
     return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "

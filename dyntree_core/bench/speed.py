@@ -51,7 +51,8 @@ rest of the step each against its profile price at the run's own sizes, tokens p
 bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-once`` keeps the plan made at the
 start for every prompt. A run that falls back (``DecodeConfig.fallback``) still verifies the text's own repeats
 (``drafting.repeats``; ``repeat_steps`` per prompt); ``--fallback-ab`` adds the row ``auto, plain steps after its
-fallback`` without them. ``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt
+fallback`` without them. Inside its runs too, a step whose text repeats itself verifies the repeats where they are
+priced to beat the run's tree steps; ``--repeats-ab`` adds the row ``auto, no repeats inside its runs``. ``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt
 priced on the calibration texts whose prompts' draft/target agreement is nearest its own (``plan_auto``'s
 ``prompt_ids``; each prompt records its ``prompt_agreement``); the app's ``auto`` does not do that yet.
 """
@@ -104,8 +105,8 @@ class Cell:
 def _ours(dec: SpeculativeDecoder, ids: list[int], n: int, seed: int,
           per_prompt: Optional[list[dict]] = None, traces: Optional[list] = None) -> tuple[float, float, int]:
     """(ms/token, tokens/step, tokens) of one prompt; ``per_prompt`` gets ``{"fell_back_after_step": the step
-    after which the run decoded plainly (DecodeConfig.fallback), or None, "repeat_steps": the steps after it that
-    verified the text's own repeats (drafting.repeats)}``; ``traces`` gets the steps."""
+    after which the run decoded plainly (DecodeConfig.fallback), or None, "repeat_steps": the steps that verified the
+    text's own repeats (drafting.repeats: inside the run and after its fallback)}``; ``traces`` gets the steps."""
     steps = tokens = 0
     seconds = 0.0
     at = None
@@ -179,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fallback-ab", action="store_true",
                    help="add the row 'auto, plain steps after its fallback': auto without the text's repeats "
                         "drafted after a fallback (drafting.repeats), as it decoded before them")
+    p.add_argument("--repeats-ab", action="store_true",
+                   help="add the row 'auto, no repeats inside its runs': auto whose tree steps are never replaced by "
+                        "the text's repeats before a fallback (SpeculativeDecoder.repeats_in_run)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -319,10 +323,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         dec = SpeculativeDecoder(pair.draft, pair.target, cfg, eos_token_id=eos or None)
         return lambda ids, seed: _ours(dec, ids, args.new_tokens, seed, per_prompt)
 
-    def auto_runner(temp: float, per_prompt: list[dict], for_prompt: bool = False, repeats: bool = True):
+    def auto_runner(temp: float, per_prompt: list[dict], for_prompt: bool = False, repeats: bool = True,
+                    in_run: bool = True):
         """``auto`` on one prompt: the plan of the spell the prompt's probe saw, its prediction beside the run;
         ``for_prompt``: priced on the calibration texts nearest the prompt (``plan_auto``'s ``prompt_ids``);
-        ``repeats``: the text's repeats drafted after a fallback (``SpeculativeDecoder.repeats_after_fallback``)."""
+        ``repeats``: the text's repeats drafted after a fallback (``SpeculativeDecoder.repeats_after_fallback``);
+        ``in_run``: and inside the run (``SpeculativeDecoder.repeats_in_run``)."""
         def run(ids: list[int], seed: int) -> tuple[float, float, int]:
             plan = plan_in_spell(temp)  # (for_prompt too: it measures a new spell's profile, which measure=False reads)
             if for_prompt:
@@ -334,6 +340,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             dec = SpeculativeDecoder(pair.draft, pair.target, plan.apply(DecodeConfig(temperature=temp, seed=args.seed)),
                                      eos_token_id=eos or None)
             dec.repeats_after_fallback = repeats
+            dec.repeats_in_run = in_run
             traces: list = []
             ms, tps, ntok = _ours(dec, ids, args.new_tokens, seed, per_prompt, traces)
             predicted = plan.best.seconds_per_token * 1e3
@@ -375,6 +382,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             before: list[dict] = []
             run_rows("auto, plain steps after its fallback", temp, auto_runner(temp, before, repeats=False),
                      per_prompt=before)
+        if args.repeats_ab:
+            without: list[dict] = []
+            run_rows("auto, no repeats inside its runs", temp, auto_runner(temp, without, in_run=False),
+                     per_prompt=without)
         if args.prompt_aware:
             aware: list[dict] = []
             run_rows("auto, priced for the prompt", temp, auto_runner(temp, aware, for_prompt=True), per_prompt=aware)

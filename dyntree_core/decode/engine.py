@@ -67,8 +67,10 @@ class _Step:
     tree_tokens: int = 0
     tree_priced_s: float = 0.0
     plain: bool = False  # the run fell back to plain decoding
-    repeats: Optional["RepeatDrafter"] = None  # after the fallback: the text's own repeats, where priced to pay,
-    repeat_verifier: Any = None  # and their verifier (greedy at T = 0, else point mass: the trees are deterministic)
+    #: the text's own repeats, where priced to pay (inside the run, then after the fallback), and their verifier
+    #: (greedy at T = 0, else point mass: the trees are deterministic)
+    repeats: Optional["RepeatDrafter"] = None
+    repeat_verifier: Any = None
 
 #: at most this many prompt tokens per prefill forward: long prompts report progress and keep peak
 #: activation memory bounded; the KV cache is the same as one forward's
@@ -180,6 +182,10 @@ class SpeculativeDecoder:
         #: after a fallback (``DecodeConfig.fallback``) verify the text's own repeats where they are priced to pay
         #: (``drafting.repeats``); False: plain steps only, as before them (the A/B of ``bench speed --fallback-ab``)
         self.repeats_after_fallback = True
+        #: inside a draft-model run whose tree steps were priced (``FallbackPrice.tree_s_per_token``), verify the
+        #: text's own repeats instead of a tree step where they are priced to beat it (``drafting.repeats``; eager
+        #: steps only); False: every step drafts, as before them (the A/B of ``bench speed --repeats-ab``)
+        self.repeats_in_run = True
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -380,10 +386,10 @@ class SpeculativeDecoder:
             # sized for the whole run: prompt, new tokens and the largest tree in flight (the draft's
             # forwarded nodes may exceed the kept tree); a cache only grows if a drafter exceeds this
             tree_cap = 0 if is_ar else max(cfg.budget, cfg.depth + 1, cfg.width * cfg.depth + 1)
-            if cfg.fallback is not None and not is_ar:  # the repeat trees after a fallback
-                from ..drafting.repeats import REPEAT_BUDGET
+            if cfg.fallback is not None and not is_ar:  # the repeat trees inside the run and after a fallback
+                from ..drafting.repeats import REPEAT_BUDGET, REPEAT_IN_RUN_BUDGET
 
-                tree_cap = max(tree_cap, REPEAT_BUDGET)
+                tree_cap = max(tree_cap, REPEAT_BUDGET, REPEAT_IN_RUN_BUDGET)
             capacity = len(prompt) + max_new_tokens + tree_cap
             t_cache = new_cache(self.target, capacity)
             if cfg.method in ("dyspec_greedy", "chain"):  # device-side drafting forwards padded levels
@@ -412,15 +418,17 @@ class SpeculativeDecoder:
             self._sync()
             state = _Step(committed=list(prompt), prompt_len=len(prompt), draft_cached=len(prompt) - 1,
                           max_new_tokens=max_new_tokens)
+            if graph is None and gdraft is None and not is_ar:
+                self._repeats_in_run(state)
             while True:
                 self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
                 t_step = time.perf_counter()
                 if graph is not None:
                     trace, timer = (self._graph_ar_step(state, graph, rng) if is_ar
                                     else self._graph_tree_step(state, graph, verifier, rng, device_gen))
-                elif state.repeats is not None and state.repeats.candidate(state.committed[-1]) is not None:
-                    trace, timer = self._tree_step(state, t_cache, None, state.repeats, state.repeat_verifier, gen,
-                                                   rng)
+                elif state.repeats is not None and self._repeat_pays(state):
+                    trace, timer = self._tree_step(state, t_cache, None if state.plain else d_cache, state.repeats,
+                                                   state.repeat_verifier, gen, rng, repeats=True)
                     trace.method, trace.verifier = state.repeats.name, state.repeat_verifier.name
                 elif is_ar or state.plain:
                     trace, timer = self._ar_step(state, t_cache, rng, state.repeats or drafter)
@@ -478,6 +486,29 @@ class SpeculativeDecoder:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    # ------------------------------------------------------------------ the text's repeats
+    def _repeats_in_run(self, state: _Step) -> None:
+        """Set up the repeats inside a draft-model run whose tree steps ``auto`` priced (``drafting.repeats``)."""
+        rule = self.config.fallback
+        from ..methods import method_spec
+
+        if (not self.repeats_in_run or rule is None or rule.tree_s_per_token is None
+                or self.config.method in ("suffix", "hybrid") or not method_spec(self.config.method).uses_draft_model):
+            return
+        from ..drafting.repeats import RepeatDrafter
+        from ..verify import make_verifier
+
+        state.repeats = RepeatDrafter.in_run(self.config, rule.rows, rule.tree_s_per_token)
+        state.repeats.reset(state.committed)
+        state.repeat_verifier = make_verifier("greedy" if self.config.greedy else "point_mass")
+
+    @staticmethod
+    def _repeat_pays(state: _Step) -> bool:
+        """Whether this step verifies the text's repeats (``RepeatDrafter.candidate``), the index first brought up
+        to every committed token."""
+        state.repeats.follow(state.committed)
+        return state.repeats.candidate(state.committed[-1]) is not None
+
     # ------------------------------------------------------------------ autoregressive step
     def _fall_back(self, state: _Step, trace: StepTrace) -> str:
         """Count a tree step at its price (``DecodeConfig.fallback``); once the tree steps cost more per committed
@@ -502,6 +533,7 @@ class SpeculativeDecoder:
         said = (f"{self.config.method} steps committed {state.tree_tokens / state.tree_steps:.2f} tokens each over "
                 f"{state.tree_steps} steps; priced at this machine's profile that is {per_token * 1e3:.0f} ms per token "
                 f"against {rule.plain_s_per_token * 1e3:.0f} for plain decoding: plain decoding from the next step on")
+        state.repeats = None  # (the repeats inside the run were priced against its tree steps)
         if not self.repeats_after_fallback:
             return said
         state.repeats = RepeatDrafter(self.config, rule.rows)
@@ -535,7 +567,7 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ tree step
     def _tree_step(self, state: _Step, t_cache, d_cache, drafter, verifier, gen, rng, gdraft=None,
-                   device_gen=None) -> tuple[StepTrace, StepTimer]:
+                   device_gen=None, repeats: bool = False) -> tuple[StepTrace, StepTimer]:
         """draft -> node order and attention metadata -> target forward -> verify -> drafter
         feedback -> commit (tokens and both caches); the trace is built after the step.
 
@@ -544,11 +576,13 @@ class SpeculativeDecoder:
         (``device_step.read_greedy_step``) before verifying. With ``gdraft`` (a draft-only ``GraphStepper``:
         ``draft_graph_reason``) the draft's programs grow the tree (T > 0: their uniforms from
         ``device_gen``), one read brings it (and at T > 0 its draft rows), and the accepted path is kept in
-        the draft's cache by its commit program."""
+        the draft's cache by its commit program. With ``repeats`` the drafter is the text's repeats
+        (``drafting.repeats``): no draft forward; the draft's cache (``d_cache``, inside a run) keeps what it had and
+        catches up on the committed tokens in its next forward."""
         cfg = self.config
         timer = StepTimer(self.device)
         cache_len = cache_length(t_cache)
-        on_device = self._device_drafting(d_cache)
+        on_device = not repeats and self._device_drafting(d_cache)
         with timer.phase("draft"):
             if gdraft is not None:
                 draft_forwards = gdraft.draft(len(state.committed) - 1, device_gen)

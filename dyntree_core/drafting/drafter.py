@@ -14,8 +14,9 @@ from ..config import DecodeConfig
 from ..tree import SampledKind, TokenTree
 from .base import DraftSource
 
-#: what proposed a tree's tokens: the draft model, or the text so far (suffix index, no forward)
-DraftOrigin = Literal["model", "suffix"]
+#: what proposed a tree's tokens: the draft model, the text so far (suffix index, no forward), or the text's own
+#: repeats drafted inside a draft-model run, where they are priced to pay (``drafting.repeats``, no forward)
+DraftOrigin = Literal["model", "suffix", "repeats"]
 
 
 class CountingSource:

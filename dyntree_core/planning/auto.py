@@ -89,13 +89,15 @@ class AutoPlan:
         the profile rows that priced it and the fastest plain decoding's price. A run whose tree steps, priced
         at those rows at their own shapes, cost more per token decodes plainly for the rest: the
         calibration text's acceptance was not this text's, and a text that accepts more grows longer chains
-        whose extra draft forwards the plan did not price. None where ``break_even_tokens`` is None or
-        without the profile."""
+        whose extra draft forwards the plan did not price. Its tree steps' own price per token is the bar the
+        text's repeats must beat to stand in for one (``FallbackPrice.tree_s_per_token``). None where
+        ``break_even_tokens`` is None or without the profile."""
         c = candidate or self.best
         if self.profile is None or self.break_even_tokens(c) is None:
             return None
         return FallbackPrice(PricedRows.of(self.profile, c.target_precision, c.draft_precision),
-                             (self.reference or self.best_autoregressive).seconds_per_token)
+                             (self.reference or self.best_autoregressive).seconds_per_token,
+                             tree_s_per_token=c.seconds_per_token)
 
     def apply(self, cfg: DecodeConfig) -> DecodeConfig:
         """``cfg`` with the chosen method, shape and precisions."""
@@ -204,10 +206,14 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
                   f"{best.expected_tokens:.2f} tokens/step expected " + _where_tokens_come_from(best, acceptance))
         even = _fallback_below(best, reference)
         if even is not None:
+            from ..drafting.repeats import REPEAT_EDGE
+
             reason += (f"; where this text's steps, priced at their own size, cost more per token than plain decoding "
                        f"(at this shape: under {even:.2f} tokens/step, the tree's break-even; checked from step "
                        f"{FALLBACK_AFTER} on, and from step {EARLY_CHECK_FROM} on at {EARLY_MARGIN:g}x the plain price) "
-                       f"the run decodes plainly from then on")
+                       f"the run decodes plainly from then on; before that, where the text repeats itself, a step "
+                       f"verifies those repeats instead of drafting wherever they are priced to beat this tree's rate by "
+                       f"{REPEAT_EDGE:g}x (no draft forward)")
     fast_d = profile.fastest("draft", draft_precisions) or draft_precisions[0]
     per_method = tuple({c.method: c for c in reversed(ranked)}.values())
     return AutoPlan(best, best_ar, tuple(float(a) for a in acceptance), float(temperature), profile.key,

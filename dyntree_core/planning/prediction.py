@@ -161,9 +161,11 @@ class PredictionCheck:
         parts: draft, target forward, rest of the step (seconds per step), tokens per step, over the steps of the
             predicted method; after a fallback to plain decoding (``DecodeConfig.fallback``) also the plain
             steps' target forward against its row's one-token price.
-        fell_back_after: the tree steps the run decoded before it fell back to plain decoding (None: it did not).
-        repeat_steps: of the steps after the fallback, those that verified the text's own repeats
-            (``drafting.repeats``); the rest were plain.
+        fell_back_after: the steps the run decoded before it fell back to plain decoding (None: it did not).
+        repeat_steps: the steps that verified the text's own repeats instead of the method's tree or a plain step
+            (``drafting.repeats``: inside the run where priced to beat its tree steps, and after its fallback);
+            the parts are checked over the other steps.
+        plain_steps: the plain steps after the fallback.
         plain_s_per_token: plain decoding at the run's target precision, timed beside the run (the cost panel's
             reference, ``cost_model.ar_reference``; None: not timed). The run's measured speed-up is against it,
             whatever the profile priced plain decoding at.
@@ -178,8 +180,9 @@ class PredictionCheck:
     threads: Optional[int] = None
     read_gb_per_s: tuple[float, ...] = ()  # the memory's read bandwidth probed before and after the run
     fell_back_after: Optional[int] = None
-    repeat_steps: int = 0  # of the steps after the fallback, those that verified the text's repeats
+    repeat_steps: int = 0  # the steps that verified the text's repeats (inside the run and after its fallback)
     plain_s_per_token: Optional[float] = None
+    plain_steps: int = 0  # the plain steps after the fallback
 
     @property
     def speedup(self) -> Optional[float]:
@@ -264,8 +267,8 @@ class PredictionCheck:
         moved = lambda c: abs(c.measured - c.predicted)  # noqa: E731
         tree, plain = self.parts[:4], tuple(c for c in self.parts[4:] if c.off)
         wrong = tuple(c for c in tree if c.off and (c.name == TOKENS or moved(c) > PART_SHARE * step))
-        if wrong or plain or self.fell_back_after is not None:
-            return wrong + plain  # (a fallback explains the rest: its plain steps were not the steps priced)
+        if wrong or plain or self.fell_back_after is not None or self.repeat_steps:
+            return wrong + plain  # (a fallback or the repeats explain the rest: those steps were not the ones priced)
         timed = [c for c in tree if c.name != TOKENS and moved(c) > PART_SHARE * step]
         if timed:
             return (max(timed, key=moved),)
@@ -303,12 +306,13 @@ class PredictionCheck:
         parts = "; ".join(f"{p.name} {p.ratio:.2f}x its price" for p in wrong)
         if any(p.name == TOKENS for p in wrong):
             parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
+        repeats = f"{self.repeat_steps} verified the text's own repeats (no draft forward)" if self.repeat_steps else ""
         if self.fell_back_after is not None:
-            k = self.fell_back_after
-            later = self.steps - k
-            fell = (f"it fell back to plain decoding after tree step {k}: {later - self.repeat_steps} of its "
-                    f"{self.steps} steps were plain"
-                    + (f", {self.repeat_steps} verified the text's own repeats" if self.repeat_steps else ""))
+            fell = (f"it fell back to plain decoding after step {self.fell_back_after}: {self.plain_steps} of its "
+                    f"{self.steps} steps were plain" + (f", {repeats}" if repeats else ""))
+            parts = f"{fell}; its tree steps: {parts}" if parts else fell
+        elif repeats:
+            fell = f"{self.repeat_steps} of its {self.steps} steps verified the text's own repeats (no draft forward)"
             parts = f"{fell}; its tree steps: {parts}" if parts else fell
         parts = parts or "no single part"
         rows = self.rows_to_remeasure()
@@ -351,9 +355,13 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     if not everything:
         return None
     switch = next((i for i, t in enumerate(everything) if t.fallback), None)
-    steps = everything if switch is None else everything[:switch + 1]  # the steps of the method priced
+    # the steps of the method priced: up to its fallback, less those that verified the text's repeats instead
+    # (``drafting.repeats``: inside the run and after the fallback; no draft forward)
+    steps = [t for t in (everything if switch is None else everything[:switch + 1]) if t.draft_source != "repeats"]
+    steps = steps or everything  # (a run whose only steps so far were repeats)
     after = [] if switch is None else everything[switch + 1:]
-    plain = [t for t in after if t.tree is None]  # (the others verified the text's repeats: ``drafting.repeats``)
+    plain = [t for t in after if t.tree is None]
+    mixed = len(steps) != len(everything)
     mean = statistics.fmean
     draft, target, other, tokens = means = _step_means(steps)
     p, rows = prediction, prediction.part_rows()
@@ -371,7 +379,7 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
             priced = at
             names = (f"draft ({levels:.1f} levels of {width:.1f})" if levels else "draft",
                      f"target forward ({size:.1f} tokens)", f"rest of the step ({size:.1f}-node trees)")
-    n = len(steps) if after else 0
+    n = len(steps) if mixed else 0
     parts = (PartCheck(names[0], priced[0], draft, rows["draft"], n),
              PartCheck(names[1], priced[1], target, rows["target forward"], n),
              PartCheck(names[2], priced[2], other, rows["rest of the step"], n),
@@ -380,8 +388,8 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     if plain and math.isfinite(one):
         parts += (PartCheck(f"target forward of the {len(plain)} plain steps", one,
                             mean(t.timings.target_forward for t in plain), rows["target forward"], len(plain)),)
-    whole_draft, whole_target, whole_other, whole_tokens = _step_means(everything) if after else means
+    whole_draft, whole_target, whole_other, whole_tokens = _step_means(everything) if mixed else means
     measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
                            tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1,
-                           len(after) - len(plain), plain_s_per_token)
+                           sum(t.draft_source == "repeats" for t in everything), plain_s_per_token, len(plain))
