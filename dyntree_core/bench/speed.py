@@ -52,9 +52,10 @@ bandwidth of the profile that priced it (``profile_read_gb_per_s``); ``--plan-on
 start for every prompt. A run that falls back (``DecodeConfig.fallback``) still verifies the text's own repeats
 (``drafting.repeats``; ``repeat_steps`` per prompt); ``--fallback-ab`` adds the row ``auto, plain steps after its
 fallback`` without them. Inside its runs too, a step whose text repeats itself verifies the repeats where they are
-priced to beat the run's tree steps; ``--repeats-ab`` adds the row ``auto, no repeats inside its runs``. ``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt
-priced on the calibration texts whose prompts' draft/target agreement is nearest its own (``plan_auto``'s
-``prompt_ids``; each prompt records its ``prompt_agreement``); the app's ``auto`` does not do that yet.
+priced to beat the run's tree steps; ``--repeats-ab`` adds the row ``auto, no repeats inside its runs``.
+``--prompt-aware`` adds the row ``auto, priced for the prompt``: the same, with each prompt priced on the
+calibration texts whose prompts' draft/target agreement is nearest its own (``plan_auto``'s ``prompt_ids``; each
+prompt records its ``prompt_agreement``); the app's ``auto`` does not do that yet.
 """
 
 from __future__ import annotations

@@ -493,7 +493,8 @@ class SpeculativeDecoder:
         from ..methods import method_spec
 
         if (not self.repeats_in_run or rule is None or rule.tree_s_per_token is None
-                or self.config.method in ("suffix", "hybrid") or not method_spec(self.config.method).uses_draft_model):
+                or self.config.method == "hybrid"  # (it drafts from the text itself)
+                or not method_spec(self.config.method).uses_draft_model):
             return
         from ..drafting.repeats import RepeatDrafter
         from ..verify import make_verifier

@@ -306,13 +306,14 @@ class PredictionCheck:
         parts = "; ".join(f"{p.name} {p.ratio:.2f}x its price" for p in wrong)
         if any(p.name == TOKENS for p in wrong):
             parts += " (tokens per step depend on the prompt: the acceptance was measured on other text)"
-        repeats = f"{self.repeat_steps} verified the text's own repeats (no draft forward)" if self.repeat_steps else ""
+        repeats = "verified the text's own repeats (no draft forward)"
+        fell = ""
         if self.fell_back_after is not None:
             fell = (f"it fell back to plain decoding after step {self.fell_back_after}: {self.plain_steps} of its "
-                    f"{self.steps} steps were plain" + (f", {repeats}" if repeats else ""))
-            parts = f"{fell}; its tree steps: {parts}" if parts else fell
-        elif repeats:
-            fell = f"{self.repeat_steps} of its {self.steps} steps verified the text's own repeats (no draft forward)"
+                    f"{self.steps} steps were plain" + (f", {self.repeat_steps} {repeats}" if self.repeat_steps else ""))
+        elif self.repeat_steps:
+            fell = f"{self.repeat_steps} of its {self.steps} steps {repeats}"
+        if fell:
             parts = f"{fell}; its tree steps: {parts}" if parts else fell
         parts = parts or "no single part"
         rows = self.rows_to_remeasure()
@@ -351,6 +352,8 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     forward and the rest of the step; its mean draft levels and their width for the draft): a prompt
     that is easier than the calibration text grows longer chains and bigger trees, which is its tokens
     per step, not a wrong row. Without rows the parts are compared with the predicted ones."""
+    from ..drafting.repeats import repeat_steps
+
     everything = [t for t in traces if t.step_seconds > 0]
     if not everything:
         return None
@@ -392,4 +395,4 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
                            tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1,
-                           sum(t.draft_source == "repeats" for t in everything), plain_s_per_token, len(plain))
+                           repeat_steps(everything), plain_s_per_token, len(plain))
