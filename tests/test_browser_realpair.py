@@ -7,7 +7,7 @@ Run twice, before and after ``auto``'s background measurement: the second Run's 
 panel and Compare's ``auto`` column print the same prediction, and the status line and the cost panel the
 same check of it (within 25%, or what was off and that it is re-measured, or that other processes (the browser
 itself, on a small machine) crowded the run: more than a quarter of the CPUs, or more of a core than its
-threads left free, ``measured.crowding``), with the same speed over plain decoding timed beside the run as the
+threads left free, ``measured.crowding``), with the same speed over plain decoding timed inside the run as the
 panel's verdict. A T=0.6 run then plans plain
 decoding at the profile's fastest precision while only the pair's acceptance at T=0.6 is measured. Stop during
 a prefill of about 4,096 tokens (the prompt limit) ends it within 2 s. The app's peak RSS through all of it is
@@ -138,8 +138,9 @@ def test_the_defaults_twice_one_prediction_everywhere_and_stop_in_a_long_prefill
             assert predicted.group(0) in panel, (predicted.group(0), panel)
             assert checked.group(0) in panel, (checked.group(0), panel)
             line = checked.group(0)
-            # one speed over plain decoding timed beside the run: the status line's and the cost panel's verdict
-            speed = re.search(r"(\d+\.\d\d)x the speed of plain decoding at \S+ timed beside it", line)
+            # one speed over plain decoding timed inside the run (its plain probes): the status line's and the cost
+            # panel's verdict
+            speed = re.search(r"(\d+\.\d\d)x the speed of plain decoding at \S+ timed inside it", line)
             verdict = re.search(r"(\d+\.\d\d)× its speed on this run's steps", panel)
             if verdict is not None and "fell back" not in status:  # (a fallback's verdict is its tree steps')
                 assert speed and speed.group(1) == verdict.group(1), (line, verdict.group(0))

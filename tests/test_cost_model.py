@@ -88,13 +88,13 @@ def test_logical_params_count_quantised_layers_as_dense():
     assert logical_params(q) == dense
 
 
-def _run(settings):
+def _run(settings, plain_probes=False):
     from ui.controller import Controller
     from ui.runner import start_generation
     from ui.tiny import TinyModelProvider
 
     provider = TinyModelProvider()
-    gen = start_generation(provider, settings)
+    gen = start_generation(provider, settings, plain_probes=plain_probes)
     Controller.measure_costs(type("C", (), {"provider": provider, "model_lock": threading.Lock()})(), gen.record)
     while gen.advance() is not None and not gen.done:
         pass
@@ -115,6 +115,29 @@ def test_the_panel_on_a_tiny_run_states_the_break_even_and_the_references_time()
     assert rec.ar_timing.load_text() in page
     assert "No plain-decoding reference" in cost_model_html(
         type(rec)(**{**rec.__dict__, "one_token_forward_s": None, "ar_timing": None}), None)
+
+
+def test_a_live_run_times_plain_decoding_inside_itself_and_nothing_beside_it():
+    """The Live tab's runs (``start_generation(plain_probes=True)``): no forward is timed before the run; its plain
+    probes (``decode.plain_probes``) are the panel's reference."""
+    from test_ui_figures import _settings
+    from ui.cost_view import cost_model_html
+
+    from dyntree_core.decode.plain_probes import PROBE, probe_steps, probed_s_per_token
+
+    rec = _run(_settings(max_new_tokens=64), plain_probes=True)
+    assert rec.plain_probed and rec.ar_timing is None and rec.one_token_forward_s is None
+    probes = probe_steps(rec.traces)
+    assert [t.step for t in probes] == [t.step for t in rec.traces if t.draft_source == PROBE][:len(probes)]
+    assert probes and probes[0].step == 5
+    ref = ar_reference(None, None, None, inside=rec.traces)
+    assert ref.probes == len(probes) and ref.seconds_per_token == probed_s_per_token(rec.traces)
+    page = cost_model_html(rec, None)
+    assert f"the median of {len(probes)} plain step" in page and "Timed inside this run: a plain step at steps 6" in page
+    from ui.tree_figure import tree_figure
+
+    title = tree_figure(probes[0], rec.texts, rec.root_token(probes[0].step)).layout.title.text
+    assert "a plain step timing plain decoding inside this run" in title
 
 
 def test_the_panel_shows_the_measured_h200_offload_row_from_the_committed_file():

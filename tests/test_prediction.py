@@ -456,6 +456,41 @@ def test_the_status_line_and_the_cost_panel_state_one_speed_over_plain_decoding(
     assert "not the predicted 2.02x: plain decoding cost 0.46x its price of 101 ms" in status
 
 
+def test_plain_decoding_timed_inside_the_run_is_the_one_reference_of_the_status_line_and_the_cost_panel():
+    """A Live run times plain decoding inside itself (``decode.plain_probes``): its probe steps are the status line's
+    and the cost panel's reference (their median: one crowded probe does not move it), they are left out of the
+    run's own steps and ms/token, and the panel names the steps that timed it. Nothing was timed beside the run."""
+    import re
+    from dataclasses import replace
+
+    from dyntree_core.decode.plain_probes import PROBE
+    from ui.cost_view import cost_model_html
+    from ui.views import status_line
+
+    def probe(k, seconds):
+        return StepTrace(step=k, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0],
+                         bonus_token=0, committed=[TokenProvenance(0, k, 1, -1, "autoregressive")],
+                         draft_source=PROBE, step_seconds=seconds, elapsed=0.0, total_new_tokens=0)
+
+    trees = _steps(12, 0.032, 0.105, 0.002, 3)  # 46 ms/token
+    traces = list(trees)
+    for k, seconds in ((5, 0.060), (9, 0.250), (13, 0.0621)):  # (the 250 ms one: a crowded moment)
+        traces.insert(k, probe(k, seconds))
+    traces = [replace(t, step=i) for i, t in enumerate(traces)]
+    rec = _record(_prediction(), traces)
+    check = rec.prediction_check()
+    alone = check_prediction(_prediction(), trees)
+    assert check.steps == 12 and check.measured_s_per_token == pytest.approx(alone.measured_s_per_token)
+    assert check.plain_probes == 3 and check.plain_s_per_token == pytest.approx(0.0621)
+    status, panel = status_line(rec), re.sub("<[^>]+>", "", cost_model_html(rec, None))
+    stated = re.search(r"(\d\.\d\d)x the speed of plain decoding at int4 timed inside it \(3 plain steps: "
+                       r"62\.1 ms/token\)", status)
+    verdict = re.search(r"(\d\.\d\d)× its speed on this run's steps", panel)
+    assert stated and verdict and stated.group(1) == verdict.group(1) == "1.34", (status, panel)
+    assert "the median of 3 plain steps inside this run" in panel and "a plain step at steps 6, 10, 14" in panel
+    assert rec.ar_timing is None and "timed beside" not in status
+
+
 def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():
     from ui.controller import Controller
 

@@ -3,7 +3,7 @@ distribution for every (drafter, verifier) pair of the DESIGN.md matrix, on a ti
 random model pair, run through the engine's lean forward (what the product's CPU models run;
 ``stat_utils.on_lean_forward``). Seeds are fixed, so every run of this file is deterministic.
 
-Every chi-square test here has false-alarm rate ALPHA = 2e-4 (0.01 for the suite's 42 such tests
+Every chi-square test here has false-alarm rate ALPHA = 2e-4 (0.01 for the suite's 43 such tests
 together) and draws the fewest samples at which it catches any bias of chi-square divergence
 w2 >= MIN_W2 = 0.04 over its cells (every bias of total variation >= 0.1) with power >= 0.99
 (``stat_utils.samples_for``; the derivation is in stat_utils' docstring): 1,355 samples at T=1,
@@ -225,6 +225,32 @@ def test_repeats_drafted_inside_a_run_stay_lossless(pair, one_torch_thread):
     assert sum(len(r) > 1 and r[1][0] == "model" for r in runs) > 20
     counts = sample_first_two(make, EVERY_TOKEN, samples_for(truth))
     assert chi_square_pvalue(counts, truth) > ALPHA
+
+
+@pytest.mark.slow
+def test_plain_probes_inside_a_run_stay_lossless(pair, exact, monkeypatch, one_torch_thread):
+    """``decode.plain_probes`` with the probe moved to step 0: the first token from a plain probe, the second from a
+    chain step (depth 1, a noisier draft than the module's, same target) whose draft catches up on the probe's
+    token (runs of 3 tokens, so that step is not the run's last token, itself a probe). 1,355 samples: power >= 0.99
+    against w2 >= 0.04 at false-alarm rate ALPHA. Checked against a probe that draws with one fixed uniform
+    (``sample_index(probs, 0.5)``): it fails, p = 5e-224."""
+    from dyntree_core.decode import engine
+    from dyntree_core.decode.plain_probes import PROBE
+
+    monkeypatch.setattr(engine, "probe_due", lambda step: step == 0)
+    noisy = on_lean_forward(tiny_pair(vocab=VOCAB, seed=12, layers=2, hidden=32, draft_noise=1.0))
+    base = decoder_factory(noisy, method="chain", depth=1, temperature=1.0)
+
+    def make():
+        dec = base()
+        dec.plain_probes = True
+        dec.generate_ids = lambda prompt, n, seed=None: SpeculativeDecoder.generate_ids(dec, prompt, n + 1, seed)[:n]
+        return dec
+
+    sources = [t.draft_source for t in make().generate(PROMPT, 3, seed=0)]
+    assert sources[:2] == [PROBE, "model"]
+    counts = sample_first_two(make, PROMPT, samples_for(exact(1.0)))
+    assert chi_square_pvalue(counts, exact(1.0)) > ALPHA
 
 
 @pytest.mark.slow

@@ -311,7 +311,7 @@ class Controller:
         state.bump()
         try:
             with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
-                state.generation = start_generation(self.provider, settings, planner=self.planner)
+                state.generation = start_generation(self.provider, settings, planner=self.planner, plain_probes=True)
         finally:
             state.notice = ""
         self.measure_costs(state.generation.record)
@@ -322,13 +322,14 @@ class Controller:
 
     def measure_costs(self, rec: RunRecord) -> None:
         """What the cost-model panel needs besides the run's own timings: the pair's parameter
-        counts and, for a tree method, the plain-decoding reference timed now, next to the run, on
+        counts and, for a tree method that does not time plain decoding inside the run
+        (``RunRecord.plain_probed``), the plain-decoding reference timed now, next to the run, on
         its mean context (the prompt and half the new tokens), under the model lock."""
         try:
             pair = self.provider.load(rec.settings.pair_spec())
             with self.model_lock:
                 rec.model_params = pair.params()
-                if rec.config.method != "autoregressive":
+                if rec.config.method != "autoregressive" and not rec.plain_probed:
                     context = len(rec.prompt_ids) + max(0, int(rec.settings.max_new_tokens)) // 2
                     rec.ar_timing = pair.time_one_token_forward(rec.config, context)
                     rec.one_token_forward_s = rec.ar_timing.mean_seconds

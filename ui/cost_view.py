@@ -1,7 +1,8 @@
 """The cost-model panel: why the current run beats plain decoding on this machine or not (its mean
-step, model and suffix steps priced separately, against a plain-decoding reference timed next to the
-run, with its time and the machine's load), and the same tree priced with what this engine measured
-on a GPU (the committed H200 results, labelled with their machine)."""
+step, model and suffix steps priced separately, against a plain-decoding reference timed inside the run
+(its plain probes, ``decode.plain_probes``) or next to it, with its time and the machine's load), and the
+same tree priced with what this engine measured on a GPU (the committed H200 results, labelled with their
+machine)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import html
 from pathlib import Path
 from typing import Optional
 
+from dyntree_core.decode.plain_probes import probe_steps
 from dyntree_core.planning.cost_model import StepCost, Verdict, ar_reference, step_cost
 from dyntree_core.planning.projection import GpuResults, gpu_rows
 
@@ -90,7 +92,7 @@ def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) 
                                     f"{_ms(record.traces[-1].elapsed / max(record.traces[-1].total_new_tokens, 1))} "
                                     "per token (prefill included). Run a tree method to compare against it.</p>")
     ar = ar_reference(baseline.traces if baseline is not None else None, record.ar_timing,
-                      record.one_token_forward_s)
+                      record.one_token_forward_s, inside=record.traces)
     if ar is None:
         head = ("<p>No plain-decoding reference: tick <b>Then run the autoregressive baseline</b> to measure it "
                 "on this machine.</p>")
@@ -98,7 +100,13 @@ def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) 
         v = Verdict(cost, ar)
         cls = "dt-win" if v.wins else "dt-lose"
         when = ""
-        if ar.timing is not None:
+        if ar.probes:
+            probes = probe_steps(record.traces)
+            when = (" Timed inside this run" + (": a plain step at steps " + ", ".join(str(t.step + 1) for t in probes)
+                                                 if probes else "") +
+                    " and after its fallback" * (ar.probes > len(probes))
+                    + ", each committing its token, so plain decoding ran under the run's own load.")
+        elif ar.timing is not None:
             t = ar.timing
             when = (f" Reference timed at <b>{html.escape(t.measured_at)}</b> ({html.escape(t.load_text())}), "
                     f"next to this run, on its mean context ({t.prefix_len} tokens).")

@@ -138,9 +138,11 @@ def tree_note(form: RunSettings, cfg: DecodeConfig) -> str:
 
 
 def start_generation(provider: ModelProvider, settings: RunSettings,
-                     stop_event: Optional[threading.Event] = None, planner: Any = None) -> Generation:
+                     stop_event: Optional[threading.Event] = None, planner: Any = None,
+                     plain_probes: bool = False) -> Generation:
     """Validate ``settings``, load the pair (lazily, cached by the provider) and return a
-    ``Generation`` that has not run any step yet.
+    ``Generation`` that has not run any step yet; ``plain_probes``: a tree run times plain decoding inside
+    itself where its steps allow (``decode.plain_probes``; ``RunRecord.plain_probed``).
 
     ``auto`` (method and/or precisions) is resolved first by the provider's measured cost model;
     the record's ``note`` carries the one-line reason. Raises ``ConfigError`` for invalid settings,
@@ -157,10 +159,11 @@ def start_generation(provider: ModelProvider, settings: RunSettings,
     context = int(getattr(pair.target.config, "max_position_embeddings", 0) or 1 << 30)
     ids, cut = prompt_ids(TextInfo(pair.tokenizer, context, pair.supports_chat), settings, cfg.budget)
     decoder = SpeculativeDecoder.on_pair(pair.prepared(cfg), cfg, eos_token_id=list(pair.eos_token_ids) or None)
+    decoder.plain_probes = plain_probes
     stop = stop_event or threading.Event()
     record = RunRecord(settings=settings, config=cfg, prompt_ids=list(ids), texts=TokenTexts(pair.tokenizer),
                        note="; ".join(n for n in (note, tree_note(form, cfg), cut) if n),
-                       prediction=resolved.prediction, form=form)
+                       prediction=resolved.prediction, form=form, plain_probed=decoder.probes_plain())
     if resolved.prediction is not None and resolved.prediction.read_gb_per_s:
         fresh = resolved.read_gb_per_s and time.monotonic() - resolved.probed_at < PROBE_FRESH_S
         record.read_window = (resolved.read_gb_per_s if fresh else run_probe(), None)  # (before the run's clock)

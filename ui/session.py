@@ -47,6 +47,7 @@ class RunRecord:
     note: str = ""  # why auto chose this configuration (empty when nothing was auto)
     one_token_forward_s: Optional[float] = None  # the target's measured 1-token forward (cost model)
     ar_timing: Optional[ForwardTiming] = None  # that forward's timing: when, on what context, under what load
+    plain_probed: bool = False  # plain decoding is timed inside this run (``decode.plain_probes``), not beside it
     model_params: tuple[int, int] = (0, 0)  # logical parameter counts (draft, target)
     prefill: tuple[int, int] = (0, 0)  # prompt tokens prefilled so far / in all (target + draft)
     prefill_seconds: Optional[float] = None  # wall time of the prefill once it ended
@@ -71,18 +72,19 @@ class RunRecord:
     def prediction_check(self) -> Optional[PredictionCheck]:
         """The run's steps so far against its prediction (None without one, or before a step), with how much of
         the CPUs other processes used from its first step to its end (or now), and its speed over plain decoding
-        timed beside it (the cost panel's reference where no baseline run was made)."""
+        timed inside it or beside it (the cost panel's reference where no baseline run was made)."""
         if self.prediction is None:
             return None
         import torch
 
         start, end = self.cpu_window
         end = end or (sample() if start is not None else None)
-        plain = ar_reference(None, self.ar_timing, self.one_token_forward_s)
+        plain = ar_reference(None, self.ar_timing, self.one_token_forward_s, inside=self.traces)
         return check_prediction(self.prediction, self.traces, others_share(start, end),
                                 cpus=end.cpus_counted if end is not None else None, threads=torch.get_num_threads(),
                                 read_gb_per_s=self.read_window,
-                                plain_s_per_token=plain.seconds_per_token if plain is not None else None)
+                                plain_s_per_token=plain.seconds_per_token if plain is not None else None,
+                                plain_probes=plain.probes if plain is not None else 0)
 
     @property
     def label(self) -> str:

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import networkx as nx
 import plotly.graph_objects as go
 
+from dyntree_core.decode.plain_probes import PROBE
 from dyntree_core.trace import StepTrace
 
 from .fmt import prob
@@ -212,7 +213,9 @@ def _ar_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opti
             hovertext=[f"id {tok.token_id} · p_target {prob(tok.p_target)}"], hoverinfo="text",
             name="target token"))
     fig.update_layout(
-        title=title or f"step {trace.step} · autoregressive: no draft tree, one target token per step",
+        title=title or (f"step {trace.step} · a plain step timing plain decoding inside this run (no draft tree; "
+                        "its token is the run's)" if trace.draft_source == PROBE else
+                        f"step {trace.step} · autoregressive: no draft tree, one target token per step"),
         height=320, margin=dict(l=20, r=20, t=60, b=20), xaxis=dict(visible=False, range=[-1, 2]),
         yaxis=dict(visible=False, range=[-1.6, 0.5]), plot_bgcolor="white", paper_bgcolor="white",
         legend=dict(orientation="h", y=-0.02, yanchor="top"),

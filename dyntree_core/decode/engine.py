@@ -27,6 +27,7 @@ from . import host
 from .device_step import FetchedRows, read_greedy_step
 from .timer import StepTimer
 from .prepared import PreparedPair, model_vocab_size
+from .plain_probes import PROBE, probe_due
 from ..sampling import probs_from_logits
 from ..step_price import StepShape
 from ..trace import NodeStatus, PrefillProgress, StepTrace, TokenProvenance
@@ -71,6 +72,8 @@ class _Step:
     #: (greedy at T = 0, else point mass: the trees are deterministic)
     repeats: Optional["RepeatDrafter"] = None
     repeat_verifier: Any = None
+    #: a plain probe is due (``plain_probes.probe_due``); a step that verifies the text's repeats puts it off
+    probe_pending: bool = False
 
 #: at most this many prompt tokens per prefill forward: long prompts report progress and keep peak
 #: activation memory bounded; the KV cache is the same as one forward's
@@ -186,6 +189,9 @@ class SpeculativeDecoder:
         #: text's own repeats instead of a tree step where they are priced to beat it (``drafting.repeats``; eager
         #: steps only); False: every step drafts, as before them (the A/B of ``bench speed --repeats-ab``)
         self.repeats_in_run = True
+        #: time plain decoding inside the run: a plain step at ``plain_probes.probe_due`` steps of an eager tree run
+        #: (the app's Live runs: their speed over plain decoding; ``probes_plain``)
+        self.plain_probes = False
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -327,6 +333,12 @@ class SpeculativeDecoder:
             return "an on_verify consumer reads the target's logits"
         return graph_reason(self.config, self.draft, self.target, self.offload is not None)
 
+    def probes_plain(self) -> bool:
+        """Whether this decoder's runs time plain decoding inside them (``plain_probes``): asked for, a tree method,
+        every step eager (graph steps keep plain decoding timed beside the run)."""
+        return (self.plain_probes and self.config.method != "autoregressive" and self.graph_reason() is not None
+                and self.draft_graph_reason() is not None)
+
     def draft_graph_reason(self) -> Optional[str]:
         """Why a step whose target runs eagerly (it streams from host memory) cannot draft with the draft's
         fixed-shape programs (None: it does: ``GraphStepper`` without a target, a few graph replays per step
@@ -420,9 +432,11 @@ class SpeculativeDecoder:
                           max_new_tokens=max_new_tokens)
             if graph is None and gdraft is None and not is_ar:
                 self._repeats_in_run(state)
+            probes = graph is None and gdraft is None and self.probes_plain()
             while True:
                 self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
                 t_step = time.perf_counter()
+                state.probe_pending = state.probe_pending or (probes and probe_due(state.step))
                 if graph is not None:
                     trace, timer = (self._graph_ar_step(state, graph, rng) if is_ar
                                     else self._graph_tree_step(state, graph, verifier, rng, device_gen))
@@ -432,6 +446,10 @@ class SpeculativeDecoder:
                     trace.method, trace.verifier = state.repeats.name, state.repeat_verifier.name
                 elif is_ar or state.plain:
                     trace, timer = self._ar_step(state, t_cache, rng, state.repeats or drafter)
+                elif probes and (state.probe_pending or state.max_new_tokens - state.produced == 1):
+                    trace, timer = self._ar_step(state, t_cache, rng, drafter)
+                    trace.draft_source = PROBE
+                    state.probe_pending = False
                 else:
                     trace, timer = self._tree_step(state, t_cache, d_cache, drafter, verifier, gen, rng, gdraft,
                                                    device_gen)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..trace import StepTrace
+from ..decode.plain_probes import plain_steps_inside, probe_steps, probed_s_per_token
 from .forward_timer import ForwardTiming
 from .pricing import break_even_tokens, other_seconds, seconds_per_token
 
@@ -138,24 +139,35 @@ class ArReference:
         seconds_per_token: the reference.
         source: how it was measured.
         timing: the one-token forward timing behind it (its time and the machine's load), if any.
+        probes: the plain steps inside the run it is the median of (``decode.plain_probes.plain_steps_inside``: its
+            probes and the plain steps after its fallback; 0: not from them).
     """
 
     seconds_per_token: float
     source: str
     timing: Optional[ForwardTiming] = None
+    probes: int = 0
 
 
 def ar_reference(baseline: Optional[Sequence[StepTrace]], timing: Optional[ForwardTiming],
-                 untimed_forward_s: Optional[float] = None) -> Optional[ArReference]:
-    """A measured autoregressive baseline run of the same settings if there is one (its mean step),
-    else the target's one-token forward timed next to the run on its context (``timing``), else a
-    one-token forward whose time and load were not recorded (``untimed_forward_s``: a run reloaded
-    from a file), else None."""
+                 untimed_forward_s: Optional[float] = None, inside: Sequence[StepTrace] = ()) -> Optional[ArReference]:
+    """A measured autoregressive baseline run of the same settings if there is one (its mean step), else plain
+    decoding timed inside the run (``inside``: its traces; the median of its plain probes and the plain steps after
+    its fallback, ``decode.plain_probes``), else the target's one-token forward timed next to the run on its context
+    (``timing``), else a one-token forward whose time and load were not recorded (``untimed_forward_s``: a run
+    reloaded from a file), else None."""
     if baseline:
         steps = [t.step_seconds for t in baseline if t.step_seconds > 0]
         if steps:
             return ArReference(statistics.fmean(steps), f"measured: the autoregressive baseline run of the same "
                                                         f"settings (mean of {len(steps)} steps)", timing)
+    probed = probed_s_per_token(inside)
+    if probed is not None:
+        n, probes = len(plain_steps_inside(inside)), len(probe_steps(inside))
+        kinds = (f"{probes} probe{'s' if probes > 1 else ''}" if probes else "",
+                 f"{n - probes} after its fallback" if n > probes else "")
+        return ArReference(probed, f"measured: the median of {n} plain step{'s' if n > 1 else ''} inside this run "
+                                   f"({', '.join(k for k in kinds if k)}), under its load", probes=n)
     if timing is not None and timing.mean_seconds > 0:
         # the mean, not the fastest: the run's steps are means under whatever load there was too
         return ArReference(timing.mean_seconds, f"measured: the target's one-token forward after "

@@ -166,9 +166,12 @@ class PredictionCheck:
             (``drafting.repeats``: inside the run where priced to beat its tree steps, and after its fallback);
             the parts are checked over the other steps.
         plain_steps: the plain steps after the fallback.
-        plain_s_per_token: plain decoding at the run's target precision, timed beside the run (the cost panel's
-            reference, ``cost_model.ar_reference``; None: not timed). The run's measured speed-up is against it,
-            whatever the profile priced plain decoding at.
+        plain_s_per_token: plain decoding at the run's target precision, timed inside the run or beside it (the
+            cost panel's reference, ``cost_model.ar_reference``; None: not timed). The run's measured speed-up is
+            against it, whatever the profile priced plain decoding at.
+        plain_probes: the plain steps inside the run that timed it (``decode.plain_probes``; 0: timed beside the
+            run). They are plain decoding's, not the run's: ``measured_s_per_token``, ``steps`` and the parts leave
+            them out.
     """
 
     prediction: Prediction
@@ -183,18 +186,19 @@ class PredictionCheck:
     repeat_steps: int = 0  # the steps that verified the text's repeats (inside the run and after its fallback)
     plain_s_per_token: Optional[float] = None
     plain_steps: int = 0  # the plain steps after the fallback
+    plain_probes: int = 0  # the plain steps inside the run that timed plain decoding
 
     @property
     def speedup(self) -> Optional[float]:
-        """The run's speed over plain decoding timed beside it (None: not timed)."""
+        """The run's speed over plain decoding timed inside it or beside it (None: not timed)."""
         if not self.plain_s_per_token or self.measured_s_per_token <= 0:
             return None
         return self.plain_s_per_token / self.measured_s_per_token
 
     @property
     def plain_ratio(self) -> Optional[float]:
-        """Plain decoding timed beside the run over the price of the prediction's reference, where both are the
-        same precision (None: not timed, or the reference is another precision)."""
+        """Plain decoding timed inside or beside the run over the price of the prediction's reference, where both
+        are the same precision (None: not timed, or the reference is another precision)."""
         p = self.prediction
         if not self.plain_s_per_token or p.is_reference or p.reference_precision != p.target_precision:
             return None
@@ -202,19 +206,23 @@ class PredictionCheck:
 
     @property
     def plain_off(self) -> bool:
-        """Plain decoding timed beside the run cost more than ``OFF_BY`` off the profile's price of it."""
+        """Plain decoding timed inside or beside the run cost more than ``OFF_BY`` off the profile's price of it."""
         r = self.plain_ratio
         return r is not None and abs(r - 1.0) > OFF_BY
 
     def speedup_text(self) -> str:
-        """The clause on the run's measured speed-up over plain decoding timed beside it ('' when not timed);
-        where plain decoding cost more than ``OFF_BY`` off its price, it names the predicted speed-up it replaces
-        and why (another spell of the memory's bandwidth, other processes)."""
+        """The clause on the run's measured speed-up over plain decoding timed inside or beside it ('' when not
+        timed); where plain decoding cost more than ``OFF_BY`` off its price, it names the predicted speed-up it
+        replaces and why (another spell of the memory's bandwidth, other processes)."""
         x = self.speedup
         if x is None:
             return ""
         p = self.prediction
-        plain = f"plain decoding at {p.target_precision} timed beside it ({self.plain_s_per_token * 1e3:.1f} ms/token)"
+        ms = self.plain_s_per_token * 1e3
+        n = self.plain_probes
+        plain = (f"plain decoding at {p.target_precision} timed inside it ({n} plain step{'s' if n > 1 else ''}: "
+                 f"{ms:.1f} ms/token)" if n else f"plain decoding at {p.target_precision} timed beside it "
+                                                 f"({ms:.1f} ms/token)")
         ratio = self.plain_ratio
         if not self.plain_off:
             return f"{x:.2f}x the speed of {plain}"
@@ -276,8 +284,9 @@ class PredictionCheck:
 
     def rows_to_remeasure(self) -> tuple[ProfileRow, ...]:
         """The profile rows that priced the wrong parts (tokens per step has none: it is the prompt's), and the
-        target's row when plain decoding timed beside the run was off its price (``plain_off``: the predicted
-        speed-up stood on it); none from fewer than ``MIN_STEPS`` steps, a crowded run or another spell."""
+        target's row when plain decoding timed inside or beside the run was off its price (``plain_off``: the
+        predicted speed-up stood on it); none from fewer than ``MIN_STEPS`` steps, a crowded run or another
+        spell."""
         if self.steps < MIN_STEPS or self.busy or self.other_spell:
             return ()
         rows = [p.row for p in self.wrong_parts() if p.row is not None and (p.steps or self.steps) >= MIN_STEPS]
@@ -340,21 +349,23 @@ def _step_means(steps: Sequence[StepTrace]) -> tuple[float, float, float, float]
 def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others_share: Optional[float] = None,
                      cpus: Optional[int] = None, threads: Optional[int] = None,
                      read_gb_per_s: Sequence[float] = (),
-                     plain_s_per_token: Optional[float] = None) -> Optional[PredictionCheck]:
+                     plain_s_per_token: Optional[float] = None, plain_probes: int = 0) -> Optional[PredictionCheck]:
     """``prediction`` against the measured steps of ``traces`` (None before the first step); ``others_share``:
     the share of the CPUs other processes used meanwhile (``measured.others_share``) of ``cpus`` CPUs, the run on
     ``threads`` threads (``PredictionCheck.crowded``); ``read_gb_per_s``: the memory's read bandwidth probed around
     the run (``profiling.run_probe``; ``PredictionCheck.other_spell``); ``plain_s_per_token``: plain decoding at the
-    run's target precision timed beside it (``PredictionCheck.speedup``).
+    run's target precision timed beside it, or inside it by ``plain_probes`` plain steps (``PredictionCheck.speedup``;
+    those steps, ``decode.plain_probes``, are left out of the run's).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
     compared with those rows' price **at the sizes the run had** (its mean tree size for the target
     forward and the rest of the step; its mean draft levels and their width for the draft): a prompt
     that is easier than the calibration text grows longer chains and bigger trees, which is its tokens
     per step, not a wrong row. Without rows the parts are compared with the predicted ones."""
+    from ..decode.plain_probes import PROBE
     from ..drafting.repeats import repeat_steps
 
-    everything = [t for t in traces if t.step_seconds > 0]
+    everything = [t for t in traces if t.step_seconds > 0 and t.draft_source != PROBE]
     if not everything:
         return None
     switch = next((i for i, t in enumerate(everything) if t.fallback), None)
@@ -395,4 +406,4 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
                            tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1,
-                           repeat_steps(everything), plain_s_per_token, len(plain))
+                           repeat_steps(everything), plain_s_per_token, len(plain), plain_probes)
