@@ -131,9 +131,10 @@ def test_a_live_run_times_plain_decoding_inside_itself_and_nothing_beside_it():
     assert [t.step for t in probes] == [t.step for t in rec.traces if t.draft_source == PROBE][:len(probes)]
     assert probes and probes[0].step == 5
     ref = ar_reference(None, None, None, inside=rec.traces)
-    assert ref.probes == len(probes) and ref.seconds_per_token == probed_s_per_token(rec.traces)
+    assert ref.inside == len(probes) and ref.seconds_per_token == probed_s_per_token(rec.traces)
     page = cost_model_html(rec, None)
-    assert f"the median of {len(probes)} plain step" in page and "Timed inside this run: a plain step at steps 6" in page
+    assert f"the median of {len(probes)} plain step" in page
+    assert "Timed inside this run (a plain step at steps 6" in page
     from ui.tree_figure import tree_figure
 
     title = tree_figure(probes[0], rec.texts, rec.root_token(probes[0].step)).layout.title.text

@@ -481,14 +481,23 @@ def test_plain_decoding_timed_inside_the_run_is_the_one_reference_of_the_status_
     check = rec.prediction_check()
     alone = check_prediction(_prediction(), trees)
     assert check.steps == 12 and check.measured_s_per_token == pytest.approx(alone.measured_s_per_token)
-    assert check.plain_probes == 3 and check.plain_s_per_token == pytest.approx(0.0621)
+    assert check.plain_inside == 3 and check.plain_s_per_token == pytest.approx(0.0621)
     status, panel = status_line(rec), re.sub("<[^>]+>", "", cost_model_html(rec, None))
     stated = re.search(r"(\d\.\d\d)x the speed of plain decoding at int4 timed inside it \(3 plain steps: "
                        r"62\.1 ms/token\)", status)
     verdict = re.search(r"(\d\.\d\d)× its speed on this run's steps", panel)
     assert stated and verdict and stated.group(1) == verdict.group(1) == "1.34", (status, panel)
-    assert "the median of 3 plain steps inside this run" in panel and "a plain step at steps 6, 10, 14" in panel
+    assert "the median of 3 plain steps inside this run (3 probes)" in panel
+    assert "a plain step at steps 6, 10, 14" in panel
     assert rec.ar_timing is None and "timed beside" not in status
+    # after a fallback its plain steps time plain decoding too (they stay the run's own steps)
+    fell = replace(traces[14], fallback="chain steps committed too few tokens")
+    after = [probe(k, 0.05) for k in range(16, 20)]
+    rec = _record(_prediction(), traces[:14] + [fell] + [replace(t, draft_source="", step=t.step) for t in after])
+    check, panel = rec.prediction_check(), re.sub("<[^>]+>", "", cost_model_html(rec, None))
+    assert check.plain_inside == 7 and check.plain_s_per_token == pytest.approx(0.05) and check.steps == 16
+    assert "the median of 7 plain steps inside this run (3 probes, 4 after its fallback)" in panel, panel
+    assert "(a plain step at steps 6, 10, 14; its plain steps after the fallback)" in panel, panel
 
 
 def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():

@@ -100,12 +100,12 @@ def cost_model_html(record: Optional[RunRecord], baseline: Optional[RunRecord]) 
         v = Verdict(cost, ar)
         cls = "dt-win" if v.wins else "dt-lose"
         when = ""
-        if ar.probes:
+        if ar.inside:
             probes = probe_steps(record.traces)
-            when = (" Timed inside this run" + (": a plain step at steps " + ", ".join(str(t.step + 1) for t in probes)
-                                                 if probes else "") +
-                    " and after its fallback" * (ar.probes > len(probes))
-                    + ", each committing its token, so plain decoding ran under the run's own load.")
+            where = (["a plain step at steps " + ", ".join(str(t.step + 1) for t in probes)] if probes else []) + (
+                ["its plain steps after the fallback"] if ar.inside > len(probes) else [])
+            when = (f" Timed inside this run ({'; '.join(where)}), each committing its token, so plain decoding ran "
+                    "under the run's own load.")
         elif ar.timing is not None:
             t = ar.timing
             when = (f" Reference timed at <b>{html.escape(t.measured_at)}</b> ({html.escape(t.load_text())}), "

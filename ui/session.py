@@ -84,7 +84,7 @@ class RunRecord:
                                 cpus=end.cpus_counted if end is not None else None, threads=torch.get_num_threads(),
                                 read_gb_per_s=self.read_window,
                                 plain_s_per_token=plain.seconds_per_token if plain is not None else None,
-                                plain_probes=plain.probes if plain is not None else 0)
+                                plain_inside=plain.inside if plain is not None else 0)
 
     @property
     def label(self) -> str:

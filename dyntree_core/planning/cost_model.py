@@ -139,14 +139,14 @@ class ArReference:
         seconds_per_token: the reference.
         source: how it was measured.
         timing: the one-token forward timing behind it (its time and the machine's load), if any.
-        probes: the plain steps inside the run it is the median of (``decode.plain_probes.plain_steps_inside``: its
+        inside: the plain steps inside the run it is the median of (``decode.plain_probes.plain_steps_inside``: its
             probes and the plain steps after its fallback; 0: not from them).
     """
 
     seconds_per_token: float
     source: str
     timing: Optional[ForwardTiming] = None
-    probes: int = 0
+    inside: int = 0
 
 
 def ar_reference(baseline: Optional[Sequence[StepTrace]], timing: Optional[ForwardTiming],
@@ -167,7 +167,7 @@ def ar_reference(baseline: Optional[Sequence[StepTrace]], timing: Optional[Forwa
         kinds = (f"{probes} probe{'s' if probes > 1 else ''}" if probes else "",
                  f"{n - probes} after its fallback" if n > probes else "")
         return ArReference(probed, f"measured: the median of {n} plain step{'s' if n > 1 else ''} inside this run "
-                                   f"({', '.join(k for k in kinds if k)}), under its load", probes=n)
+                                   f"({', '.join(k for k in kinds if k)}), under its load", inside=n)
     if timing is not None and timing.mean_seconds > 0:
         # the mean, not the fastest: the run's steps are means under whatever load there was too
         return ArReference(timing.mean_seconds, f"measured: the target's one-token forward after "

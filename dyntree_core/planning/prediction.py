@@ -169,9 +169,9 @@ class PredictionCheck:
         plain_s_per_token: plain decoding at the run's target precision, timed inside the run or beside it (the
             cost panel's reference, ``cost_model.ar_reference``; None: not timed). The run's measured speed-up is
             against it, whatever the profile priced plain decoding at.
-        plain_probes: the plain steps inside the run that timed it (``decode.plain_probes``; 0: timed beside the
-            run). They are plain decoding's, not the run's: ``measured_s_per_token``, ``steps`` and the parts leave
-            them out.
+        plain_inside: the plain steps inside the run that timed it (``decode.plain_probes.plain_steps_inside``: its
+            probes and the plain steps after its fallback; 0: timed beside the run). The probes are plain
+            decoding's, not the run's: ``measured_s_per_token``, ``steps`` and the parts leave them out.
     """
 
     prediction: Prediction
@@ -186,7 +186,7 @@ class PredictionCheck:
     repeat_steps: int = 0  # the steps that verified the text's repeats (inside the run and after its fallback)
     plain_s_per_token: Optional[float] = None
     plain_steps: int = 0  # the plain steps after the fallback
-    plain_probes: int = 0  # the plain steps inside the run that timed plain decoding
+    plain_inside: int = 0  # the plain steps inside the run that timed plain decoding
 
     @property
     def speedup(self) -> Optional[float]:
@@ -219,7 +219,7 @@ class PredictionCheck:
             return ""
         p = self.prediction
         ms = self.plain_s_per_token * 1e3
-        n = self.plain_probes
+        n = self.plain_inside
         plain = (f"plain decoding at {p.target_precision} timed inside it ({n} plain step{'s' if n > 1 else ''}: "
                  f"{ms:.1f} ms/token)" if n else f"plain decoding at {p.target_precision} timed beside it "
                                                  f"({ms:.1f} ms/token)")
@@ -349,13 +349,13 @@ def _step_means(steps: Sequence[StepTrace]) -> tuple[float, float, float, float]
 def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others_share: Optional[float] = None,
                      cpus: Optional[int] = None, threads: Optional[int] = None,
                      read_gb_per_s: Sequence[float] = (),
-                     plain_s_per_token: Optional[float] = None, plain_probes: int = 0) -> Optional[PredictionCheck]:
+                     plain_s_per_token: Optional[float] = None, plain_inside: int = 0) -> Optional[PredictionCheck]:
     """``prediction`` against the measured steps of ``traces`` (None before the first step); ``others_share``:
     the share of the CPUs other processes used meanwhile (``measured.others_share``) of ``cpus`` CPUs, the run on
     ``threads`` threads (``PredictionCheck.crowded``); ``read_gb_per_s``: the memory's read bandwidth probed around
     the run (``profiling.run_probe``; ``PredictionCheck.other_spell``); ``plain_s_per_token``: plain decoding at the
-    run's target precision timed beside it, or inside it by ``plain_probes`` plain steps (``PredictionCheck.speedup``;
-    those steps, ``decode.plain_probes``, are left out of the run's).
+    run's target precision timed beside it, or inside it by ``plain_inside`` plain steps (``PredictionCheck.speedup``;
+    its probes, ``decode.plain_probes``, are left out of the run's steps).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
     compared with those rows' price **at the sizes the run had** (its mean tree size for the target
@@ -406,4 +406,4 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     measured = seconds_per_token(whole_target, whole_draft, whole_other, whole_tokens)
     return PredictionCheck(p, measured, len(everything), parts, others_share, cpus, threads,
                            tuple(x for x in read_gb_per_s if x is not None), None if switch is None else switch + 1,
-                           repeat_steps(everything), plain_s_per_token, len(plain), plain_probes)
+                           repeat_steps(everything), plain_s_per_token, len(plain), plain_inside)
