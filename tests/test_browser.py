@@ -242,7 +242,9 @@ def test_app_end_to_end(app_url, tmp_path):
         # --- the cost model says why the tree wins or loses on this machine
         cost = page.inner_text("#cost-model")
         assert "to beat plain decoding here" in cost and "it delivers" in cost, cost
-        assert "plain step inside this run" in cost and "Timed inside this run (a plain step at steps 6" in cost, cost
+        # its reference: plain decoding timed inside the run, or Compare's plain column of the same settings
+        assert ("Timed inside this run (a plain step at steps 6" in cost
+                or "the autoregressive baseline run of the same settings" in cost), cost
         assert "70B-shaped target offloaded to host memory" in cost and "NVIDIA H200" in cost
 
         # --- the verification walkthrough: each Next shows the next decision and rings its node
