@@ -432,7 +432,7 @@ class SpeculativeDecoder:
                           max_new_tokens=max_new_tokens)
             if graph is None and gdraft is None and not is_ar:
                 self._repeats_in_run(state)
-            probes = graph is None and gdraft is None and self.probes_plain()
+            probes = self.probes_plain()  # (only where every step is eager: graph and gdraft are None)
             while True:
                 self.pair.check(self.config)  # a pair closed since the last step (the app released it) is refused
                 t_step = time.perf_counter()

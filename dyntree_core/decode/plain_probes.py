@@ -39,9 +39,14 @@ def probe_due(step: int) -> bool:
     return step in FIRST_PROBES or (step > FIRST_PROBES[-1] and step % PROBE_EVERY == FIRST_PROBES[-1] % PROBE_EVERY)
 
 
+def _timed_plain(t: StepTrace) -> bool:
+    """A plain step that was timed and committed its one token."""
+    return t.tree is None and t.step_seconds > 0 and t.num_committed == 1
+
+
 def probe_steps(traces: Sequence[StepTrace]) -> list[StepTrace]:
     """The run's plain probes that were timed."""
-    return [t for t in traces if t.draft_source == PROBE and t.step_seconds > 0 and t.num_committed == 1]
+    return [t for t in traces if t.draft_source == PROBE and _timed_plain(t)]
 
 
 def plain_steps_inside(traces: Sequence[StepTrace]) -> list[StepTrace]:
@@ -49,7 +54,7 @@ def plain_steps_inside(traces: Sequence[StepTrace]) -> list[StepTrace]:
     fallback (``DecodeConfig.fallback``), which ran under the same load (none in a run without a tree step)."""
     if not any(t.tree is not None for t in traces):
         return []
-    return [t for t in traces if t.tree is None and t.step_seconds > 0 and t.num_committed == 1]
+    return [t for t in traces if _timed_plain(t)]
 
 
 def probed_s_per_token(traces: Sequence[StepTrace]) -> Optional[float]:
