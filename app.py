@@ -44,6 +44,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     from ui import AppDefaults, HubModelProvider, build_app
     from ui.page_script import launch_app_kwargs
+    from ui.switch_interval import favour_decoding
+
+    favour_decoding()
 
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.tiny:

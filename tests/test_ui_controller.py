@@ -534,10 +534,49 @@ def test_a_streaming_refresh_without_figures_still_sends_the_cost_panel(controll
     state.record.status = "running"
     state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
     _name_live_components(controller)
-    controller.live(state, 16)  # (the run's first refresh draws everything)
+    controller.live(state, 16)  # (the run's first refresh blanks the figures: ``figures_due``)
     second = controller.live(state, 16)
     assert second["tree_plot"] == gr.skip()  # no figure this time
     assert isinstance(second["cost_model"], str) and "ms/token" in second["cost_model"]
+
+
+def test_a_new_run_shows_blank_figures_until_its_first_redraw_is_due(controller):
+    """A streaming run's figures are first drawn a pacing interval after it began (a redraw at its first refresh
+    cost the default Run ~10% in Chromium): its first refresh replaces the previous run's figures with blank ones
+    that say when they come, the next refreshes send none, and the figures are drawn once the interval has passed,
+    or at once when the run stops streaming or the user picks a step."""
+    from ui.figure_pacing import FIGURE_INTERVAL_S
+
+    state = SessionState()
+    controller.on_run(state, False, *_form(method="chain", precision="float32", draft_precision="float32",
+                                           max_new_tokens=8))
+    assert state.worker is not None and state.worker.join(120)
+    state.record.status = "running"
+    state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
+    _name_live_components(controller)
+
+    def note(fig) -> str:
+        return fig.layout.annotations[0].text
+
+    first = controller.live(state, 16)
+    assert note(first["tree_plot"]) == f"draft tree: drawn {FIGURE_INTERVAL_S:.0f} s into the run and when it ends"
+    assert note(first["speed_plot"]) == "tokens/s" and note(first["mask_dfs"]) == "DFS mask"
+    assert "drawn 3 s into the run" in first["walkthrough"]
+    second = controller.live(state, 16)
+    assert all(second[k] == gr.skip() for k in ("tree_plot", "mask_bfs", "speed_plot", "steps_plot", "walkthrough"))
+    assert "ms/token" in second["cost_model"]  # (the text, status and cost panel: every refresh)
+    state.run_started_at -= FIGURE_INTERVAL_S
+    third = controller.live(state, 16)
+    assert third["tree_plot"].layout.title.text.startswith(f"step {len(state.record.traces) - 1} ")
+    assert controller.live(state, 16)["tree_plot"] == gr.skip()  # then paced as before (``FigurePacing``)
+
+    # a run that stops streaming before the interval is drawn at its next refresh, with no blank step between
+    state.worker = None
+    controller.on_run(state, False, *_form(method="chain", precision="float32", draft_precision="float32",
+                                           max_new_tokens=8))
+    assert state.worker.join(120) and state.record.status == "finished"
+    drawn = controller.live(state, 16)
+    assert drawn["tree_plot"].layout.title.text.startswith("step ") and not state.figures_stale
 
 
 def test_the_step_slider_takes_whatever_its_box_sends():

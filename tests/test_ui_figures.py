@@ -535,3 +535,15 @@ def test_an_offloaded_steps_phases_count_the_weight_wait_once():
     fig = phase_figure([trace])
     bars = {b.name: b.x[0] for b in fig.data}
     assert bars["target"] == pytest.approx(40.0) and sum(bars.values()) == pytest.approx(120.0)
+
+
+def test_a_blank_figure_is_built_once_per_note():
+    """A new run's first refresh sends blank figures (``views.waiting_views``) while the run decodes beside it:
+    plotly builds each in ~5 ms of Python, so they are built once and shared (Gradio only reads them)."""
+    from ui.tree_figure import empty_figure
+    from ui.views import waiting_views
+
+    first, second = waiting_views(3.0), waiting_views(3.0)
+    assert first[0].tree is second[0].tree and first[1] is second[1]
+    assert first[0].tree.layout.annotations[0].text == "draft tree: drawn 3 s into the run and when it ends"
+    assert empty_figure("tokens/s") is first[1] and empty_figure("tokens/s", height=300) is not first[1]

@@ -290,8 +290,10 @@ class SessionState:
         self.timer_interval: Optional[float] = None  # the page's refresh interval (None: the streaming one)
         self.stop_clicked_at = -math.inf  # when Stop was clicked during the current run (time.monotonic)
         self.figures_at = -math.inf  # when the page last got the run's figures (time.monotonic)
-        self.figures_key: tuple = ()  # what the user was looking at then (step, walkthrough decision, block)
+        self.figures_key: Optional[tuple] = None  # what the user was looking at then (step, walkthrough decision, block)
         self.figure_pacing = FigurePacing()  # how often a streaming run's figures are redrawn on this page
+        self.run_started_at = -math.inf  # when the current run began (time.monotonic): its first redraw is paced from it
+        self.figures_stale = False  # the page shows the previous run's figures: the next refresh blanks them
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None

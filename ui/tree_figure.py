@@ -9,6 +9,7 @@ token, p_draft, p_target, acceptance probability, depth and draw rank.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -223,8 +224,10 @@ def _ar_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opti
     return fig
 
 
+@functools.lru_cache(maxsize=64)
 def empty_figure(message: str, height: int = 320) -> go.Figure:
-    """A blank figure with a centred note (before the first run, or for missing data)."""
+    """A blank figure with a centred note (before the first run, for missing data, while a run's figures wait for
+    their first redraw). Built once per note and shared (plotly builds one in ~5 ms): do not modify it."""
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=14, color="#777777"))

@@ -20,7 +20,7 @@ from .session import ExternalRun, RunRecord
 from .text_figure import text_figure
 from .tokens import group_pieces
 from .tree_figure import empty_figure, tree_figure
-from .walkthrough import walkthrough_html
+from .walkthrough import STYLE as WALK_STYLE, walkthrough_html
 
 
 @dataclass
@@ -78,6 +78,18 @@ def step_view(record: Optional[RunRecord], step: Optional[float], block_size: in
         phases=phase_figure(record.traces, idx, record.prefill_seconds),
         walkthrough=walkthrough_html(trace, record.texts, decision),
     )
+
+
+def waiting_views(interval_s: float) -> tuple[StepView, go.Figure, go.Figure]:
+    """The panels a streaming run shows until its figures are first drawn ``interval_s`` into it (or when it stops
+    streaming): blank figures that say so, in place of the previous run's (``controller.figures_due``). Returns the
+    step panels and the tokens/s and tokens-per-step charts."""
+    when = f"drawn {interval_s:.0f} s into the run and when it ends"
+    return (StepView(empty_figure(f"draft tree: {when}"),
+                     tuple(empty_figure(f"{o.upper()} mask", height=360) for o in ORDERS),  # type: ignore[arg-type]
+                     empty_figure("phase timings", height=260),
+                     WALK_STYLE + f"<p><i>The verifier's decisions: {when}.</i></p>"),
+            empty_figure("tokens/s"), empty_figure("tokens per step"))
 
 
 #: prompts longer than this (tokens) get a warning while their prefill runs
