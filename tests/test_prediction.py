@@ -240,6 +240,35 @@ def test_parts_are_priced_at_the_sizes_the_run_had():
     assert not any(c.off for c in sized.parts[:3]) and sized.rows_to_remeasure() == ()
 
 
+def _chain_step(step: int, nodes: int, rows: PricedRows) -> StepTrace:
+    """A chain step of ``nodes`` nodes whose parts took exactly their price at ``rows``."""
+    tree = TokenTree(tokens=torch.arange(nodes), parents=torch.arange(-1, nodes - 1),
+                     child_rank=torch.zeros(nodes, dtype=torch.long), draft_logprob=torch.zeros(nodes, dtype=torch.float64),
+                     sampled="swor")
+    draft, target = (nodes - 1) * rows.time(rows.draft, 1), rows.time(rows.target, nodes)
+    other = rows.time(rows.other, nodes)
+    return StepTrace(step=step, method="chain", verifier="greedy", tree=tree, accepted_nodes=[0], bonus_token=0,
+                     committed=[TokenProvenance(0, step, 1, -1, "bonus")] * 3,
+                     timings=PhaseTimings(draft=draft, target_forward=target), step_seconds=draft + target + other,
+                     elapsed=(step + 1) * 0.2, total_new_tokens=(step + 1) * 3)
+
+
+def test_steps_of_different_sizes_are_each_priced_at_their_own():
+    """The default Run alternates long chains and short ones (13-node and 2-node trees here), each step's parts
+    exactly their price: the mean of the steps' prices is what the run measures, not the price at the mean size
+    (7.5 nodes: t(n) is convex; on the default prompt the target forward read 1.22x at the mean size, 1.16x
+    at its steps' own): no part is off."""
+    rows = PricedRows(ns=(1, 2, 4, 8, 16), target=(0.0325, 0.034, 0.0371, 0.0486, 0.093),
+                      draft=(0.0138, 0.0151, 0.0139, 0.0214, 0.0452), other=(0.0005, 0.001, 0.002, 0.004, 0.006))
+    steps = [_chain_step(i, 13 if i % 2 == 0 else 2, rows) for i in range(12)]
+    p = _prediction(draft_s=0.09, target_s=0.055, other_s=0.004, tokens_per_step=3, s_per_token=0.05, rows=rows)
+    c = check_prediction(p, steps)
+    assert c.parts[1].name == "target forward (7.5 tokens)"
+    assert c.parts[1].ratio == pytest.approx(1.0) and rows.time(rows.target, 7.5) < 0.9 * c.parts[1].measured
+    assert [x.ratio for x in c.parts[:3]] == [pytest.approx(1.0)] * 3
+    assert not any(x.off for x in c.parts) and c.rows_to_remeasure() == ()
+
+
 def test_a_plan_predicts_with_the_rows_that_priced_it():
     plan = choose(_flat_profile(), (0.8, 0.6, 0.4), 0.0, ["int4"], ["int4"])
     p = plan.prediction("auto", "int4", "int4")

@@ -358,10 +358,13 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
     its probes, ``decode.plain_probes``, are left out of the run's steps).
 
     With the profile rows the prediction was priced from (``Prediction.rows``), each timed part is
-    compared with those rows' price **at the sizes the run had** (its mean tree size for the target
-    forward and the rest of the step; its mean draft levels and their width for the draft): a prompt
-    that is easier than the calibration text grows longer chains and bigger trees, which is its tokens
-    per step, not a wrong row. Without rows the parts are compared with the predicted ones."""
+    compared with those rows' price **at the sizes the run had**: each step priced at its own shape
+    (``StepShape``: its tree size for the target forward and the rest of the step, its draft levels and their
+    width for the draft), then averaged as the measured parts are. A prompt that is easier than the calibration
+    text grows longer chains and bigger trees, which is its tokens per step, not a wrong row; and a run whose
+    steps alternate 13-node and 2-node trees costs the mean of those two prices, not the price of a 7.5-node
+    tree (t(n) is convex: headless, the default Run's target forward read 1.21-1.23x its row at the mean size
+    and 1.15-1.17x at its steps' own, 3 runs). Without rows the parts are compared with the predicted ones."""
     from ..decode.plain_probes import PROBE
     from ..drafting.repeats import repeat_steps
 
@@ -387,8 +390,10 @@ def check_prediction(prediction: Prediction, traces: Sequence[StepTrace], others
         modeled = [x for x in shapes if x.levels]
         levels = mean(x.levels for x in modeled) if modeled else 0.0
         width = mean(x.width * x.levels for x in modeled) / max(levels, 1.0) if modeled else 1.0
-        at = (levels * p.rows.time(p.rows.draft, width) if p.rows.draft and levels else p.draft_s,
-              p.rows.time(p.rows.target, size), p.rows.time(p.rows.other, size))
+        at = (mean(x.levels * p.rows.time(p.rows.draft, x.width) for x in modeled) if p.rows.draft and modeled
+              else p.draft_s,
+              mean(p.rows.time(p.rows.target, x.size) for x in shapes),
+              mean(p.rows.time(p.rows.other, x.size) for x in shapes))
         if all(math.isfinite(x) for x in at):
             priced = at
             names = (f"draft ({levels:.1f} levels of {width:.1f})" if levels else "draft",
