@@ -130,9 +130,13 @@ def samples_for(expected_probs: np.ndarray, w2: float = MIN_W2, alpha: float = A
         n += 1
 
 
-def sample_first_two(make_decoder, prompt: list[int], n: int, seed0: int = 0) -> np.ndarray:
-    """Run ``n`` independent seeded generations of 2 tokens; return ``[V, V]`` counts."""
+def sample_first_two(make_decoder, prompt: list[int], n: int, seed0: int = 0, full_trees: bool = True) -> np.ndarray:
+    """Run ``n`` independent seeded generations of 2 tokens; return ``[V, V]`` counts. ``full_trees``: every step
+    drafts ``cfg.depth`` levels (``SpeculativeDecoder.cap_levels`` off): capped, a 2-token run's first tree would
+    have one level, and the verification of deeper levels would go untested."""
     dec = make_decoder()
+    if full_trees and hasattr(dec, "cap_levels"):
+        dec.cap_levels = False
     v = dec.vocab_size
     counts = np.zeros((v, v))
     for s in range(n):

@@ -147,6 +147,30 @@ def test_drafter_contract_on_small_cases(method):
                     assert lp == pytest.approx(math.log(float(q[tree.tokens[c]]))) if q[tree.tokens[c]] > 0 else lp == -math.inf
 
 
+#: drafters that grow level by level and cap their depth at a step's ``levels`` (Sequoia's precomputed shape and
+#: DynaTree's parameters keep ``cfg.depth``)
+CAPPED = sorted({*(m for m in MODEL_DRAFTERS if m not in ("sequoia", "dynatree")), "hybrid"})
+
+
+@pytest.mark.parametrize("method", CAPPED)
+def test_a_step_drafts_no_more_levels_than_it_can_commit(method):
+    """``draft(..., levels=L)``: a run with L + 1 tokens left commits at most L drafted tokens and the bonus, so
+    the tree is at most L levels deep (and at least 1); without ``levels`` it keeps ``cfg.depth``; the cap lasts one
+    call."""
+    v, depth = 6, 5
+    fn = _toy(v, 4)
+    cfg = DecodeConfig(method=method, budget=24, depth=depth, width=2, threshold=0.01, temperature=0.0)
+    drafter = make_drafter(cfg)
+    deepest = {}
+    for levels in (None, 2, 0, None):
+        tree = drafter.draft(PathFunctionSource(fn, v), 0, torch.Generator().manual_seed(0), True, levels=levels)
+        deepest[levels] = tree.num_levels - 1
+        assert drafter.depth == depth  # (outside a call: uncapped)
+    assert deepest[None] == depth or method in ("dyspec_threshold", "opt_tree")  # (they may stop earlier)
+    assert deepest[2] <= 2 and deepest[0] == 1
+    assert deepest[2] == min(2, deepest[None])
+
+
 def test_topk_rows_matches_torch_topk_on_flat_and_peaked_rows():
     from dyntree_core.drafting.siblings import topk_rows
 

@@ -76,7 +76,9 @@ def test_hybrid_sampling_matches_the_target(prompt, one_torch_thread):
     cfg = DecodeConfig(method="hybrid", temperature=0.6, budget=6, depth=2, threshold=0.01,
                        trace_block_counts=False)
     assert cfg.resolved_verifier() == "point_mass"
-    first = next(SpeculativeDecoder(draft, target, cfg).generate(prompt, 1))
+    dec = SpeculativeDecoder(draft, target, cfg)
+    dec.cap_levels = False  # (a 1-token run's tree would be capped to one level: the 2-level suffix tree is tested)
+    first = next(dec.generate(prompt, 1))
     assert first.tree_size > 1 and (first.timings.draft == 0.0) == (prompt == [3, 7, 3, 7, 3])
     counts = sample_first_two(lambda: SpeculativeDecoder(draft, target, cfg, eos_token_id=()), prompt,
                               samples_for(exact), seed0=7000)

@@ -144,5 +144,5 @@ def test_a_one_token_match_drafts_one_token_at_the_default_cap():
     sizes = {}
     for f in (1.0, None):
         cfg = DecodeConfig(method="suffix", budget=16, depth=8, threshold=0.01, spec_factor=f)
-        sizes[f] = next(iter(SpeculativeDecoder(draft, target, cfg, eos_token_id=()).generate(prompt, 1))).tree_size
+        sizes[f] = next(iter(SpeculativeDecoder(draft, target, cfg, eos_token_id=()).generate(prompt, 16))).tree_size
     assert sizes == {1.0: 2, None: 9}

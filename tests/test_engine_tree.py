@@ -101,6 +101,32 @@ def test_greedy_output_token_identical_to_target_greedy(method):
     assert not mismatches, mismatches[:2]
 
 
+@pytest.mark.parametrize("method", ["chain", "dyspec_greedy", "specinfer", "hybrid"])
+def test_a_run_drafts_no_level_it_cannot_commit(method):
+    """With k tokens left a step commits at most k - 1 drafted tokens and the bonus: no tree is deeper than that
+    (at least 1 level), the run's text is the same as with ``cfg.depth`` to the end (T = 0), and it forwarded fewer
+    draft levels (``SpeculativeDecoder.cap_levels``; off: the trees reach ``cfg.depth``); chains also fewer target
+    rows, while DySpec's and OPT-Tree's budgets fill the shallower levels."""
+    cfg = DecodeConfig(method=method, budget=16, depth=6, width=2, seed=3)
+    ran = {}
+    for cap in (True, False):
+        draft, target = tiny_pair(seed=3)
+        dec = SpeculativeDecoder(draft, target, cfg)
+        dec.cap_levels = cap
+        ran[cap] = list(dec.generate([9, 4, 4, 7], 13))
+    left = 13
+    for t in ran[True]:
+        assert t.tree.num_levels - 1 <= max(1, left - 1), (t.step, left, t.tree.num_levels)
+        left -= len(t.committed)
+    ids = {cap: [c.token_id for t in traces for c in t.committed] for cap, traces in ran.items()}
+    assert ids[True] == ids[False] and len(ids[True]) == 13
+    cost = {cap: (sum(t.draft_forwards for t in traces), sum(t.tree.size for t in traces)) for cap, traces in ran.items()}
+    assert cost[True][0] < cost[False][0], cost  # fewer draft forwards
+    if method in ("chain", "specinfer"):  # fewer target rows; a budget drafter fills shallower levels instead
+        assert cost[True][1] < cost[False][1], cost
+    assert any(t.tree.num_levels - 1 == 6 for t in ran[False])
+
+
 @pytest.mark.parametrize("method", ["chain", "dyspec_greedy"])
 def test_no_reprefill_target_sees_each_token_once_per_step(method):
     draft, target = tiny_pair(seed=5)

@@ -72,6 +72,17 @@ def test_chain_T1_first_two_tokens_match_target(pair, exact):
 
 
 @pytest.mark.slow
+def test_steps_capped_at_the_levels_left_stay_lossless(pair, exact):
+    """The product's default (``SpeculativeDecoder.cap_levels``): a 2-token run's first chain drafts one level,
+    not 3; the first two tokens still follow the target (1,355 samples, as above)."""
+    make = decoder_factory(pair, **CHAIN_T1)
+    first = next(make().generate(PROMPT, 2))
+    assert first.tree.num_levels - 1 == 1
+    counts = sample_first_two(make, PROMPT, samples_for(exact(1.0)), seed0=500, full_trees=False)
+    assert chi_square_pvalue(counts, exact(1.0)) > ALPHA
+
+
+@pytest.mark.slow
 def test_chain_without_residual_step_is_detected(pair, exact, monkeypatch):
     """Negative control: sampling the bonus from the raw target instead of the residual
     max(p - q, 0) biases the output, and the same chi-square test catches it at p < 1e-4.

@@ -16,6 +16,7 @@ from dyntree_core.planning.acceptance import Acceptance
 from dyntree_core.planning.auto import choose
 from dyntree_core.planning.candidates import simulate_suffix
 from dyntree_core.planning.pricing import price_candidates
+from dyntree_core.drafting import PathFunctionSource
 from dyntree_core.drafting.suffix import accepted_along, size_cap, suffix_tree
 from dyntree_core.drafting.suffix_replay import replay_suffix
 from dyntree_core.drafting.suffix_index import SuffixIndex
@@ -154,8 +155,8 @@ def _reference_replay(prompt, cont, budget, depth, threshold, spec_factor):
     index = SuffixIndex(16)
     index.extend(list(prompt))
     steps, pos = [], 0
-    while pos < len(cont):
-        tree = suffix_tree(index, budget, depth, threshold, spec_factor)
+    while pos < len(cont):  # (a step drafts at most the levels it can commit, as the engine's: ``Drafter.depth``)
+        tree = suffix_tree(index, budget, max(1, min(depth, len(cont) - pos - 1)), threshold, spec_factor)
         commit = min(accepted_along(tree, cont[pos:]) + 1, len(cont) - pos)
         steps.append((tree.size, commit))
         index.extend(list(cont[pos:pos + commit]))
@@ -201,13 +202,14 @@ def test_hybrid_replay_takes_the_suffix_tree_exactly_where_the_hybrid_drafter_do
     shape = SuffixShape(8, 4, 0.05, 1.0, hybrid=True)
     rep = replay_shapes(prompt, cont, [shape], {shape: 2})[shape]
     drafter = make_drafter(DecodeConfig(method="hybrid", budget=8, depth=4, threshold=0.05, spec_factor=1.0))
+    model = PathFunctionSource(lambda path: torch.full((12,), 1 / 12), 12)  # (a model step's tree is not compared)
     pos = 0
     kinds = set()
     for st in rep.steps:
         drafter.reset(prompt + cont[:pos])
-        tree = drafter.suffix_candidate((prompt + cont[:pos])[-1])
-        assert (tree is not None) == st.from_suffix
-        if tree is not None:
+        tree = drafter.draft(model, (prompt + cont[:pos])[-1], torch.Generator(), True, levels=len(cont) - pos - 1)
+        assert (drafter.last_source == "suffix") == st.from_suffix
+        if st.from_suffix:
             assert tree.size == st.size and st.committed == min(accepted_along(tree, cont[pos:]) + 1, len(cont) - pos)
         else:
             assert (st.size, st.committed) == (8, min(2, len(cont) - pos))  # the caller's model-step estimate

@@ -137,8 +137,8 @@ def test_tree_figure_shows_which_source_drafted_each_step(provider):
     for i, trace in enumerate(run.traces):
         fig = tree_figure(trace, run.texts, run.root_token(i))
         nodes = [tr for tr in fig.data if tr.mode == "markers+text"]
-        symbols = {sym for tr in nodes if tr.marker.color not in (NODE_COLORS["root"], NODE_COLORS["bonus"])
-                   for sym in tr.marker.symbol}
+        marks = (NODE_COLORS["root"], NODE_COLORS["bonus"], NODE_COLORS["cut"])  # (a cut bonus is a diamond too)
+        symbols = {sym for tr in nodes if tr.marker.color not in marks for sym in tr.marker.symbol}
         assert symbols == {SOURCE_SYMBOLS[trace.draft_source]}, (i, trace.draft_source)
         assert SOURCE_LABELS[trace.draft_source] in [tr.name for tr in fig.data]
         assert ("drafted from the text" in fig.layout.title.text) == (trace.draft_source == "suffix")

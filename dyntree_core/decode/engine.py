@@ -192,6 +192,9 @@ class SpeculativeDecoder:
         #: time plain decoding inside the run: a plain step at ``plain_probes.probe_due`` steps of an eager tree run
         #: (the app's Live runs: their speed over plain decoding; ``probes_plain``)
         self.plain_probes = False
+        #: an eager step drafts no more levels than its run can commit (``Drafter.depth``: the tokens left less the
+        #: bonus); False: ``cfg.depth`` to the last step, as before (the A/B of ``scripts/levels_left_ab.py``)
+        self.cap_levels = True
         self.verifier_name = config.resolved_verifier()
         self.on_verify = on_verify
         self.vocab_size = model_vocab_size(self.target)
@@ -610,10 +613,11 @@ class SpeculativeDecoder:
                 slot_of_node = np.flatnonzero(read_tree.valid)
             else:
                 source = self._draft_source(state, d_cache)
+                levels = self._levels_left(state)
                 if on_device:
-                    drafted = self._draft_on_device(source, state.committed[-1])
+                    drafted = self._draft_on_device(source, state.committed[-1], levels)
                 else:
-                    drafted = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy)
+                    drafted = drafter.draft(source, state.committed[-1], gen, deterministic=cfg.greedy, levels=levels)
         if gdraft is None:
             timer.split("draft", "tree_build", source.forward_seconds)
             draft_forwards = source.forward_calls
@@ -745,14 +749,19 @@ class SpeculativeDecoder:
         return (self.device_side and cfg.greedy and d_cache is not None
                 and (cfg.method == "dyspec_greedy" or (cfg.method == "chain" and cfg.stop_confidence is None)))
 
-    def _draft_on_device(self, source: ModelDraftSource, root: int):
+    def _levels_left(self, state: _Step) -> Optional[int]:
+        """The levels a tree step can still commit (``cap_levels``): the tokens left less the bonus, at least 1."""
+        return max(1, state.max_new_tokens - state.produced - 1) if self.cap_levels else None
+
+    def _draft_on_device(self, source: ModelDraftSource, root: int, levels: Optional[int] = None):
         from ..drafting.device import chain_greedy, topn_greedy
 
         cfg = self.config
+        depth = cfg.depth if levels is None else min(cfg.depth, levels)
         if cfg.method == "chain":
-            tree = chain_greedy(source, root, cfg.depth, self.device)
+            tree = chain_greedy(source, root, depth, self.device)
         else:
-            tree = topn_greedy(source, root, cfg.budget, cfg.depth, self.device)
+            tree = topn_greedy(source, root, cfg.budget, depth, self.device)
         return tree
 
     def _draft_source(self, state: _Step, d_cache):

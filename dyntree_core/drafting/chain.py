@@ -26,7 +26,7 @@ class ChainDrafter(Drafter):
     ) -> TokenTree:
         b = TreeBuilder(root_token)
         node = 0
-        for _ in range(self.cfg.depth):
+        for _ in range(self.depth):
             rows = b.request(source, [node])
             if deterministic:
                 toks, probs = sibling_orders(rows, 1, generator, True)

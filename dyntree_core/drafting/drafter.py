@@ -83,6 +83,15 @@ class Drafter(ABC):
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
         self.last_stats: Optional[DraftStats] = None
+        self._levels_left: Optional[int] = None  # the current ``draft`` call's ``levels`` (None: no cap)
+
+    @property
+    def depth(self) -> int:
+        """Levels below the root worth drafting this step: ``cfg.depth``, at most the ``levels`` the engine passed to
+        ``draft`` (the tokens its run has left less the bonus token), at least 1. Drafters that grow level by level
+        read this instead of ``cfg.depth``; Sequoia's precomputed shape keeps its depth."""
+        cap = self._levels_left
+        return self.cfg.depth if cap is None else max(1, min(self.cfg.depth, cap))
 
     def last_origin(self) -> DraftOrigin:
         """What proposed the tree the last ``_draft`` returned (``model`` unless overridden)."""
@@ -116,11 +125,18 @@ class Drafter(ABC):
         root_token: int,
         generator: torch.Generator,
         deterministic: bool = False,
+        levels: Optional[int] = None,
     ) -> TokenTree:
-        """Grow one draft tree rooted at ``root_token``; records ``last_stats``."""
+        """Grow one draft tree rooted at ``root_token``; records ``last_stats``. ``levels``: at most this many
+        levels can be committed this step (a run with k tokens left commits at most k - 1 drafted tokens and the
+        bonus): ``depth`` is capped by it, so a run's last steps draft no level it cannot use."""
         t0 = time.perf_counter()
         counted = CountingSource(source)
-        tree = self._draft(counted, int(root_token), generator, bool(deterministic))
+        self._levels_left = None if levels is None else int(levels)
+        try:
+            tree = self._draft(counted, int(root_token), generator, bool(deterministic))
+        finally:
+            self._levels_left = None
         total = time.perf_counter() - t0
         self.last_stats = DraftStats(
             forward_calls=counted.calls,

@@ -62,7 +62,7 @@ class DySpecGreedyDrafter(Drafter):
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
     ) -> TokenTree:
-        n, max_depth = self.cfg.budget - 1, self.cfg.depth
+        n, max_depth = self.cfg.budget - 1, self.depth
         max_draws = min(n, int(source.vocab_size))
         b = TreeBuilder(root_token)
         # virtual draws; index 0 is the root. key = greedy key of the draw that made the node,
@@ -172,7 +172,7 @@ class DySpecGreedyDrafter(Drafter):
         whose own best draw falls below it are deferred — the cut may rise past them, saving
         their request — so batches stay small without adding many rounds.
         """
-        n, max_depth = self.cfg.budget - 1, self.cfg.depth
+        n, max_depth = self.cfg.budget - 1, self.depth
         q_bar = sum(conf) / len(conf) if conf else 0.5
         keys = [v_key[x] for x in best]
         for y in pending:

@@ -70,7 +70,7 @@ class DySpecThresholdDrafter(Drafter):
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
     ) -> TokenTree:
-        t, budget, max_depth = self.threshold, self.cfg.budget, self.cfg.depth
+        t, budget, max_depth = self.threshold, self.cfg.budget, self.depth
         vocab = int(source.vocab_size)
         b = TreeBuilder(root_token)
         w = b.value

@@ -63,7 +63,7 @@ class HybridDrafter(TextIndexedDrafter):
         least ``SUFFIX_MIN_EXPECTED`` accepted tokens, else None."""
         if not self.follows(root_token):
             return None  # the index is not following this text (no reset): the model drafts
-        tree = suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold, self.cfg.spec_factor)
+        tree = suffix_tree(self.index, self.cfg.budget, self.depth, self.cfg.threshold, self.cfg.spec_factor)
         return tree if suffix_tree_is_confident(tree) else None
 
     def _draft(self, source: CountingSource, root_token: int, generator: torch.Generator,
@@ -73,4 +73,4 @@ class HybridDrafter(TextIndexedDrafter):
             self.last_source = "suffix"
             return tree
         self.last_source = "model"
-        return self.model._draft(source, root_token, generator, deterministic)
+        return self.model.draft(source, root_token, generator, deterministic, levels=self._levels_left)

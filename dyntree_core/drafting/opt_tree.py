@@ -43,7 +43,7 @@ class OptTreeDrafter(Drafter):
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
     ) -> TokenTree:
-        n, delta, max_depth = self.cfg.budget - 1, float(self.cfg.threshold), self.cfg.depth
+        n, delta, max_depth = self.cfg.budget - 1, float(self.cfg.threshold), self.depth
         b = TreeBuilder(root_token)
         p_hat = b.value
         values: list[float] = []  # p̂ of all non-root nodes, kept sorted descending

@@ -24,7 +24,7 @@ class SpecInferDrafter(Drafter):
     def _draft(
         self, source: CountingSource, root_token: int, generator: torch.Generator, deterministic: bool
     ) -> TokenTree:
-        k, depth = self.cfg.width, self.cfg.depth
+        k, depth = self.cfg.width, self.depth
         b = TreeBuilder(root_token)
         rows = b.request(source, [0])
         if deterministic:

@@ -62,7 +62,7 @@ class SuffixDrafter(TextIndexedDrafter):
         if not self.follows(root_token):
             raise RuntimeError("the suffix drafter's history must end with the root token "
                                "(the engine calls reset(prompt) and extend(committed tokens))")
-        return suffix_tree(self.index, self.cfg.budget, self.cfg.depth, self.cfg.threshold, self.cfg.spec_factor)
+        return suffix_tree(self.index, self.cfg.budget, self.depth, self.cfg.threshold, self.cfg.spec_factor)
 
 
 def size_cap(match_len: int, budget: int, spec_factor: Optional[float]) -> int:

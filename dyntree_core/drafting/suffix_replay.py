@@ -82,11 +82,12 @@ def replay_shapes(prompt: Sequence[int], continuation: Sequence[int], shapes: Se
         if due:
             match_len = index.continuations(index.tokens[-index.max_len:]).match_len
             built: dict[tuple, tuple] = {}  # (size allowed, depth, threshold) -> (tree, seconds, accepted)
+            left = len(cont) - pos  # (the engine's steps draft at most the levels they can commit: ``Drafter.depth``)
             for s in due:
-                key = (size_cap(match_len, s.budget, s.spec_factor), s.depth, s.threshold)
+                key = (size_cap(match_len, s.budget, s.spec_factor), max(1, min(s.depth, left - 1)), s.threshold)
                 if key not in built:
                     t0 = clock()
-                    tree = suffix_tree(index, key[0], s.depth, s.threshold)
+                    tree = suffix_tree(index, key[0], key[1], s.threshold)
                     built[key] = (tree, clock() - t0, accepted_along(tree, cont[pos:]))
                 tree, seconds, accepted = built[key]
                 tree_seconds[s] += seconds
