@@ -51,8 +51,7 @@ plan = plan_auto(models, 0.0)
 cand = plan.best if args.method == "auto" else plan.best_of(args.method)
 pair = models.pair(cand.target_precision, cand.draft_precision)
 tok, eos = pair.tokenizer, list(pair.eos_token_ids or ())
-priced = dataclasses.replace(DecodeConfig(temperature=0.0, precision=cand.target_precision,
-                                          draft_precision=cand.draft_precision), **plan.method_fields(cand))
+priced = plan.apply(DecodeConfig(temperature=0.0), cand)
 even = plan.break_even_tokens(cand)
 flat = None if even is None else FallbackPrice(PricedRows((1, 4096), (even, even), (0.0, 0.0), (0.0, 0.0)), 1.0)
 decs = {"plain": DecodeConfig(method="autoregressive", precision=priced.precision)}

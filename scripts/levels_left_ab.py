@@ -43,8 +43,7 @@ def main() -> None:
     cand = plan.best if args.method == "auto" else plan.best_of(args.method)
     pair = models.pair(cand.target_precision, cand.draft_precision)
     tok, eos = pair.tokenizer, list(pair.eos_token_ids or ())
-    cfg = dataclasses.replace(DecodeConfig(temperature=0.0, precision=cand.target_precision,
-                                           draft_precision=cand.draft_precision), **plan.method_fields(cand))
+    cfg = plan.apply(DecodeConfig(temperature=0.0), cand)
     if args.depth is not None:
         cfg = dataclasses.replace(cfg, depth=args.depth, budget=max(cfg.budget, args.depth + 1))
     if args.no_stop:

@@ -11,7 +11,6 @@ interpreter lock: what the CPUs alone cost). Prints the medians; ``--json`` writ
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import multiprocessing as mp
 import statistics
@@ -64,9 +63,7 @@ def main() -> None:
     pair = models.pair(cand.target_precision, cand.draft_precision)
     eos = list(pair.eos_token_ids or ())
     configs = {"plain": DecodeConfig(method="autoregressive", precision=cand.target_precision),
-               "auto": dataclasses.replace(DecodeConfig(temperature=0.0, precision=cand.target_precision,
-                                                        draft_precision=cand.draft_precision),
-                                           **plan.method_fields(cand))}
+               "auto": plan.apply(DecodeConfig(temperature=0.0))}
     ids = encode_prompt(pair.tokenizer, AppDefaults().prompt, chat=True)
     lock = threading.Lock()
 

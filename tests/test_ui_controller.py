@@ -524,9 +524,9 @@ def test_a_refresh_never_shows_finished_above_a_text_missing_steps(controller):
     assert "finished" in second["status"] and second["text_html"].count('class="dt-tok ') == 8
 
 
-def test_a_streaming_refresh_without_figures_still_sends_the_cost_panel(controller):
-    """Figures are redrawn seldom while a run streams (``ui.figure_pacing``), but the cost panel is sent with every
-    refresh, as the status line is: both show the run's measured ms/token, and must not disagree for 30 s."""
+def _streaming_chain_run(controller) -> SessionState:
+    """A session whose 8-token chain run has finished but reads as streaming (its worker alive), the controller's
+    Live components named."""
     state = SessionState()
     controller.on_run(state, False, *_form(method="chain", precision="float32", draft_precision="float32",
                                            max_new_tokens=8))
@@ -534,6 +534,13 @@ def test_a_streaming_refresh_without_figures_still_sends_the_cost_panel(controll
     state.record.status = "running"
     state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
     _name_live_components(controller)
+    return state
+
+
+def test_a_streaming_refresh_without_figures_still_sends_the_cost_panel(controller):
+    """Figures are redrawn seldom while a run streams (``ui.figure_pacing``), but the cost panel is sent with every
+    refresh, as the status line is: both show the run's measured ms/token, and must not disagree for 30 s."""
+    state = _streaming_chain_run(controller)
     controller.live(state, 16)  # (the run's first refresh blanks the figures: ``figures_due``)
     second = controller.live(state, 16)
     assert second["tree_plot"] == gr.skip()  # no figure this time
@@ -547,13 +554,7 @@ def test_a_new_run_shows_blank_figures_until_its_first_redraw_is_due(controller)
     or at once when the run stops streaming or the user picks a step."""
     from ui.figure_pacing import FIGURE_INTERVAL_S
 
-    state = SessionState()
-    controller.on_run(state, False, *_form(method="chain", precision="float32", draft_precision="float32",
-                                           max_new_tokens=8))
-    assert state.worker is not None and state.worker.join(120)
-    state.record.status = "running"
-    state.worker = types.SimpleNamespace(alive=True, pause_requested=False)
-    _name_live_components(controller)
+    state = _streaming_chain_run(controller)
 
     def note(fig) -> str:
         return fig.layout.annotations[0].text

@@ -197,12 +197,13 @@ class Controller:
         c = self.c
         drawn: Updates = dict.fromkeys((c.tree_plot, c.mask_bfs, c.mask_dfs, c.mask_hpd, c.phase_plot, c.walkthrough,
                                         c.speed_plot, c.steps_plot), gr.skip())
-        if figures or state.figures_stale:
-            if figures:
-                sv, speed, per_step = step_view(rec, None if state.view_step is None else idx, block, decision), \
-                    rv.speed, rv.per_step
-            else:  # a new run whose first redraw is not due yet: not the previous run's figures meanwhile
-                sv, speed, per_step = waiting_views(state.figure_pacing.interval_s)
+        views = None
+        if figures:
+            views = step_view(rec, None if state.view_step is None else idx, block, decision), rv.speed, rv.per_step
+        elif state.figures_stale:  # a new run whose first redraw is not due yet: not the previous run's figures
+            views = waiting_views(state.figure_pacing.interval_s)
+        if views is not None:
+            sv, speed, per_step = views
             state.figures_stale = False
             drawn = {c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
                      c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough, c.speed_plot: speed,

@@ -750,14 +750,15 @@ class SpeculativeDecoder:
                 and (cfg.method == "dyspec_greedy" or (cfg.method == "chain" and cfg.stop_confidence is None)))
 
     def _levels_left(self, state: _Step) -> Optional[int]:
-        """The levels a tree step can still commit (``cap_levels``): the tokens left less the bonus, at least 1."""
-        return max(1, state.max_new_tokens - state.produced - 1) if self.cap_levels else None
+        """The levels a tree step can still commit (``cap_levels``): the tokens left less the bonus."""
+        return state.max_new_tokens - state.produced - 1 if self.cap_levels else None
 
     def _draft_on_device(self, source: ModelDraftSource, root: int, levels: Optional[int] = None):
         from ..drafting.device import chain_greedy, topn_greedy
+        from ..drafting.drafter import capped_depth
 
         cfg = self.config
-        depth = cfg.depth if levels is None else min(cfg.depth, levels)
+        depth = capped_depth(cfg.depth, levels)
         if cfg.method == "chain":
             tree = chain_greedy(source, root, depth, self.device)
         else:

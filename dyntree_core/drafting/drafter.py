@@ -19,6 +19,11 @@ from .base import DraftSource
 DraftOrigin = Literal["model", "suffix", "repeats"]
 
 
+def capped_depth(depth: int, levels: Optional[int]) -> int:
+    """``depth`` levels, at most ``levels`` (the levels a step can still commit; None: no cap), at least 1."""
+    return depth if levels is None else max(1, min(depth, levels))
+
+
 class CountingSource:
     """Wraps a ``DraftSource``: counts calls and requested nodes and times ``next_probs``."""
 
@@ -90,8 +95,7 @@ class Drafter(ABC):
         """Levels below the root worth drafting this step: ``cfg.depth``, at most the ``levels`` the engine passed to
         ``draft`` (the tokens its run has left less the bonus token), at least 1. Drafters that grow level by level
         read this instead of ``cfg.depth``; Sequoia's precomputed shape keeps its depth."""
-        cap = self._levels_left
-        return self.cfg.depth if cap is None else max(1, min(self.cfg.depth, cap))
+        return capped_depth(self.cfg.depth, self._levels_left)
 
     def last_origin(self) -> DraftOrigin:
         """What proposed the tree the last ``_draft`` returned (``model`` unless overridden)."""

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from .drafter import capped_depth
 from .hybrid import suffix_tree_is_confident
 from .suffix import MAX_MATCH, accepted_along, size_cap, suffix_tree
 from .suffix_index import SuffixIndex
@@ -84,7 +85,7 @@ def replay_shapes(prompt: Sequence[int], continuation: Sequence[int], shapes: Se
             built: dict[tuple, tuple] = {}  # (size allowed, depth, threshold) -> (tree, seconds, accepted)
             left = len(cont) - pos  # (the engine's steps draft at most the levels they can commit: ``Drafter.depth``)
             for s in due:
-                key = (size_cap(match_len, s.budget, s.spec_factor), max(1, min(s.depth, left - 1)), s.threshold)
+                key = (size_cap(match_len, s.budget, s.spec_factor), capped_depth(s.depth, left - 1), s.threshold)
                 if key not in built:
                     t0 = clock()
                     tree = suffix_tree(index, key[0], key[1], s.threshold)

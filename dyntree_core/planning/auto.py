@@ -99,12 +99,12 @@ class AutoPlan:
                              (self.reference or self.best_autoregressive).seconds_per_token,
                              tree_s_per_token=c.seconds_per_token)
 
-    def apply(self, cfg: DecodeConfig) -> DecodeConfig:
-        """``cfg`` with the chosen method, shape and precisions."""
-        b = self.best
+    def apply(self, cfg: DecodeConfig, candidate: Optional[Candidate] = None) -> DecodeConfig:
+        """``cfg`` with the method, shape and precisions of ``candidate`` (default: the chosen one)."""
+        b = candidate or self.best
         return replace(cfg, precision=b.target_precision,
                        draft_precision=b.draft_precision if b.method != "autoregressive" else None,
-                       **self.method_fields())
+                       **self.method_fields(b))
 
     def resolve(self, method: str, precision: str, draft_precision: str) -> dict:
         """Fields to set for a request in which any of ``method``, ``precision`` (target) and
