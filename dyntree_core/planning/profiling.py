@@ -63,6 +63,11 @@ SPELLS_KEPT = 3
 #: profiles at 18.4 and 39.0 GB/s beside the host's two levels, ~29 and ~52, each from a single probe)
 SPELL_CONFIRM_PROBES = 3
 SPELL_CONFIRM_GAP_S = 0.5
+#: a size whose forward measured more than this x the next larger measured size's is timed again (a forward of more
+#: rows reads the same weights and does more work; one sample slowed by the host, kept as the fastest of all of its
+#: samples, made a Zen 4 profile say target int4 t(8) = 146.9 ms > t(16) = 130.7), at most MONOTONE_RETRIES times
+MONOTONE_TOLERANCE = 1.05
+MONOTONE_RETRIES = 2
 
 
 OTHER_STEPS = 3
@@ -257,7 +262,41 @@ def _measure_sizes(prof: MachineProfile, role: str, prec: str, row: list, sizes:
             if not fastest:
                 prof.dropped[f"{role}:{prec}"] = n
                 break
+    _recheck_inversions(prof, role, prec, row, timer, turn, say)
     return filled
+
+
+def _inversions(ns: Sequence[int], row: Sequence[Optional[float]]) -> list[tuple[int, int]]:
+    """Index pairs (i, j) of neighbouring measured sizes, ns[i] < ns[j], where t(ns[i]) exceeds
+    ``MONOTONE_TOLERANCE`` x t(ns[j])."""
+    measured_at = sorted((i for i, t in enumerate(row) if t is not None), key=lambda i: ns[i])
+    return [(i, j) for i, j in zip(measured_at, measured_at[1:]) if row[i] > MONOTONE_TOLERANCE * row[j]]
+
+
+def _recheck_inversions(prof: MachineProfile, role: str, prec: str, row: list, timer: ForwardTimer, turn: Turn,
+                        say: Progress) -> None:
+    """Time again each size that measured slower than a larger one (the fastest of the old and new samples kept),
+    up to ``MONOTONE_RETRIES`` rounds; an inversion that stays (the kernels at two row counts may genuinely differ)
+    is named in ``meta["inversions"]``."""
+    key = f"{role}:{prec}"
+    for _ in range(MONOTONE_RETRIES):
+        slow = _inversions(prof.ns, row)
+        if not slow:
+            break
+        for i, j in slow:
+            with turn():
+                again = timer.best(prof.ns[i], 2)
+            say(f"    {role} {prec} n={prof.ns[i]}: {row[i] * 1e3:.1f} ms, more than n={prof.ns[j]} "
+                f"({row[j] * 1e3:.1f} ms): timed again, {again * 1e3:.1f} ms")
+            row[i] = min(row[i], again)
+    left = _inversions(prof.ns, row)
+    inversions = prof.meta.setdefault("inversions", {})
+    if left:
+        inversions[key] = [prof.ns[i] for i, _ in left]
+    else:
+        inversions.pop(key, None)
+    if not inversions:
+        del prof.meta["inversions"]
 
 
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
