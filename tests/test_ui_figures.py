@@ -539,7 +539,7 @@ def test_an_offloaded_steps_phases_count_the_weight_wait_once():
 
 def test_a_blank_figure_is_built_once_per_note():
     """A new run's first refresh sends blank figures (``views.waiting_views``) while the run decodes beside it:
-    plotly builds each in ~5 ms of Python, so they are built once and shared (Gradio only reads them)."""
+    they are built once and shared (Gradio only reads them)."""
     from ui.tree_figure import empty_figure
     from ui.views import waiting_views
 
@@ -547,3 +547,31 @@ def test_a_blank_figure_is_built_once_per_note():
     assert first[0].tree is second[0].tree and first[1] is second[1]
     assert first[0].tree.layout.annotations[0].text == "draft tree: drawn 3 s into the run and when it ends"
     assert empty_figure("tokens/s") is first[1] and empty_figure("tokens/s", height=300) is not first[1]
+
+
+def test_every_live_figure_is_valid_plotly_and_keeps_its_json(provider, tree_run, ar_run):
+    """The panels' figures are built as dicts and wrapped without validation (``ui.plotly_spec``): each must come out
+    of plotly's validating constructor unchanged, so a misspelt property, a magic underscore or a value plotly would
+    rewrite (an empty list it would drop) fails here. Steps of a tree run (with a walkthrough ring), a text-drafted run, plain decoding, the charts
+    with a baseline, the comparison and the blank figures."""
+    import plotly.graph_objects as go
+
+    from ui.views import compare_views, run_view, step_view, waiting_views
+
+    suffix = run_to_end(provider, _settings(method="hybrid", budget=13, depth=6, max_new_tokens=16))
+    figures = []
+    for rec in [r for r in (tree_run, suffix, ar_run) if r is not None]:
+        for step in (0, len(rec.traces) // 2, len(rec.traces) - 1):
+            for block, decision in ((4, None), (4, 0), (64, None)):  # (64: one block, no grid lines)
+                view = step_view(rec, step, block, decision)
+                figures += [view.tree, *view.masks, view.phases]
+        view = run_view(rec, ar_run, True)
+        figures += [view.speed, view.per_step]
+    runs = [r for r in (tree_run, suffix, ar_run) if r is not None]
+    figures += list(compare_views(runs)[2:]) + list(compare_views(runs[:1])[2:]) + list(compare_views([])[2:])
+    waiting = waiting_views(3.0)
+    figures += [waiting[0].tree, *waiting[0].masks, waiting[0].phases, waiting[1], waiting[2], phase_figure([])]
+    for fig in figures:
+        built = json.loads(fig.to_json())
+        assert json.loads(go.Figure(fig.to_plotly_json()).to_json()) == built
+        assert built["data"] or built["layout"].get("annotations") or "phase timings" in built["layout"]["title"]["text"]

@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 from dyntree_core.trace import StepTrace
 from dyntree_core.tree import count_nonzero_blocks
 
+from .plotly_spec import Spec, figure
 from .tree_figure import empty_figure
 
 ORDER_TITLES = {"bfs": "BFS (original)", "dfs": "DFS", "hpd": "HPD"}
@@ -80,15 +81,16 @@ def _downsample(values: np.ndarray) -> tuple[np.ndarray, int]:
     return padded.reshape(m, s, m, s).max(axis=(1, 3)), s
 
 
-def mask_heatmap(trace: StepTrace, order: str, block_size: int) -> tuple[go.Heatmap, list[dict], str, int]:
+def mask_heatmap(trace: StepTrace, order: str, block_size: int) -> tuple[Spec, list[dict], str, int]:
+    """``(heatmap trace, block-grid lines, title, non-zero blocks)`` of one order."""
     values, perm, blocks = mask_matrix(trace, order, block_size)
     n = values.shape[0]
     shown, scale = _downsample(values)
     nb = -(-n // block_size)
     template = ("query slot %{y}<br>key slot %{x}<extra></extra>" if scale == 1
                 else f"query tile %{{y}} (×{scale})<br>key tile %{{x}}<extra></extra>")
-    heat = go.Heatmap(z=shown, zmin=0, zmax=3, colorscale=_COLORSCALE, showscale=False,
-                      hovertemplate=template, xgap=0, ygap=0)
+    heat = dict(type="heatmap", z=shown, zmin=0, zmax=3, colorscale=_COLORSCALE, showscale=False,
+                hovertemplate=template, xgap=0, ygap=0)
     lines: list[dict] = []
     edge = n / scale
     for b in range(1, nb):
@@ -107,14 +109,13 @@ def mask_figure(trace: Optional[StepTrace], order: str, block_size: int) -> go.F
     if trace is None or trace.tree is None:
         return empty_figure(f"{ORDER_TITLES[order]}: no tree mask (autoregressive step)", height=360)
     heat, lines, title, _ = mask_heatmap(trace, order, block_size)
-    fig = go.Figure(heat)
-    fig.update_layout(
+    return figure([heat], dict(
         title=dict(text=title, font=dict(size=13)), height=380, margin=dict(l=40, r=10, t=50, b=30),
-        shapes=lines, plot_bgcolor="white", paper_bgcolor="white",
-        xaxis=dict(title="key slot", constrain="domain", showgrid=False, zeroline=False),
-        yaxis=dict(title="query slot", autorange="reversed", scaleanchor="x", showgrid=False, zeroline=False),
-    )
-    return fig
+        **(dict(shapes=lines) if lines else {}), plot_bgcolor="white", paper_bgcolor="white",
+        xaxis=dict(title=dict(text="key slot"), constrain="domain", showgrid=False, zeroline=False),
+        yaxis=dict(title=dict(text="query slot"), autorange="reversed", scaleanchor="x", showgrid=False,
+                   zeroline=False),
+    ))
 
 
 def masks_figure(trace: StepTrace, block_size: int, orders: tuple[str, ...] = ("bfs", "dfs", "hpd")) -> go.Figure:

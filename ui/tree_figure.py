@@ -22,6 +22,7 @@ from dyntree_core.trace import StepTrace
 
 from .fmt import prob
 from .palette import NODE_COLORS, NODE_LABELS, SOURCE_EDGE, SOURCE_LABELS, SOURCE_SYMBOLS
+from .plotly_spec import Spec, figure
 from .tokens import TokenTexts, visible_whitespace
 
 LABEL_LIMIT = 80  # nodes; above this only the accepted path is labelled
@@ -120,7 +121,7 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
         ))
 
     on_path = set(path)
-    fig = go.Figure()
+    traces: list[Spec] = []
     # edges: ordinary ones thin and grey, the accepted path thick and green
     ex, ey, px, py = [], [], [], []
     for child in range(1, len(all_parents)):
@@ -130,10 +131,10 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
         xs, ys = (px, py) if accepted_edge else (ex, ey)
         xs += [x0, x1, None]
         ys += [y0, y1, None]
-    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbbbbb", width=1),
-                             hoverinfo="skip", showlegend=False))
-    fig.add_trace(go.Scatter(x=px, y=py, mode="lines", line=dict(color=NODE_COLORS["accepted"], width=4),
-                             hoverinfo="skip", name="accepted path"))
+    traces.append(dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbbbbb", width=1),
+                       hoverinfo="skip", showlegend=False))
+    traces.append(dict(type="scatter", x=px, y=py, mode="lines", line=dict(color=NODE_COLORS["accepted"], width=4),
+                       hoverinfo="skip", name="accepted path"))
     fan = max((all_parents.count(u) for u in set(all_parents[1:])), default=0)
     # a wide fan (e.g. T = 2: 31 children of one node) would print its labels over each other:
     # then only the path and the bonus are labelled and the others keep their hover text
@@ -154,8 +155,8 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
         if not idx:
             continue
         labels = [_hover_escape(nodes[i].label) if (show_all_labels or i in on_path or i >= n) else "" for i in idx]
-        fig.add_trace(go.Scatter(
-            x=[pos[i][0] for i in idx], y=[pos[i][1] for i in idx],
+        traces.append(dict(
+            type="scatter", x=[pos[i][0] for i in idx], y=[pos[i][1] for i in idx],
             mode="markers+text", text=labels, textposition="bottom center",
             textfont=dict(size=11, family="DejaVu Sans Mono, monospace"),
             marker=dict(size=size, color=NODE_COLORS[st],
@@ -165,31 +166,31 @@ def tree_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opt
         ))
     if n > 1:
         # the shape says which source proposed the draft tokens (hybrid switches per step)
-        fig.add_trace(go.Scatter(
-            x=[None], y=[None], mode="markers", hoverinfo="skip", name=SOURCE_LABELS[origin],
+        traces.append(dict(
+            type="scatter", x=[None], y=[None], mode="markers", hoverinfo="skip", name=SOURCE_LABELS[origin],
             marker=dict(size=12, color="white", symbol=SOURCE_SYMBOLS[origin],
                         line=dict(color=SOURCE_EDGE[origin], width=2)),
         ))
     if highlight is not None and highlight in pos:
         hx, hy = pos[highlight]
-        fig.add_trace(go.Scatter(x=[hx], y=[hy], mode="markers", hoverinfo="skip",
-                                 marker=dict(size=30, color="rgba(0,0,0,0)", line=dict(color="#e6a100", width=4)),
-                                 name=f"walkthrough: node {highlight}" if highlight < n else "walkthrough: bonus"))
+        traces.append(dict(type="scatter", x=[hx], y=[hy], mode="markers", hoverinfo="skip",
+                           marker=dict(size=30, color="rgba(0,0,0,0)", line=dict(color="#e6a100", width=4)),
+                           name=f"walkthrough: node {highlight}" if highlight < n else "walkthrough: bonus"))
     levels = int(max(-y for _, y in pos.values())) + 1
     accepted = len(path) - 1
     cut = len(trace.cut_nodes) + int(trace.bonus_cut)
     kept = (f" · {trace.num_committed} kept ({_why_cut(trace)})" if cut else "")
-    fig.update_layout(
-        title=title or (f"step {trace.step} · {trace.method}/{trace.verifier} · tree of {n} nodes · "
-                        f"accepted {accepted}" + (" + bonus" if drawn_bonus else "") + kept
-                        + (" · drafted from the text (no draft forward)" if origin in ("suffix", "repeats") else "")),
+    return figure(traces, dict(
+        title=dict(text=title or (f"step {trace.step} · {trace.method}/{trace.verifier} · tree of {n} nodes · "
+                                  f"accepted {accepted}" + (" + bonus" if drawn_bonus else "") + kept
+                                  + (" · drafted from the text (no draft forward)" if origin in ("suffix", "repeats")
+                                     else ""))),
         height=max(320, min(900, 110 * levels + 140)),
         margin=dict(l=20, r=20, t=60, b=20),
         xaxis=dict(visible=False), yaxis=dict(visible=False, range=[-(levels - 1) - 0.6, 0.4]),
         legend=dict(orientation="h", y=-0.02, yanchor="top"),
         plot_bgcolor="white", paper_bgcolor="white", hovermode="closest",
-    )
-    return fig
+    ))
 
 
 def _why_cut(trace: StepTrace) -> str:
@@ -200,40 +201,40 @@ def _why_cut(trace: StepTrace) -> str:
 def _ar_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Optional[str]) -> go.Figure:
     """Autoregressive steps have no draft tree: root -> the target's token."""
     tok = trace.committed[0] if trace.committed else None
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=[0, 0], y=[0, -1], mode="lines", line=dict(color=NODE_COLORS["accepted"], width=4),
-                             hoverinfo="skip", showlegend=False))
-    fig.add_trace(go.Scatter(x=[0], y=[0], mode="markers+text", text=[_hover_escape(visible_whitespace(texts.piece(root_token), 10))],
-                             textposition="middle right", marker=dict(size=16, color=NODE_COLORS["root"]),
-                             hovertext=[f"root: last committed token (id {root_token})"], hoverinfo="text",
-                             name=NODE_LABELS["root"]))
+    traces: list[Spec] = [
+        dict(type="scatter", x=[0, 0], y=[0, -1], mode="lines", line=dict(color=NODE_COLORS["accepted"], width=4),
+             hoverinfo="skip", showlegend=False),
+        dict(type="scatter", x=[0], y=[0], mode="markers+text",
+             text=[_hover_escape(visible_whitespace(texts.piece(root_token), 10))],
+             textposition="middle right", marker=dict(size=16, color=NODE_COLORS["root"]),
+             hovertext=[f"root: last committed token (id {root_token})"], hoverinfo="text", name=NODE_LABELS["root"]),
+    ]
     if tok is not None:
-        fig.add_trace(go.Scatter(
-            x=[0], y=[-1], mode="markers+text", text=[_hover_escape(visible_whitespace(texts.piece(tok.token_id), 10))],
+        traces.append(dict(
+            type="scatter", x=[0], y=[-1], mode="markers+text",
+            text=[_hover_escape(visible_whitespace(texts.piece(tok.token_id), 10))],
             textposition="middle right", marker=dict(size=16, color=NODE_COLORS["bonus"], symbol="diamond"),
             hovertext=[f"id {tok.token_id} · p_target {prob(tok.p_target)}"], hoverinfo="text",
             name="target token"))
-    fig.update_layout(
-        title=title or (f"step {trace.step} · a plain step timing plain decoding inside this run (no draft tree; "
-                        "its token is the run's)" if trace.draft_source == PROBE else
-                        f"step {trace.step} · autoregressive: no draft tree, one target token per step"),
+    return figure(traces, dict(
+        title=dict(text=title or (f"step {trace.step} · a plain step timing plain decoding inside this run (no draft "
+                                  "tree; its token is the run's)" if trace.draft_source == PROBE else
+                                  f"step {trace.step} · autoregressive: no draft tree, one target token per step")),
         height=320, margin=dict(l=20, r=20, t=60, b=20), xaxis=dict(visible=False, range=[-1, 2]),
         yaxis=dict(visible=False, range=[-1.6, 0.5]), plot_bgcolor="white", paper_bgcolor="white",
         legend=dict(orientation="h", y=-0.02, yanchor="top"),
-    )
-    return fig
+    ))
 
 
 @functools.lru_cache(maxsize=64)
 def empty_figure(message: str, height: int = 320) -> go.Figure:
     """A blank figure with a centred note (before the first run, for missing data, while a run's figures wait for
-    their first redraw). Built once per note and shared (plotly builds one in ~5 ms): do not modify it."""
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=14, color="#777777"))
-    fig.update_layout(height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                      plot_bgcolor="white", paper_bgcolor="white", margin=dict(l=20, r=20, t=40, b=20))
-    return fig
+    their first redraw). Built once per note and shared: do not modify it."""
+    return figure([], dict(
+        annotations=[dict(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                          font=dict(size=14, color="#777777"))],
+        height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
+        plot_bgcolor="white", paper_bgcolor="white", margin=dict(l=20, r=20, t=40, b=20)))
 
 
 def _hover_escape(text: str) -> str:
