@@ -538,15 +538,13 @@ def test_an_offloaded_steps_phases_count_the_weight_wait_once():
 
 
 def test_a_blank_figure_is_built_once_per_note():
-    """A new run's first refresh sends blank figures (``views.waiting_views``) while the run decodes beside it:
-    they are built once and shared (Gradio only reads them)."""
+    """The blank figures (before the first run, for missing data) are built once per note and shared (Gradio only
+    reads them)."""
     from ui.tree_figure import empty_figure
-    from ui.views import waiting_views
 
-    first, second = waiting_views(3.0), waiting_views(3.0)
-    assert first[0].tree is second[0].tree and first[1] is second[1]
-    assert first[0].tree.layout.annotations[0].text == "draft tree: drawn 3 s into the run and when it ends"
-    assert empty_figure("tokens/s") is first[1] and empty_figure("tokens/s", height=300) is not first[1]
+    first = empty_figure("tokens/s")
+    assert empty_figure("tokens/s") is first and empty_figure("tokens/s", height=300) is not first
+    assert first.layout.annotations[0].text == "tokens/s"
 
 
 def test_every_live_figure_is_valid_plotly_and_keeps_its_json(provider, tree_run, ar_run):
@@ -556,7 +554,7 @@ def test_every_live_figure_is_valid_plotly_and_keeps_its_json(provider, tree_run
     with a baseline, the comparison and the blank figures."""
     import plotly.graph_objects as go
 
-    from ui.views import compare_views, run_view, step_view, waiting_views
+    from ui.views import compare_views, run_view, step_view
 
     suffix = run_to_end(provider, _settings(method="hybrid", budget=13, depth=6, max_new_tokens=16))
     figures = []
@@ -569,8 +567,8 @@ def test_every_live_figure_is_valid_plotly_and_keeps_its_json(provider, tree_run
         figures += [view.speed, view.per_step]
     runs = [r for r in (tree_run, suffix, ar_run) if r is not None]
     figures += list(compare_views(runs)[2:]) + list(compare_views(runs[:1])[2:]) + list(compare_views([])[2:])
-    waiting = waiting_views(3.0)
-    figures += [waiting[0].tree, *waiting[0].masks, waiting[0].phases, waiting[1], waiting[2], phase_figure([])]
+    empty = step_view(None, None, 16)
+    figures += [empty.tree, *empty.masks, empty.phases, phase_figure([])]
     for fig in figures:
         built = json.loads(fig.to_json())
         assert json.loads(go.Figure(fig.to_plotly_json()).to_json()) == built

@@ -29,7 +29,7 @@ from .models import ModelProvider
 from .runner import HF_ASSISTED_LABEL, remember_peer, run_hf_assisted, start_generation
 from .session import ExternalRun, Generation, RunRecord, SessionRegistry, SessionState
 from .settings import METHOD_PARAMS, RunSettings, settings_from_form
-from .views import compare_views, export_figures, run_view, step_view, waiting_views
+from .views import compare_views, export_figures, run_view, stale_figures_html, step_view
 from .memory import memory_line
 from .planner import BackgroundPlanner
 from .worker import DecodeWorker, advance_in_turn
@@ -54,7 +54,8 @@ def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple
     that interval after the run began (a run that ends sooner is drawn once, at its end): the redraw at a run's
     first refresh cost the default Run in Chromium on the 2-core Zen 4 VM ~10% of its ms/token, prefill included
     (medians of 16 Runs each way in two A/Bs: 37.6 vs 32.9 and 38.9 vs 34.8 ms/token; its decoding steps alone
-    moved within the noise). ``Controller.live`` shows blank figures until then."""
+    moved within the noise). ``Controller.live`` dims the previous run's figures until then
+    (``views.stale_figures_html``)."""
     now = time.monotonic()
     streaming = rec is not None and rec.status == "running" and state.running
     pacing = state.figure_pacing
@@ -197,17 +198,14 @@ class Controller:
         c = self.c
         drawn: Updates = dict.fromkeys((c.tree_plot, c.mask_bfs, c.mask_dfs, c.mask_hpd, c.phase_plot, c.walkthrough,
                                         c.speed_plot, c.steps_plot), gr.skip())
-        views = None
         if figures:
-            views = step_view(rec, None if state.view_step is None else idx, block, decision), rv.speed, rv.per_step
-        elif state.figures_stale:  # a new run whose first redraw is not due yet: not the previous run's figures
-            views = waiting_views(state.figure_pacing.interval_s)
-        if views is not None:
-            sv, speed, per_step = views
-            state.figures_stale = False
+            sv = step_view(rec, None if state.view_step is None else idx, block, decision)
             drawn = {c.tree_plot: sv.tree, c.mask_bfs: sv.masks[0], c.mask_dfs: sv.masks[1], c.mask_hpd: sv.masks[2],
-                     c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough, c.speed_plot: speed,
-                     c.steps_plot: per_step}
+                     c.phase_plot: sv.phases, c.walkthrough: sv.walkthrough, c.speed_plot: rv.speed,
+                     c.steps_plot: rv.per_step}
+        elif state.figures_stale:  # a new run whose first redraw is not due yet: the previous run's figures, dimmed
+            drawn[c.walkthrough] = stale_figures_html(state.figure_pacing.interval_s)
+        state.figures_stale = False
         return {
             **drawn,
             c.text_html: rv.text_html,

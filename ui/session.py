@@ -293,7 +293,7 @@ class SessionState:
         self.figures_key: Optional[tuple] = None  # what the user was looking at then (step, walkthrough decision, block)
         self.figure_pacing = FigurePacing()  # how often a streaming run's figures are redrawn on this page
         self.run_started_at = -math.inf  # when the current run began (time.monotonic): its first redraw is paced from it
-        self.figures_stale = False  # the page shows the previous run's figures: the next refresh blanks them
+        self.figures_stale = False  # the page shows the previous run's figures: the next refresh dims them
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None

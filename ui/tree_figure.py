@@ -228,8 +228,8 @@ def _ar_figure(trace: StepTrace, texts: TokenTexts, root_token: int, title: Opti
 
 @functools.lru_cache(maxsize=64)
 def empty_figure(message: str, height: int = 320) -> go.Figure:
-    """A blank figure with a centred note (before the first run, for missing data, while a run's figures wait for
-    their first redraw). Built once per note and shared: do not modify it."""
+    """A blank figure with a centred note (before the first run, for missing data). Built once per note and
+    shared: do not modify it."""
     return figure([], dict(
         annotations=[dict(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                           font=dict(size=14, color="#777777"))],

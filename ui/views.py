@@ -80,16 +80,26 @@ def step_view(record: Optional[RunRecord], step: Optional[float], block_size: in
     )
 
 
-def waiting_views(interval_s: float) -> tuple[StepView, go.Figure, go.Figure]:
-    """The panels a streaming run shows until its figures are first drawn ``interval_s`` into it (or when it stops
-    streaming): blank figures that say so, in place of the previous run's (``controller.figures_due``). Returns the
-    step panels and the tokens/s and tokens-per-step charts."""
+#: the Live tab's figure panels, by element id (``layout.build_layout``)
+FIGURE_IDS = ("tree-plot", "mask-bfs", "mask-dfs", "mask-hpd", "speed-plot", "tokens-per-step-plot", "phase-plot")
+
+
+def stale_figures_html(interval_s: float) -> str:
+    """What a streaming run's first refresh sends until its figures are first drawn ``interval_s`` into it
+    (``controller.figures_due``): the walkthrough's note and a style that dims the previous run's figures and labels
+    each. Sending seven blank figures instead had Chromium redraw them (~120 ms of its main thread on the 2-core
+    Zen 4 VM) while the run's first steps ran, and the run's two-thread forward stalled behind it (a 9-row forward
+    took 238-262 ms instead of ~60). The next redraw's walkthrough replaces this, style and all."""
+    panels = ",".join(f"#{i}" for i in FIGURE_IDS)
+    dimmed = ",".join(f"#{i} > *" for i in FIGURE_IDS)
+    labels = ",".join(f"#{i}::after" for i in FIGURE_IDS)
     when = f"drawn {interval_s:.0f} s into the run and when it ends"
-    return (StepView(empty_figure(f"draft tree: {when}"),
-                     tuple(empty_figure(f"{o.upper()} mask", height=360) for o in ORDERS),  # type: ignore[arg-type]
-                     empty_figure("phase timings", height=260),
-                     WALK_STYLE + f"<p><i>The verifier's decisions: {when}.</i></p>"),
-            empty_figure("tokens/s"), empty_figure("tokens per step"))
+    return (f"<style>{dimmed}{{opacity:0.25}}{panels}{{position:relative}}"
+            f'{labels}{{content:"the previous run\'s figure (this run\'s is drawn {interval_s:.0f} s into it and when '
+            'it ends)";position:absolute;top:45%;'
+            "left:0;right:0;text-align:center;color:#555;font-size:14px;pointer-events:none}</style>"
+            + WALK_STYLE + f"<p><i>The verifier's decisions: {when} (until then the figures are the previous "
+            "run's, dimmed).</i></p>")
 
 
 #: prompts longer than this (tokens) get a warning while their prefill runs
