@@ -399,6 +399,25 @@ def test_too_few_steps_re_measure_nothing():
     assert check_prediction(_prediction(), []) is None
 
 
+def test_a_run_going_on_is_not_judged_before_enough_steps():
+    """While a run streams, its first steps' ratio is given without a verdict (one step in, the default Run's status
+    line read "7.30x the prediction: off by more than 25%"); from MIN_STEPS steps on, or once it ended, it is
+    judged as before; the status line follows the run's status."""
+    from ui.views import status_line
+
+    few = check_prediction(_prediction(), _steps(1, 0.03, 0.2, 0.002, 3))
+    assert few.off and "off by" in few.text()
+    line = few.text(so_far=True)
+    assert line.startswith("measured ") and "over its first 1 step," in line and "so far" in line
+    assert "off by" not in line and f"checked from step {MIN_STEPS} on" in line
+    enough = check_prediction(_prediction(), _steps(MIN_STEPS, 0.03, 0.2, 0.002, 3))
+    assert enough.text(so_far=True) == enough.text() and "off by" in enough.text()
+    rec = _record(_prediction(), _steps(2, 0.03, 0.2, 0.002, 3))
+    assert "off by" in status_line(rec)
+    rec.status = "running"
+    assert "so far" in status_line(rec) and "off by" not in status_line(rec)
+
+
 def test_a_row_re_measured_serves_until_its_new_times_are_written(tmp_path, monkeypatch):
     """``remeasure`` measures the row anew; a reader of the stored profile meanwhile still prices with
     the old times (so a Run during the re-measurement keeps the measured plan), and the other rows stay."""

@@ -16,7 +16,8 @@ def prediction_lines(record: RunRecord) -> list[str]:
     if p is None:
         return []
     check = record.prediction_check()
-    return [p.text()] + ([check.text(record.remeasuring)] if check is not None else [])
+    so_far = record.status in ("running", "paused")
+    return [p.text()] + ([check.text(record.remeasuring, so_far=so_far)] if check is not None else [])
 
 
 def check_table(record: RunRecord) -> str:

@@ -303,12 +303,18 @@ class PredictionCheck:
             return "; " + ", ".join(r.text() for r in rows) + " of the profile priced it (re-measured once per app session)"
         return ""
 
-    def text(self, remeasuring: Sequence[ProfileRow] = ()) -> str:
-        """One line; ``remeasuring``: the profile rows being measured again because of this run."""
+    def text(self, remeasuring: Sequence[ProfileRow] = (), so_far: bool = False) -> str:
+        """One line; ``remeasuring``: the profile rows being measured again because of this run; ``so_far``: the
+        run goes on, and before ``MIN_STEPS`` steps its line gives the ratio without judging it (one step in, the
+        default Run read "7.30x the prediction: off by more than 25%")."""
         ms = self.measured_s_per_token * 1e3
-        head = f"measured {ms:.0f} ms/token over {self.steps} steps, {self.ratio:.2f}x the prediction"
+        steps = f"{self.steps} step" + ("s" if self.steps != 1 else "")
         speed = self.speedup_text()
         speed = f"; {speed}" if speed else ""
+        if so_far and self.steps < MIN_STEPS:
+            return (f"measured {ms:.0f} ms/token over its first {steps}, {self.ratio:.2f}x the prediction so far "
+                    f"(checked from step {MIN_STEPS} on, or when it ends){speed}")
+        head = f"measured {ms:.0f} ms/token over {steps}, {self.ratio:.2f}x the prediction"
         if not self.off:
             return f"{head} (within {OFF_BY:.0%}){speed}{self._remeasure_tail(self.rows_to_remeasure(), remeasuring)}"
         wrong = self.wrong_parts()
