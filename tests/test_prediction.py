@@ -416,6 +416,8 @@ def test_a_run_going_on_is_not_judged_before_enough_steps():
     assert "off by" in status_line(rec)
     rec.status = "running"
     assert "so far" in status_line(rec) and "off by" not in status_line(rec)
+    one = _record(_prediction(), _steps(1, 0.03, 0.2, 0.002, 1))
+    assert " · 1 token in 1 step · " in status_line(one) and " · 6 tokens in 2 steps · " in status_line(rec)
 
 
 def test_a_row_re_measured_serves_until_its_new_times_are_written(tmp_path, monkeypatch):

@@ -703,6 +703,25 @@ def test_loading_another_precision_names_it_while_it_loads(controller, monkeypat
     assert state.notice == ""  # gone once loaded
 
 
+def test_a_new_loads_notice_does_not_show_the_last_loads_line(controller, monkeypatch):
+    """The progress line of a load that ended ("the target: 250/339 tensors (2.6s)") showed again under the next
+    Run's notice until that load said something: a Run clears it."""
+    from ui import controller as ctl_mod
+
+    shown = []
+    real = ctl_mod.start_generation
+
+    def spy(provider, settings, **kw):
+        shown.append(controller.status_line(state, "idle"))
+        return real(provider, settings, **kw)
+
+    monkeypatch.setattr(ctl_mod, "start_generation", spy)
+    controller.provider.progress = "the target: 250/339 tensors (2.6s)"
+    state = SessionState()
+    controller.begin(state, settings_from_form(*_form(method="chain", precision="float32", draft_precision="bfloat16")))
+    assert len(shown) == 1 and shown[0].startswith("Loading models tiny / tiny") and "250/339" not in shown[0], shown
+
+
 def test_the_notice_while_models_load_shows_the_loads_latest_line(controller):
     """The first Run on a machine measures its kernels and builds the packed weights (45-70 s on a 2-core VM):
     the status line shows the provider's latest progress line under the notice, and only while there is one."""

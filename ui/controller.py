@@ -309,6 +309,7 @@ class Controller:
             state.generation.stop_now()
         state.error = ""
         state.view_step = None
+        self.provider.progress = ""  # (the last load's line would show under this load's notice)
         if settings.needs_auto:
             state.notice = (f"auto: choosing the configuration for this machine ({settings.draft} / "
                             f"{settings.target}) and loading the models … (the first Run on a machine measures its "

@@ -15,3 +15,8 @@ def prob(x: float) -> str:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1 ("1 step", "64 tokens")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -14,6 +14,7 @@ from dyntree_core.tree import ORDERS
 from .charts import phase_figure, speed_figure, tokens_per_step_figure
 from .cost_view import cost_model_html
 from .colored_text import TEXT_STYLE, TextSpan, build_spans, legend_html, render_html
+from .fmt import count
 from .mask_figure import mask_figure, masks_figure
 from .prediction_view import prediction_lines
 from .session import ExternalRun, RunRecord
@@ -142,7 +143,7 @@ def status_line(record: Optional[RunRecord]) -> str:
                   "(no draft forward)")
     checked = prediction_lines(record)[1:]
     check = f"  \n{html.escape(checked[0])}" if checked else ""
-    return (f"**{label}** · {record.status}{reason} · {s['tokens']} tokens in {s['steps']} steps · "
+    return (f"**{label}** · {record.status}{reason} · {count(s['tokens'], 'token')} in {count(s['steps'], 'step')} · "
             f"{s['tokens_per_s']:.2f} tok/s · {s['mean_tokens_per_step']:.2f} tokens/step{mixed}{shared}{check}{note}")
 
 
