@@ -56,5 +56,20 @@ def test_gaps_left_by_pruning_compare_the_measured_neighbours():
     row = [0.2, None, None, 0.1]
     prof.target["bfloat16"] = row
     timer = ScriptedTimer({1: [150.0]})
-    profiling._recheck_inversions(prof, "target", "bfloat16", row, timer, nullcontext, lambda _m: None)
+    profiling._recheck_inversions(prof, "target", "bfloat16", row, timer, nullcontext, lambda _m: None, fresh={0, 3})
     assert timer.calls == [1] * profiling.MONOTONE_RETRIES and row == [0.15, None, None, 0.1] and prof.meta["inversions"] == {"target:bfloat16": [1]}
+
+
+def test_a_stored_time_is_never_replaced_and_a_tiny_gap_is_noise():
+    """A row grown by new sizes keeps its stored times (a profile is measured once): an inversion between a stored
+    size and a new one is named, not re-timed; sub-millisecond forwards (a tiny model's) differing by less than
+    MONOTONE_MIN_GAP_S are not inversions."""
+    prof = empty_profile("k")
+    prof.ns = [1, 2, 4, 8]
+    row = [0.020, 0.030, None, None]
+    prof.target["int4"] = row
+    timer = ScriptedTimer({4: [25.0], 8: [40.0]})
+    profiling._measure_sizes(prof, "target", "int4", row, [4, 8], timer, nullcontext, 2.0, lambda _m: None, 0.0)
+    assert timer.calls == [4, 8] and row == [0.020, 0.030, 0.025, 0.040]
+    assert prof.meta["inversions"] == {"target:int4": [2]}
+    assert profiling._inversions([1, 2, 4], [0.00094, 0.00096, 0.00081]) == []

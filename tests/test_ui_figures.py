@@ -397,6 +397,13 @@ def test_build_app_loads_no_model():
     for needed in ("run-btn", "pause-btn", "step-btn", "stop-btn", "tree-plot", "mask-bfs", "mask-dfs", "mask-hpd",
                    "speed-plot", "colored-text", "step-slider", "compare-btn", "export-png"):
         assert needed in ids
+    # the style that dims a run's stale figures names exactly the Live tab's plots (``views.FIGURE_IDS``)
+    import gradio as gr
+
+    from ui.views import FIGURE_IDS
+
+    plots = {b.elem_id for b in demo.blocks.values() if isinstance(b, gr.Plot)}
+    assert set(FIGURE_IDS) == plots - {"compare-speed", "compare-steps"}
 
 
 def test_mask_colour_scale_gives_each_value_its_colour():

@@ -65,8 +65,10 @@ SPELL_CONFIRM_PROBES = 3
 SPELL_CONFIRM_GAP_S = 0.5
 #: a size whose forward measured more than this x the next larger measured size's is timed again (a forward of more
 #: rows reads the same weights and does more work; one sample slowed by the host, kept as the fastest of all of its
-#: samples, made a Zen 4 profile say target int4 t(8) = 146.9 ms > t(16) = 130.7), at most MONOTONE_RETRIES times
+#: samples, made a Zen 4 profile say target int4 t(8) = 146.9 ms > t(16) = 130.7), at most MONOTONE_RETRIES times, where
+#: the two differ by MONOTONE_MIN_GAP_S or more too (a tiny model's sub-millisecond forwards differ by their noise)
 MONOTONE_TOLERANCE = 1.05
+MONOTONE_MIN_GAP_S = 1e-3
 MONOTONE_RETRIES = 2
 
 
@@ -262,25 +264,27 @@ def _measure_sizes(prof: MachineProfile, role: str, prec: str, row: list, sizes:
             if not fastest:
                 prof.dropped[f"{role}:{prec}"] = n
                 break
-    _recheck_inversions(prof, role, prec, row, timer, turn, say)
+    _recheck_inversions(prof, role, prec, row, timer, turn, say, fresh=set(filled))
     return filled
 
 
 def _inversions(ns: Sequence[int], row: Sequence[Optional[float]]) -> list[tuple[int, int]]:
-    """Index pairs (i, j) of neighbouring measured sizes, ns[i] < ns[j], where t(ns[i]) exceeds
-    ``MONOTONE_TOLERANCE`` x t(ns[j])."""
+    """Index pairs (i, j) of neighbouring measured sizes, ns[i] < ns[j], where t(ns[i]) exceeds both
+    ``MONOTONE_TOLERANCE`` x t(ns[j]) and t(ns[j]) + ``MONOTONE_MIN_GAP_S``."""
     measured_at = sorted((i for i, t in enumerate(row) if t is not None), key=lambda i: ns[i])
-    return [(i, j) for i, j in zip(measured_at, measured_at[1:]) if row[i] > MONOTONE_TOLERANCE * row[j]]
+    return [(i, j) for i, j in zip(measured_at, measured_at[1:])
+            if row[i] > max(MONOTONE_TOLERANCE * row[j], row[j] + MONOTONE_MIN_GAP_S)]
 
 
 def _recheck_inversions(prof: MachineProfile, role: str, prec: str, row: list, timer: ForwardTimer, turn: Turn,
-                        say: Progress) -> None:
-    """Time again each size that measured slower than a larger one (the fastest of the old and new samples kept),
-    up to ``MONOTONE_RETRIES`` rounds; an inversion that stays (the kernels at two row counts may genuinely differ)
-    is named in ``meta["inversions"]``."""
+                        say: Progress, fresh: set[int]) -> None:
+    """Time again each size measured in this call (index in ``fresh``: a stored time is never replaced) that was
+    slower than a larger one, the fastest of its old and new samples kept, up to ``MONOTONE_RETRIES`` rounds; an
+    inversion that stays (the kernels at two row counts may genuinely differ, or a stored time was slow) is named in
+    ``meta["inversions"]``."""
     key = f"{role}:{prec}"
     for _ in range(MONOTONE_RETRIES):
-        slow = _inversions(prof.ns, row)
+        slow = [(i, j) for i, j in _inversions(prof.ns, row) if i in fresh]
         if not slow:
             break
         for i, j in slow:
