@@ -195,7 +195,7 @@ def test_app_end_to_end(app_url, tmp_path):
         assert _tokens(page) == 24
         page.click("#step-btn")
         _wait_status(page, "paused", 120)
-        assert "1 steps" in _status(page)
+        assert " in 1 step · " in _status(page)
         page.click("#stop-btn")
         _wait_status(page, "stopped", 30)
         page.get_by_role("tab", name="Compare").click()
@@ -296,7 +296,7 @@ def test_app_end_to_end(app_url, tmp_path):
         # --- Step: a new generation advanced by exactly one step
         page.click("#step-btn")
         _wait_status(page, "paused", 60)
-        assert "1 steps" in _status(page)
+        assert " in 1 step · " in _status(page)
         one = _tokens(page)
         assert 1 <= one <= 5  # depth 4 + bonus
         assert _plot_title(page, "tree-plot") != tree_title

@@ -41,7 +41,7 @@ def _run_to_end(page, timeout_s: float = 120) -> int:
     """Run, wait until it finished; the run's number of steps."""
     page.click("#run-btn")
     _wait_status(page, "finished", timeout_s)
-    return int(re.search(r"(\d+) steps", _status(page)).group(1))
+    return int(re.search(r"tokens? in (\d+) steps? ·", _status(page)).group(1))
 
 
 def _wait_tree_step(page, step: int, how: str) -> None:

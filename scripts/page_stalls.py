@@ -1,0 +1,148 @@
+"""What the page costs a run's forwards: default Runs in Chromium on the real pair, with every target forward and
+every refresh handler of the app logged, then each forward's excess over the median of its row count, for the
+forwards that overlapped a refresh and for the others.
+
+The app runs in its own process as ``make run`` starts it (``app.main``), with wrappers installed first (no
+product code changes): around the engine's ``masked_forward`` and ``causal_forward`` (rows, wall time, the process's voluntary context
+switches: a two-thread forward waiting at its barriers for a core the page took switches tens of times instead of
+2-4) and around ``Controller.on_tick`` (when each refresh ran). How the first refresh's blank figures were found to
+stall a forward 180-200 ms (docs/USAGE.md, "The previous figures dimmed").
+
+    .venv/bin/python scripts/page_stalls.py [--runs 6] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+
+def serve(port: int, log: Path) -> int:
+    """Run the app with the forward and refresh loggers installed."""
+    from dyntree_core.decode import engine
+    from dyntree_core.openmp_team import voluntary_switches
+    from ui.controller import Controller
+
+    real_tick = Controller.on_tick
+    out = open(log, "a", buffering=1)
+
+    def logged(real):
+        def forward(model, cache, tokens, *args, **kwargs):
+            s0, t0 = voluntary_switches(), time.perf_counter()
+            logits = real(model, cache, tokens, *args, **kwargs)
+            dt = time.perf_counter() - t0
+            layers = getattr(getattr(model, "config", None), "num_hidden_layers", 0)
+            out.write(f"F {t0:.4f} {len(tokens)} {dt:.5f} {voluntary_switches() - s0} {layers}\n")
+            return logits
+        return forward
+
+    def tick(self, state, block):
+        t0 = time.perf_counter()
+        try:
+            return real_tick(self, state, block)
+        finally:
+            out.write(f"T {t0:.4f} {time.perf_counter() - t0:.5f}\n")
+
+    # (a tree step's forward and a plain step's: the engine's two names for the model's forward)
+    engine.masked_forward, engine.causal_forward = logged(engine.masked_forward), logged(engine.causal_forward)
+    Controller.on_tick = tick
+    import app
+
+    return app.main(["--port", str(port)])
+
+
+def analyze(log: Path) -> dict:
+    """Each forward of the deepest model (the target) against the median of its row count."""
+    forwards, ticks = [], []
+    for line in log.read_text().splitlines():
+        f = line.split()
+        if f and f[0] == "F":
+            forwards.append((float(f[1]), int(f[2]), float(f[3]), int(f[4]), int(f[5])))
+        elif f and f[0] == "T":
+            ticks.append(float(f[1]))
+    target = max((f[4] for f in forwards), default=0)
+    forwards = [f for f in forwards if f[4] == target]
+    by_rows = collections.defaultdict(list)
+    for _, rows, dt, _, _ in forwards:
+        by_rows[rows].append(dt)
+    median = {rows: statistics.median(v) for rows, v in by_rows.items()}
+    groups: dict[str, list[tuple[float, int]]] = {"overlapping a refresh": [], "the others": []}
+    for t0, rows, dt, switches, _ in forwards:
+        hit = any(t0 - 0.05 <= t <= t0 + dt for t in ticks)
+        groups["overlapping a refresh" if hit else "the others"].append((dt - median[rows], switches))
+    summary = {}
+    for name, xs in groups.items():
+        if xs:
+            summary[name] = {"forwards": len(xs), "excess_ms_mean": round(1e3 * statistics.fmean(x for x, _ in xs), 1),
+                             "excess_ms_median": round(1e3 * statistics.median(x for x, _ in xs), 1),
+                             "excess_ms_total": round(1e3 * sum(x for x, _ in xs), 1),
+                             "switches_median": statistics.median(s for _, s in xs)}
+    return {"target_forwards": len(forwards), "refreshes": len(ticks), **summary}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=6, help="default Runs after a warm-up one")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--log", type=Path, default=Path("/tmp/dyntree_page_stalls.log"))
+    args = ap.parse_args()
+    if args.serve:
+        sys.exit(serve(args.serve, args.log))
+
+    from test_browser import _opened, _status, _wait_status
+    from dyntree_core.machine import machine_info
+    from ui.page_driver import free_port, stop_app
+
+    args.log.write_text("")
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
+    with open(args.log.with_suffix(".app.log"), "w") as fh:
+        proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--log", str(args.log)], cwd=ROOT,
+                                env=env, stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for _ in range(360):
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        statuses = []
+        with _opened(url, 1400, 1000) as page:
+            for i in range(args.runs + 1):
+                before = _status(page)
+                page.click("#run-btn")
+                page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]').innerText "
+                                       "!== b", arg=before, timeout=600_000)
+                _wait_status(page, "finished", 600)
+                if i == 0:
+                    time.sleep(3)
+                    args.log.write_text("")  # (the warm-up Run loads and plans: not counted)
+                    continue
+                statuses.append(_status(page).split("\n")[0])
+                print(statuses[-1][:160], flush=True)
+                time.sleep(3)
+    finally:
+        stop_app(proc)
+    result = analyze(args.log)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"what": "scripts/page_stalls.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                         "machine_info": machine_info().to_dict(), "runs": args.runs,
+                                         "statuses": statuses, **result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
