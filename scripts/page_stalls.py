@@ -18,10 +18,8 @@ import collections
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,30 +93,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=6, help="default Runs after a warm-up one")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--log", type=Path, default=Path("/tmp/dyntree_page_stalls.log"))
     args = ap.parse_args()
     if args.serve:
-        sys.exit(serve(args.serve, args.log))
+        sys.exit(serve(args.port, args.log))
 
     from test_browser import _opened, _status, _wait_status
     from dyntree_core.machine import machine_info
-    from ui.page_driver import free_port, stop_app
+    from ui.page_driver import start_app, stop_app
 
     args.log.write_text("")
-    port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
-    with open(args.log.with_suffix(".app.log"), "w") as fh:
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--log", str(args.log)], cwd=ROOT,
-                                env=env, stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
+    proc, url = start_app(["--serve", "--log", str(args.log)], env, args.log.with_suffix(".app.log"),
+                          script=Path(__file__))
     try:
-        for _ in range(360):
-            try:
-                with urllib.request.urlopen(url, timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.5)
         statuses = []
         with _opened(url, 1400, 1000) as page:
             for i in range(args.runs + 1):

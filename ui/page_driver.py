@@ -28,13 +28,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(args: Sequence[str], env: Mapping[str, str], log: Path, timeout_s: float = 180.0
-              ) -> tuple[subprocess.Popen, str]:
-    """Run ``app.py <args> --port <free port>`` with ``env`` (output to ``log``) and wait until it
-    serves its page; returns the process and the URL."""
+def start_app(args: Sequence[str], env: Mapping[str, str], log: Path, timeout_s: float = 180.0,
+              script: Path = ROOT / "app.py") -> tuple[subprocess.Popen, str]:
+    """Run ``app.py <args> --port <free port>`` (or another ``script`` that serves the app and takes ``--port``)
+    with ``env`` (output to ``log``) and wait until it serves its page; returns the process and the URL."""
     port = free_port()
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args, "--port", str(port)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, str(script), *args, "--port", str(port)], cwd=ROOT,
                                 env=dict(env), stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + timeout_s
