@@ -31,6 +31,7 @@ from .prediction import Prediction, fastest_plain, prediction_for
 from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, break_even_tokens, price_candidates
 from .profiling import load_or_measure_profile, same_spell
 from .search_space import AUTO, MODEL_TREE_METHODS, default_precisions
+from .spell_pricing import floor_priced, floor_text
 
 TREE_MARGIN = 0.05
 
@@ -180,7 +181,7 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
     cpu = (f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')}"
            + (f"; memory read at {read:.0f} GB/s when profiled" if read else "")
            + (f", {now:.0f} GB/s now: another spell of this machine's memory bandwidth, not profiled yet"
-              if read and now else "") + ")")
+              + (f"; {floor_text(profile)}" if floor_text(profile) else "") if read and now else "") + ")")
     t1 = profile.target_time(best.target_precision, 1)
     reference = min((fastest_plain(profile), best_ar), key=lambda c: c.seconds_per_token)
     if best.method == "autoregressive":
@@ -248,11 +249,17 @@ def profile_for(cache: PairCache, target_precisions: Sequence[str], draft_precis
                 remeasure: Sequence = (), read_gb_per_s: Optional[float] = None) -> MachineProfile:
     """The machine profile of ``cache``'s pair (``profiling.load_or_measure_profile``; ``read_gb_per_s``: the spell
     a probe just found, which has a profile of its own): the default sizes for both models, ``target_ns`` too for
-    the target; only what the cache lacks is measured."""
-    return load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
+    the target; only what the cache lacks is measured. Where that spell has no profile yet and is slower than the
+    nearest one's, that profile's forwards are priced at no less than reading their weights now
+    (``spell_pricing.floor_priced``)."""
+    forward_bytes = getattr(cache, "forward_bytes", None)
+    prof = load_or_measure_profile(cache.timing_model, pair_name(cache), cache.device, tuple(target_precisions),
                                    refresh=refresh, progress=progress, draft_precisions=tuple(draft_precisions),
                                    target_ns=tuple(target_ns), measure=measure, turn=turn, remeasure=remeasure,
-                                   forward_bytes=getattr(cache, "forward_bytes", None), read_gb_per_s=read_gb_per_s)
+                                   forward_bytes=forward_bytes, read_gb_per_s=read_gb_per_s)
+    if prof.other_spell and forward_bytes is not None:
+        prof = floor_priced(prof, prof.other_spell, forward_bytes)
+    return prof
 
 
 def priced_for_spell(plan: object, read_gb_per_s: Optional[float]) -> bool:

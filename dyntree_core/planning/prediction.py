@@ -65,6 +65,8 @@ class Prediction:
         rows: the profile rows it was priced from (None: the parts are checked at the predicted sizes).
         read_gb_per_s: the memory read bandwidth the profile's rows were measured at (its spell:
             ``profiling.same_spell``; None: its rows were not probed).
+        floor_gb_per_s: the slower spell's bandwidth its rows were raised to the weight-read floor of
+            (``spell_pricing.floor_priced``; None: priced as measured).
     """
 
     label: str
@@ -82,6 +84,7 @@ class Prediction:
     rows: Optional[PricedRows] = None
     read_gb_per_s: Optional[float] = None
     reference_precision: str = ""
+    floor_gb_per_s: Optional[float] = None
 
     @property
     def speedup(self) -> float:
@@ -126,7 +129,13 @@ def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional
         draft_precision=dp, reference_label=ref.label(), reference_s_per_token=ref.seconds_per_token,
         reference_precision=ref.target_precision, profile_created=profile.created if profile is not None else "",
         rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None,
-        read_gb_per_s=profile.read_gb_per_s if profile is not None else None)
+        read_gb_per_s=profile.read_gb_per_s if profile is not None else None,
+        floor_gb_per_s=_floor_gb_per_s(profile))
+
+
+def _floor_gb_per_s(profile: Optional[MachineProfile]) -> Optional[float]:
+    floor = profile.meta.get("floor_priced") if profile is not None else None
+    return floor["read_gb_per_s"] if floor and floor["raised"] else None
 
 
 @dataclass(frozen=True)
@@ -240,8 +249,10 @@ class PredictionCheck:
         if not ref or not self.read_gb_per_s or all(same_spell(x, ref) for x in self.read_gb_per_s):
             return None
         around = " / ".join(f"{x:.0f}" for x in self.read_gb_per_s)
+        floor = self.prediction.floor_gb_per_s
+        floor = (f"; its forwards priced at no less than reading their weights at {floor:.0f} GB/s" if floor else "")
         return (f"the memory read {around} GB/s around the run against the {ref:.0f} GB/s its profile was measured "
-                "at (another spell of this machine's memory bandwidth)")
+                f"at (another spell of this machine's memory bandwidth{floor})")
 
     @property
     def crowded(self) -> Optional[str]:
