@@ -152,6 +152,26 @@ def test_a_run_in_another_spell_of_the_memory_bandwidth_says_so_and_re_measures_
     assert check_prediction(p, steps, read_gb_per_s=(55.2, None)).other_spell  # (a stopped run: one probe)
 
 
+def test_plain_decoding_off_its_price_is_explained_only_by_what_moves_it_that_way():
+    """The app's default Run in Chromium: probes of 32 / 54 GB/s around it against a profile of 36 GB/s, plain
+    decoding timed inside it at 1.70x its price, other processes on a quarter of a core. A faster spell cannot make
+    plain decoding slower: the line named the spell; it names the other processes. Slower, the spell explains it;
+    cheaper than its price, the faster spell does and the other processes do not."""
+    steps = _steps(10, 0.032, 0.105, 0.002, 3)
+    p = _prediction(read_gb_per_s=36.0)
+    crowded = dict(others_share=0.6, cpus=2, threads=2)
+    straddling = check_prediction(p, steps, read_gb_per_s=(32.0, 54.0), plain_s_per_token=0.17, **crowded)
+    assert straddling.plain_off_because(slower=True) == [f"{straddling.crowded} while it ran"]
+    assert f"1.68x its price of 101 ms ({straddling.crowded} while it ran)" in straddling.text()
+    assert "another spell of this machine's memory bandwidth)" not in straddling.speedup_text()
+    quiet = check_prediction(p, steps, read_gb_per_s=(32.0, 54.0), plain_s_per_token=0.17)
+    assert quiet.speedup_text().endswith("plain decoding cost 1.68x its price of 101 ms")  # (nothing explains it)
+    slow_spell = check_prediction(p, steps, read_gb_per_s=(24.0, 23.0), plain_s_per_token=0.17, **crowded)
+    assert slow_spell.plain_off_because(slower=True) == [slow_spell.other_spell, f"{slow_spell.crowded} while it ran"]
+    cheaper = check_prediction(p, steps, read_gb_per_s=(32.0, 54.0), plain_s_per_token=0.05, **crowded)
+    assert cheaper.speedup_text().endswith(f"plain decoding cost 0.50x its price of 101 ms ({cheaper.other_spell})")
+
+
 def test_the_check_states_the_speed_over_plain_decoding_timed_beside_the_run():
     """The prediction's speed-up is priced against the profile's plain decoding; the check states the speed the run
     measured over plain decoding timed beside it (the cost panel's reference). Where that plain decoding cost more
