@@ -178,10 +178,11 @@ def choose(profile: MachineProfile, acceptance: Sequence[float] | Acceptance, te
     machine = profile.machine
     read = profile.read_gb_per_s if profile.meta.get("row_gb_per_s") else None  # (rows it bracketed)
     now = profile.other_spell
+    floor = floor_text(profile)
     cpu = (f"{machine.get('cpu_model', '?')} ({machine.get('cpu_class', '?')}"
            + (f"; memory read at {read:.0f} GB/s when profiled" if read else "")
            + (f", {now:.0f} GB/s now: another spell of this machine's memory bandwidth, not profiled yet"
-              + (f"; {floor_text(profile)}" if floor_text(profile) else "") if read and now else "") + ")")
+              + (f"; {floor}" if floor else "") if read and now else "") + ")")
     t1 = profile.target_time(best.target_precision, 1)
     reference = min((fastest_plain(profile), best_ar), key=lambda c: c.seconds_per_token)
     if best.method == "autoregressive":

@@ -13,9 +13,9 @@ the memory's rate now, and a big tree's target forward is not. A faster spell ke
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional
 
 from .machine_profile import MachineProfile
+from .profiling import ForwardBytes
 
 #: the share of a read probe's bandwidth (``profiling.run_probe``) a one-row forward reads its weights at, at most,
 #: where it is bound by them: on the Zen 4 VM's slow-spell profiles (probes 32.7-36.6 GB/s) weight bytes over t(1)
@@ -23,9 +23,6 @@ from .machine_profile import MachineProfile
 #: probes of 33.6-34.8 GB/s to 0.84-0.90 (docs/PLANNING.md, "A spell without a profile"). A floor is a bound the
 #: forward cannot beat: the high end, not the median
 FORWARD_READ_SHARE = 0.9
-
-#: weight bytes a one-token forward of (role, precision) reads (``profiling.ForwardBytes``; None: unknown)
-ForwardBytes = Callable[[str, str], Optional[int]]
 
 
 def weight_floor_s(nbytes: int, read_gb_per_s: float) -> float:
