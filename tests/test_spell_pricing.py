@@ -123,3 +123,16 @@ def test_auto_prices_a_spell_without_a_profile_at_the_floor_and_says_so(tmp_path
     assert ("56 GB/s when profiled, 35 GB/s now: another spell of this machine's memory bandwidth, not profiled yet; "
             "forwards priced at no less than reading their weights at 90% of 35 GB/s") in plan.reason
     assert plan.prediction("auto", "int4", "int4").floor_gb_per_s == 34.59
+
+
+def test_a_pairs_weight_bytes_are_read_once_per_role_and_precision(monkeypatch):
+    """``floor_priced`` asks for every precision's bytes each time a spell without a profile is planned; reading the
+    embedded pair's GGUF headers for them took 0.4-0.8 s, so ``PairCache`` keeps what it read."""
+    from dyntree_core.planning.pair_cache import PairCache
+
+    reads = []
+    monkeypatch.setattr(PairCache, "_read_forward_bytes", lambda self, role, prec: reads.append((role, prec)) or 7)
+    cache = PairCache("d", "t")
+    for _ in range(3):
+        assert [cache.forward_bytes(r, p) for r in ("target", "draft") for p in ("int4", "int8")] == [7] * 4
+    assert reads == [("target", "int4"), ("target", "int8"), ("draft", "int4"), ("draft", "int8")]
