@@ -21,6 +21,7 @@ from ..measured import crowding
 from ..step_price import PricedRows, StepShape
 from .pricing import Candidate, autoregressive_candidate, other_seconds, seconds_per_token
 from .profiling import same_spell
+from .spell_pricing import floor_gb_per_s
 
 if TYPE_CHECKING:
     from ..trace import StepTrace
@@ -130,12 +131,7 @@ def prediction_for(candidate: Candidate, reference: Candidate, profile: Optional
         reference_precision=ref.target_precision, profile_created=profile.created if profile is not None else "",
         rows=PricedRows.of(profile, candidate.target_precision, dp) if profile is not None else None,
         read_gb_per_s=profile.read_gb_per_s if profile is not None else None,
-        floor_gb_per_s=_floor_gb_per_s(profile))
-
-
-def _floor_gb_per_s(profile: Optional[MachineProfile]) -> Optional[float]:
-    floor = profile.meta.get("floor_priced") if profile is not None else None
-    return floor["read_gb_per_s"] if floor and floor["raised"] else None
+        floor_gb_per_s=floor_gb_per_s(profile))
 
 
 @dataclass(frozen=True)

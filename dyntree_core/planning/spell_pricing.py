@@ -13,6 +13,7 @@ the memory's rate now, and a big tree's target forward is not. A faster spell ke
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 from .machine_profile import MachineProfile
 from .profiling import ForwardBytes
@@ -56,11 +57,17 @@ def floor_priced(profile: MachineProfile, read_gb_per_s: float, forward_bytes: F
     return out
 
 
+def floor_gb_per_s(profile: Optional[MachineProfile]) -> Optional[float]:
+    """The probe ``floor_priced`` raised rows of ``profile`` for (None: it raised none)."""
+    floor = profile.meta.get("floor_priced") if profile is not None else None
+    return floor["read_gb_per_s"] if floor and floor["raised"] else None
+
+
 def floor_text(profile: MachineProfile) -> str:
     """How ``floor_priced`` priced ``profile`` ('' where it did not raise a row)."""
-    floor = profile.meta.get("floor_priced")
-    if not floor or not floor["raised"]:
+    if floor_gb_per_s(profile) is None:
         return ""
+    floor = profile.meta["floor_priced"]
     rows = ", ".join(f"{key.replace(':', ' ')} at {'/'.join(map(str, ns))} row{'s' if ns != [1] else ''}"
                      for key, ns in floor["raised"].items())
     return (f"forwards priced at no less than reading their weights at {floor['share']:.0%} of "
