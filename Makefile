@@ -37,6 +37,7 @@ simde:
 models: setup
 	$(PY) -m dyntree_core fetch
 	$(PY) -m dyntree_core kernels
+	$(PY) -m dyntree_core prepare
 
 run: setup browser models
 	$(PY) app.py

@@ -43,10 +43,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from ui import AppDefaults, HubModelProvider, build_app
+    from ui.app_log import configure as log_to_stderr
     from ui.page_script import launch_app_kwargs
     from ui.switch_interval import favour_decoding
 
     favour_decoding()
+    log_to_stderr()  # each Run's load phases and first step, timed from its click
 
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.tiny:

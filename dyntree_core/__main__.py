@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("fetch", help="fetch and convert the embedded offline model pair (with progress)")
     sub.add_parser("kernels", help="compile this machine's C kernels now (the set-up step; cached), or say why "
                                    "they cannot run here (torch's kernels are used then)")
+    sub.add_parser("prepare", help="the app's first load now (the set-up's last step): the embedded pair at the "
+                                   "precisions auto's first Run uses, measuring this machine's kernel table and "
+                                   "packing the weights once, so that the first Run only reads them")
 
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("--prompt", required=True, help="prompt text")
@@ -65,6 +68,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.command == "kernels":
             return _kernels()
+        if args.command == "prepare":
+            return _prepare()
         return _generate(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -85,6 +90,21 @@ def _kernels() -> int:
         print(f"C kernels ready: {k.path} ({time.perf_counter() - t0:.1f} s); AVX-512 VNNI row kernels: "
               + ("checked bit-identical to the AVX2 ones, the kernel table times them" if k.vnni
                  else f"not used ({k.vnni_reason})"))
+    return 0
+
+
+def _prepare() -> int:
+    """``prepare_first_load`` with its progress; never fails the set-up (the first Run loads what is missing)."""
+    from .planning.first_load import prepare_first_load
+
+    try:
+        done = prepare_first_load(progress=lambda line: print(line.strip(), flush=True))
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        print(f"could not prepare the app's first load ({type(e).__name__}: {e}); its first Run does it instead")
+        return 0
+    built = f"built: the {' and the '.join(done.loaded)}" if done.loaded else "it was ready"
+    print(f"the app's first load is ready: draft {done.draft_precision}, target {done.target_precision} "
+          f"({built}; {done.seconds:.1f} s)")
     return 0
 
 

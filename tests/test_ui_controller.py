@@ -723,7 +723,8 @@ def test_a_new_loads_notice_does_not_show_the_last_loads_line(controller, monkey
 
 
 def test_the_notice_while_models_load_shows_the_loads_latest_line(controller):
-    """The first Run on a machine measures its kernels and builds the packed weights (45-70 s on a 2-core VM):
+    """A pair's first Run without the set-up's ``prepare`` measures its kernels and packs its weights (23 s on a
+    2-core VM):
     the status line shows the provider's latest progress line under the notice, and only while there is one."""
     state = SessionState()
     state.notice = "auto: choosing the configuration for this machine (embedded / embedded) and loading the models …"
@@ -740,3 +741,45 @@ def test_the_notice_while_models_load_shows_the_loads_latest_line(controller):
     controller.provider.progress = "the draft: building int4 weights (once)"
     drawn = controller.on_tick(state, 16)
     assert drawn["status"] == "loading the models …  \n_the draft: building int4 weights (once)_"
+
+
+def test_the_app_log_times_a_runs_load_and_first_step_from_its_click(controller, monkeypatch, caplog):
+    """A slow first Run says where its time went: the app log has the click, each line the load reported (as the
+    status line shows it), the models ready and the first step, each timed from the click, in that order."""
+    import logging
+
+    provider = controller.provider
+    real_load = provider.load
+
+    def load(spec):
+        listener = provider.progress_listener
+        assert listener is not None  # the Run's clock hears the load's lines
+        listener("the target: building int4 weights from t.gguf (once)")
+        listener("the target: building int4 weights from t.gguf (once)")  # a repeated line is logged once
+        return real_load(spec)
+
+    monkeypatch.setattr(provider, "load", load)
+    caplog.set_level(logging.INFO, logger="dyntree.app")
+    state = SessionState()
+    controller.on_run(state, False, *_form())
+    assert state.worker is not None and state.worker.join(120)
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "dyntree.app" and r.getMessage().startswith(state.name)]
+    want = ["Run clicked", "s after the click: the target: building int4 weights", "s after the click: models ready: ",
+            "first step ("]
+    assert len(lines) == len(want), lines
+    for line, words in zip(lines, want):
+        assert words in line, lines
+    assert state.run_clock.first_step_s is not None and state.run_clock.first_step_s <= state.run_clock.seconds()
+    assert provider.progress_listener is None  # the load's listener goes with the load
+
+
+def test_the_hub_provider_tells_its_listener_each_load_line():
+    from ui.models import HubModelProvider
+
+    provider = HubModelProvider("embedded", "embedded")
+    heard: list[str] = []
+    provider.progress_listener = heard.append
+    provider._say("  the draft: measuring this machine's kernels (1/7)  ")
+    assert provider.progress == "the draft: measuring this machine's kernels (1/7)"
+    assert heard == ["  the draft: measuring this machine's kernels (1/7)  "]

@@ -21,6 +21,7 @@ from dyntree_core.openmp_team import release_thread_team
 from dyntree_core.process_memory import process_memory
 from dyntree_core.trace import PrefillProgress
 
+from .app_log import RunClock
 from .errors import describe_error, error_markdown
 from .export import read_json, write_images, write_json
 from .layout import METHOD_HINTS, N_COMPARE, Components, verifier_choices
@@ -284,7 +285,9 @@ class Controller:
                 finally:
                     state.baseline_running = False
 
-        state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after, who=state.name).start()
+        clock = state.run_clock if gen is state.generation else None
+        state.worker = DecodeWorker(gen, self.model_lock, state.bump, error, after, who=state.name,
+                                    clock=clock).start()
 
     def check_prediction(self, rec: RunRecord) -> None:
         """A finished run off its prediction by more than ``prediction.OFF_BY``: the profile rows that
@@ -312,18 +315,25 @@ class Controller:
         self.provider.progress = ""  # (the last load's line would show under this load's notice)
         if settings.needs_auto:
             state.notice = (f"auto: choosing the configuration for this machine ({settings.draft} / "
-                            f"{settings.target}) and loading the models … (the first Run on a machine measures its "
-                            "kernels and builds the packed weights once)")
+                            f"{settings.target}) and loading the models … (a pair the set-up did not prepare "
+                            "has its kernels measured and its weights packed once)")
         elif not self.provider.is_loaded(settings.pair_spec()):
             state.notice = (f"Loading models {settings.draft} / {settings.target} at target {settings.precision}, "
                             f"draft {settings.draft_precision} … (a precision not loaded before is read from "
                             "the model files: the first load can take a while)")
         state.bump()
+        clock = state.run_clock
+        if clock is not None:
+            self.provider.progress_listener = clock.phase
         try:
             with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
                 state.generation = start_generation(self.provider, settings, planner=self.planner, plain_probes=True)
         finally:
             state.notice = ""
+            self.provider.progress_listener = None
+        if clock is not None:
+            run = state.generation.record.settings
+            clock.phase(f"models ready: {run.method}, target {run.precision}, draft {run.draft_precision}")
         self.measure_costs(state.generation.record)
         state.generation.record.status = "running"  # it runs at once (Run or Step)
         state.record = state.generation.record
@@ -405,6 +415,7 @@ class Controller:
 
     def on_run(self, state: SessionState, baseline: bool, *values) -> None:
         self.acknowledge(state)
+        state.run_clock = RunClock(state.name)
         try:
             settings = settings_from_form(*values)
             settings.validate()

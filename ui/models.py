@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from dyntree_core.models.load import ModelLoadError  # the one "this pair cannot be loaded" error
 from dyntree_core.process_memory import release_freed_memory
@@ -59,6 +59,8 @@ class ModelProvider(Protocol):
     default_draft: str
     default_target: str
     progress: str  # the latest line of a long load (measuring the kernels, building packed weights), or ""
+    #: also told each progress line as it comes (the app log's ``RunClock.phase`` of the Run loading)
+    progress_listener: Optional[Callable[[str], None]]
 
     def load(self, spec: PairSpec) -> LoadedPair: ...
 
@@ -99,6 +101,7 @@ class HubModelProvider:
         self._cache: Any = None
         self._cache_key: Optional[tuple] = None
         self.progress: str = ""  # the latest progress line of a long load / profile (status line)
+        self.progress_listener: Optional[Callable[[str], None]] = None
         self._text_info: dict[tuple[str, str], Optional[TextInfo]] = {}
 
     def text_info(self, draft: str, target: str) -> Optional[TextInfo]:
@@ -126,6 +129,9 @@ class HubModelProvider:
 
     def _say(self, line: str) -> None:
         self.progress = line.strip()
+        listener = self.progress_listener
+        if listener is not None:
+            listener(line)
 
     def _pair_cache(self, draft: str, target: str, device: str):
         from dyntree_core.planning.pair_cache import PairCache
@@ -160,7 +166,7 @@ class HubModelProvider:
         from .planner import plan_auto_for_app
 
         def say(msg: str) -> None:
-            self.progress = msg.strip()
+            self._say(msg)
             if progress is not None:
                 progress(msg)
 

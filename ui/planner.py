@@ -15,6 +15,7 @@ from typing import Any, Callable, Hashable, Optional
 
 from dyntree_core.process_memory import release_freed_memory
 
+from .app_log import background_line
 from .model_lock import ModelLock, TurnCancelled
 
 #: ``measure(turn, progress)``: runs ``plan_auto`` with measuring allowed
@@ -69,6 +70,8 @@ class BackgroundPlanner:
             return self._lock.idle_turn("measuring the machine for auto", self._idle_s, self._stop)
 
         def say(line: str) -> None:
+            if line.strip() != self.progress:
+                background_line(line)
             self.progress = line.strip()
             if "not stored" in line:  # (``profiling``: "the profile is provisional, not stored: <why>")
                 why = self.progress.rpartition("not stored")[2].strip().lstrip(":").strip()

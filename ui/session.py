@@ -26,6 +26,7 @@ from dyntree_core.planning.prediction import Prediction, PredictionCheck, check_
 from dyntree_core.planning.profiling import run_probe
 from dyntree_core.trace import PrefillProgress, StepTrace, TokenProvenance
 
+from .app_log import RunClock
 from .figure_pacing import FigurePacing
 from .settings import RunSettings
 from .tokens import TokenTexts
@@ -294,6 +295,7 @@ class SessionState:
         self.figure_pacing = FigurePacing()  # how often a streaming run's figures are redrawn on this page
         self.run_started_at = -math.inf  # when the current run began (time.monotonic): its first redraw is paced from it
         self.figures_stale = False  # the page shows the previous run's figures: the next refresh dims them
+        self.run_clock: Optional[RunClock] = None  # the app log's clock of the current Run, from its click
         self.error = ""  # the inline error line (cleared by the next run)
         self.error_popup = False  # a background error the next refresh also shows as a pop-up
         self._export_dir: Optional[Path] = None

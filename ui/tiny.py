@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import zlib
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .models import LoadedPair, ModelLoadError
 from .pair_spec import PairSpec
@@ -58,6 +58,7 @@ class TinyModelProvider:
         self._lock = threading.Lock()
         self._pair: Optional[LoadedPair] = None
         self.progress = ""  # (the tiny pair loads at once: nothing to report)
+        self.progress_listener: Optional[Callable[[str], None]] = None
 
     def is_loaded(self, spec: PairSpec) -> bool:
         pair = self._pair

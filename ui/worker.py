@@ -9,6 +9,9 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
+from dyntree_core.trace import StepTrace
+
+from .app_log import RunClock
 from .model_lock import ModelLock
 from .session import Generation
 
@@ -18,13 +21,15 @@ class DecodeWorker:
 
     def __init__(self, generation: Generation, model_lock: ModelLock,
                  on_change: Callable[[], None], on_error: Callable[[BaseException], None],
-                 after: Optional[Callable[[], None]] = None, who: str = "") -> None:
+                 after: Optional[Callable[[], None]] = None, who: str = "",
+                 clock: Optional[RunClock] = None) -> None:
         self.generation = generation
         self._lock = model_lock
         self._on_change = on_change
         self._on_error = on_error
         self._after = after
         self._who = who
+        self._clock = clock  # told of the first step (the app log)
         self._pause = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dyntree-decode", daemon=True)
 
@@ -55,6 +60,8 @@ class DecodeWorker:
             while not self._pause.is_set():
                 item = advance_in_turn(gen, self._lock, self._who, self._on_change, unless=self._pause.is_set)
                 self._on_change()
+                if self._clock is not None and isinstance(item, StepTrace):
+                    self._clock.first_step(len(item.committed))
                 if item is None or item is NOT_RUN or gen.done:
                     break
             if not gen.done:

@@ -189,6 +189,25 @@ def plans_tag(plans: dict) -> str:
     return hashlib.sha256("|".join(ggml).encode()).hexdigest()[:8] if ggml else ""
 
 
+def _plans_and_cache_file(gf, precision: str, cache_dir: Optional[Path | str], say) -> tuple[dict, Optional[Path]]:
+    """The kernel plans of a model built from ``gf`` at ``precision`` (measuring the table's missing shapes) and
+    the packed cache file it is kept in (None: not kept: a dense precision, or no ``cache_dir``)."""
+    plans = kernel_plans(gf, precision, say) if precision in QUANT_PRECISIONS else {}
+    tag = plans_tag(plans) + ("-embhead" if HEAD_NOTE_KEY in gf.metadata else "")
+    cached = (quant_cache_path(cache_dir, precision, tag)
+              if cache_dir is not None and precision in QUANT_PRECISIONS else None)
+    return plans, cached
+
+
+def packed_cache_ready(gguf_path: Path | str, precision: str, cache_dir: Path | str, head: str = "output",
+                       progress: Optional[Callable[[str], None]] = None) -> bool:
+    """Whether ``load_gguf_model(gguf_path, ..., precision, cache_dir=cache_dir, head=head)`` would read its
+    weights from the packed cache (this machine's kernel table measured first where it lacks the file's shapes)."""
+    gf = with_head(read_gguf(gguf_path), head, precision)
+    _plans, cached = _plans_and_cache_file(gf, precision, cache_dir, progress or (lambda _m: None))
+    return cached is not None and cached.is_file()
+
+
 def load_gguf_model(
     gguf_path: Path | str,
     config_dir: Path | str,
@@ -213,10 +232,7 @@ def load_gguf_model(
     say = progress or (lambda _m: None)
     gf, config, dense_dtype, model = _skeleton(gguf_path, config_dir, precision, head)
     arch = gf.architecture
-    plans = kernel_plans(gf, precision, say) if precision in QUANT_PRECISIONS else {}
-    tag = plans_tag(plans) + ("-embhead" if HEAD_NOTE_KEY in gf.metadata else "")
-    cached = (quant_cache_path(cache_dir, precision, tag)
-              if cache_dir is not None and precision in QUANT_PRECISIONS else None)
+    plans, cached = _plans_and_cache_file(gf, precision, cache_dir, say)
     if cached is not None and cached.is_file():
         try:
             loaded = _load_packed(model, gf, cached, precision, t0, plans)

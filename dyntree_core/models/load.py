@@ -325,6 +325,18 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", pr
     return model.to(device=tdev).eval()
 
 
+def packed_weights_ready(src: ModelSource, precision: str, progress: Optional[Callable[[str], None]] = None) -> bool:
+    """Whether ``load_model(src, precision=precision)`` on the CPU would read packed weights this machine built
+    before (``gguf_model.packed_cache_ready``); False for sources without a packed cache."""
+    cache_dir = packed_cache_dir(src)
+    if cache_dir is None or not src.gguf:
+        return False
+    from .gguf_model import packed_cache_ready
+
+    say = None if progress is None else (lambda m: progress(f"the {src.role}: {m.strip()}"))
+    return packed_cache_ready(src.gguf, precision, cache_dir, head=src.head, progress=say)
+
+
 def load_shape_twin(src: ModelSource, device: str = "cpu", precision: str = "float32") -> Any:
     """A zero-weight model of the same shapes and kernels as ``load_model(src, device=device,
     precision=precision)`` (``gguf_model.shape_twin``), for timing; ``None`` where none can be built
