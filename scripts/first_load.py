@@ -1,9 +1,10 @@
 """Where the first Run's load goes on a fresh machine: the embedded pair loaded at int4 in a new cache (the fetched
 GGUFs and the compiled kernels linked in, as after ``make run``'s set-up; no kernel table, no packed weights), each
 progress line of ``load_pair`` printed with the seconds since the start and since the line before (the kernel
-table's shapes, the packed build of each model).
+table's shapes, the packed build of each model). With ``--prepared``, the set-up's ``python -m dyntree_core
+prepare`` runs first in that cache (untimed), as ``make run`` does: what the first Run's load is left with.
 
-    .venv/bin/python scripts/first_load.py [--keep DIR]
+    .venv/bin/python scripts/first_load.py [--keep DIR] [--prepared]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", type=Path, help="build the fresh cache here and keep it (default: a temporary one)")
+    ap.add_argument("--prepared", action="store_true", help="run the set-up's prepare step in the cache first")
     args = ap.parse_args()
     from dyntree_core.paths import cache_root
 
@@ -36,6 +38,12 @@ def main() -> None:
             if not (cache / "kernels" / so.name).exists():
                 os.link(so, cache / "kernels" / so.name)
         os.environ["DYNTREE_CACHE"] = str(cache)
+        if args.prepared:
+            from dyntree_core.planning.first_load import prepare_first_load
+
+            done = prepare_first_load()
+            print(f"prepared (untimed): draft {done.draft_precision}, target {done.target_precision}, "
+                  f"{done.seconds:.1f} s", flush=True)
         t0 = last = time.perf_counter()
 
         def say(line: str) -> None:

@@ -88,6 +88,9 @@ def test_plain_decodings_price_and_the_checks_line_follow_the_floor():
     p = prediction_for(plain, plain, priced)
     assert p.floor_gb_per_s == 34.59 and p.read_gb_per_s == 56.5
     assert prediction_for(plain, plain, fast).floor_gb_per_s is None
+    # the line every view prints says it (a Compare in this spell differs from a Run in the profile's for this)
+    assert p.text().endswith("measured on this machine, priced for the memory's slower spell now (35 GB/s)"), p.text()
+    assert "spell" not in prediction_for(plain, plain, fast).text()
     steps = [StepTrace(step=i, method="autoregressive", verifier="none", tree=None, accepted_nodes=[0], bonus_token=0,
                        committed=[TokenProvenance(0, i, 1, -1, "autoregressive")],
                        timings=PhaseTimings(target_forward=0.0325), step_seconds=0.0325) for i in range(10)]

@@ -103,11 +103,16 @@ class Prediction:
                 TOKENS: None}
 
     def text(self) -> str:
+        """One line, the same wherever the run's prediction is shown (status line, cost panel, Compare); a run in a
+        slower spell of the memory than any profile says so (another spell's run is priced otherwise)."""
         ms = self.s_per_token * 1e3
+        spell = ("" if self.floor_gb_per_s is None
+                 else f", priced for the memory's slower spell now ({self.floor_gb_per_s:.0f} GB/s)")
         if self.is_reference:
-            return (f"predicted {ms:.0f} ms/token: {self.label}, the fastest plain decoding measured on this machine")
+            return (f"predicted {ms:.0f} ms/token: {self.label}, the fastest plain decoding measured on this machine"
+                    + spell)
         return (f"predicted {ms:.0f} ms/token vs {self.reference_s_per_token * 1e3:.0f} for {self.reference_label}, "
-                f"the fastest plain decoding measured on this machine ({self.speedup:.2f}x)")
+                f"the fastest plain decoding measured on this machine ({self.speedup:.2f}x){spell}")
 
 
 def fastest_plain(profile: MachineProfile) -> Candidate:
