@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -26,13 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 
-def serve(port: int, log: Path) -> int:
-    """Run the app with the forward and refresh loggers installed."""
+@contextlib.contextmanager
+def logged_forwards(log: Path):
+    """Every forward of the engine (a tree step's ``masked_forward``, a plain step's ``causal_forward``) appended to
+    ``log`` as ``F start rows seconds switches layers``, and every decoding step of the app's runs as ``S kind
+    step_seconds tokens`` and its phases' seconds (``trace.PHASES`` order), while the block runs."""
     from dyntree_core.decode import engine
     from dyntree_core.openmp_team import voluntary_switches
-    from ui.controller import Controller
+    from dyntree_core.trace import PHASES, StepTrace
+    from ui.session import Generation
 
-    real_tick = Controller.on_tick
     out = open(log, "a", buffering=1)
 
     def logged(real):
@@ -45,19 +49,45 @@ def serve(port: int, log: Path) -> int:
             return logits
         return forward
 
-    def tick(self, state, block):
-        t0 = time.perf_counter()
-        try:
-            return real_tick(self, state, block)
-        finally:
-            out.write(f"T {t0:.4f} {time.perf_counter() - t0:.5f}\n")
+    real_advance = Generation.advance
 
-    # (a tree step's forward and a plain step's: the engine's two names for the model's forward)
-    engine.masked_forward, engine.causal_forward = logged(engine.masked_forward), logged(engine.causal_forward)
-    Controller.on_tick = tick
-    import app
+    def advance(self):
+        item = real_advance(self)
+        if isinstance(item, StepTrace):
+            kind = (item.draft_source or item.method).replace(" ", "_")
+            phases = " ".join(f"{getattr(item.timings, p):.5f}" for p in PHASES)
+            out.write(f"S {kind} {item.step_seconds:.5f} {len(item.committed)} {phases}\n")
+        return item
 
-    return app.main(["--port", str(port)])
+    reals = engine.masked_forward, engine.causal_forward
+    engine.masked_forward, engine.causal_forward = (logged(r) for r in reals)
+    Generation.advance = advance
+    try:
+        yield out
+    finally:
+        engine.masked_forward, engine.causal_forward = reals
+        Generation.advance = real_advance
+        out.close()
+
+
+def serve(port: int, log: Path) -> int:
+    """Run the app with the forward and refresh loggers installed."""
+    from ui.controller import Controller
+
+    real_tick = Controller.on_tick
+
+    with logged_forwards(log) as out:
+        def tick(self, state, block):
+            t0 = time.perf_counter()
+            try:
+                return real_tick(self, state, block)
+            finally:
+                out.write(f"T {t0:.4f} {time.perf_counter() - t0:.5f}\n")
+
+        Controller.on_tick = tick
+        import app
+
+        return app.main(["--port", str(port)])
 
 
 def analyze(log: Path) -> dict:

@@ -1,0 +1,183 @@
+"""The app's default Run with its page in Chromium against the same Run with no page, alternated run by run: each
+target forward's wall time by row count (a tree step's ~8 rows, a plain step's 1), each run's ms/token and its speed
+over the plain steps timed inside it. Where the page costs a tree's wide forward more than a one-row forward, the
+ratio page / headless by row count says so.
+
+Headless runs take the app's own path (``ui.runner.start_generation`` with the page's default settings, plain probes
+on, ``auto`` planned from the cached measurements); the page's are ``scripts/page_stalls.py``'s served app. A memory
+probe before each run names its spell.
+
+    .venv/bin/python scripts/page_vs_headless.py [--rounds 4] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "scripts")]
+
+
+def _forwards(log: Path) -> list[tuple[int, float]]:
+    """(rows, seconds) of the target's forwards in a page_stalls log (the deepest model's)."""
+    rows = [line.split() for line in log.read_text().splitlines() if line.startswith("F ")]
+    deepest = max((int(f[5]) for f in rows), default=0)
+    return [(int(f[2]), float(f[3])) for f in rows if int(f[5]) == deepest]
+
+
+CHECK = re.compile(r"measured (\d+) ms/token over (\d+) steps?.*?(\d+\.\d\d)x the speed of plain decoding at \w+ "
+                   r"timed inside it \((\d+) plain steps?: ([\d.]+) ms/token\)", re.S)
+
+
+def _parse(status: str) -> dict:
+    """ms/token, steps, speed over the plain steps inside the run and their ms/token, from a run's check line."""
+    m = CHECK.search(status)
+    if m is None:
+        return {"unparsed": status[:300]}
+    return {"ms_per_token": int(m.group(1)), "steps": int(m.group(2)), "speed_over_plain_inside": float(m.group(3)),
+            "plain_steps": int(m.group(4)), "plain_ms": float(m.group(5)), "plan": status.split(" · ")[0][:80]}
+
+
+def _steps(log: Path) -> list[tuple[str, float, int, dict[str, float]]]:
+    """(kind, seconds, tokens, phases) of each step in a log of ``page_stalls.logged_forwards``."""
+    from dyntree_core.trace import PHASES
+
+    out = []
+    for line in log.read_text().splitlines():
+        if line.startswith("S "):
+            f = line.split()
+            out.append((f[1], float(f[2]), int(f[3]), dict(zip(PHASES, map(float, f[4:])))))
+    return out
+
+
+def _by_rows(forwards: list[tuple[int, float]]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = collections.defaultdict(list)
+    for rows, dt in forwards:
+        out[rows].append(dt)
+    return out
+
+
+def headless_run(provider, settings, log: Path) -> str:
+    """One default Run with no page (the app's path), its target forwards logged; returns its status-like line."""
+    from page_stalls import logged_forwards
+
+    from ui.runner import start_generation
+
+    with logged_forwards(log):
+        gen = start_generation(provider, settings, plain_probes=True)
+        while gen.advance() is not None:
+            pass
+    rec = gen.record
+    check = rec.prediction_check()
+    return f"{rec.settings.method} · " + (check.text(()) if check is not None else "")
+
+
+def default_settings():
+    from ui.layout import AppDefaults
+    from ui.settings import settings_from_form
+    from ui_form import form_values
+
+    d = AppDefaults()
+    return settings_from_form(*form_values(
+        draft="embedded", target="embedded", device=d.device, dtype=d.dtype, prompt=d.prompt, chat=d.chat,
+        method=d.method, verifier="auto", temperature=0.0, top_p=1.0, budget=d.budget, depth=d.depth, width=d.width,
+        threshold=0.05, max_new_tokens=d.max_new_tokens, seed=0, offload=False, precision=d.precision,
+        draft_precision=d.draft_precision))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from test_browser import _opened, _ready, _status, _wait_status
+
+    from dyntree_core.machine import machine_info
+    from dyntree_core.planning.profiling import run_probe
+    from ui.models import HubModelProvider
+    from ui.page_driver import start_app, stop_app
+
+    page_log, head_log = Path("/tmp/dyntree_pvh_page.log"), Path("/tmp/dyntree_pvh_headless.log")
+    page_log.write_text("")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
+    proc, url = start_app(["--serve", "--log", str(page_log)], env, page_log.with_suffix(".app.log"),
+                          script=ROOT / "scripts" / "page_stalls.py")
+    provider, settings = HubModelProvider("embedded", "embedded"), default_settings()
+    runs: dict[str, list[dict]] = {"page": [], "headless": []}
+    forwards: dict[str, list[tuple[int, float]]] = {"page": [], "headless": []}
+    step_log: dict[str, list] = {"page": [], "headless": []}
+    try:
+        with _opened(url, 1400, 1000) as page:
+            for i in range(args.rounds + 1):
+                for mode in ("page", "headless"):
+                    probe = run_probe()
+                    if mode == "page":
+                        if page.url != url:
+                            page.goto(url)
+                            _ready(page)
+                        page_log.write_text("")
+                        before = _status(page)
+                        page.click("#run-btn")
+                        page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]')"
+                                               ".innerText !== b", arg=before, timeout=600_000)
+                        _wait_status(page, "finished", 600)
+                        status = _status(page)
+                        got, steps = _forwards(page_log), _steps(page_log)
+                        page.goto("about:blank")  # (the headless run has no page refreshing beside it)
+                    else:
+                        head_log.write_text("")
+                        status = headless_run(provider, settings, head_log)
+                        got, steps = _forwards(head_log), _steps(head_log)
+                    if i == 0:
+                        continue  # (the warm-up: loads and plans)
+                    runs[mode].append({"probe_gb_per_s": probe, **_parse(status)})
+                    forwards[mode].extend(got)
+                    step_log[mode].extend(steps)
+                    print(mode, runs[mode][-1], flush=True)
+                    time.sleep(2)
+    finally:
+        stop_app(proc)
+    rows = {}
+    page_rows, head_rows = _by_rows(forwards["page"]), _by_rows(forwards["headless"])
+    for n in sorted(set(page_rows) & set(head_rows)):
+        p, h = statistics.median(page_rows[n]), statistics.median(head_rows[n])
+        rows[n] = {"page_ms": round(p * 1e3, 2), "headless_ms": round(h * 1e3, 2), "page_over_headless": round(p / h, 3),
+                   "forwards": [len(page_rows[n]), len(head_rows[n])]}
+        print(f"rows {n:2d}: page {p * 1e3:6.1f} ms ({len(page_rows[n])})  headless {h * 1e3:6.1f} ms "
+              f"({len(head_rows[n])})  page/headless {p / h:.3f}")
+    phases = {}
+    kinds = sorted({k for m in step_log.values() for k, *_ in m})
+    for kind in kinds:
+        for part in ("step", "draft", "tree_build", "mask", "target_forward", "verify", "kv_compaction"):
+            med = {}
+            for mode, steps in step_log.items():
+                xs = [sec if part == "step" else ph[part] for k, sec, _, ph in steps if k == kind]
+                med[mode] = statistics.median(xs) if xs else float("nan")
+            if med["headless"] > 0:
+                phases[f"{kind}:{part}"] = {"page_ms": round(med["page"] * 1e3, 2),
+                                            "headless_ms": round(med["headless"] * 1e3, 2),
+                                            "page_over_headless": round(med["page"] / med["headless"], 3)}
+                print(f"{kind:12s} {part:15s} page {med['page'] * 1e3:7.2f} ms  headless {med['headless'] * 1e3:7.2f} ms"
+                      f"  page/headless {med['page'] / med['headless']:.3f}")
+    for mode in runs:
+        xs = [r["speed_over_plain_inside"] for r in runs[mode] if "speed_over_plain_inside" in r]
+        ms = [r["ms_per_token"] for r in runs[mode] if "ms_per_token" in r]
+        if xs:
+            print(f"{mode}: speed over plain inside, median {statistics.median(xs):.2f} ({xs}); ms/token median "
+                  f"{statistics.median(ms)}")
+    if args.json:
+        args.json.write_text(json.dumps({"what": "scripts/page_vs_headless.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                         "argv": sys.argv[1:], "machine_info": machine_info().to_dict(), "runs": runs,
+                                         "rows": rows, "phases": phases}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
