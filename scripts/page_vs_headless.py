@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "scripts")]
 
 
-def _forwards(log: Path) -> list[tuple[int, float]]:
-    """(rows, seconds) of the target's forwards in a page_stalls log (the deepest model's)."""
+def _forwards(log: Path) -> list[tuple[str, int, float]]:
+    """(model, rows, seconds) of the forwards in a page_stalls log: ``target`` (the deepest model's) or ``draft``."""
     rows = [line.split() for line in log.read_text().splitlines() if line.startswith("F ")]
     deepest = max((int(f[5]) for f in rows), default=0)
-    return [(int(f[2]), float(f[3])) for f in rows if int(f[5]) == deepest]
+    return [("target" if int(f[5]) == deepest else "draft", int(f[2]), float(f[3])) for f in rows]
 
 
 CHECK = re.compile(r"measured (\d+) ms/token over (\d+) steps?.*?(\d+\.\d\d)x the speed of plain decoding at \w+ "
@@ -42,8 +42,10 @@ def _parse(status: str) -> dict:
     m = CHECK.search(status)
     if m is None:
         return {"unparsed": status[:300]}
+    k = re.search(r"chain \(k<=(\d+)", status)
     return {"ms_per_token": int(m.group(1)), "steps": int(m.group(2)), "speed_over_plain_inside": float(m.group(3)),
-            "plain_steps": int(m.group(4)), "plain_ms": float(m.group(5)), "plan": status.split(" · ")[0][:80]}
+            "plain_steps": int(m.group(4)), "plain_ms": float(m.group(5)), "plan": status.split(" · ")[0][:80],
+            "chain_k": int(k.group(1)) if k else None}
 
 
 def _steps(log: Path) -> list[tuple[str, float, int, dict[str, float]]]:
@@ -58,10 +60,10 @@ def _steps(log: Path) -> list[tuple[str, float, int, dict[str, float]]]:
     return out
 
 
-def _by_rows(forwards: list[tuple[int, float]]) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = collections.defaultdict(list)
-    for rows, dt in forwards:
-        out[rows].append(dt)
+def _by_rows(forwards: list[tuple[str, int, float]]) -> dict[tuple[str, int], list[float]]:
+    out: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    for model, rows, dt in forwards:
+        out[(model, rows)].append(dt)
     return out
 
 
@@ -77,7 +79,7 @@ def headless_run(provider, settings, log: Path) -> str:
             pass
     rec = gen.record
     check = rec.prediction_check()
-    return f"{rec.settings.method} · " + (check.text(()) if check is not None else "")
+    return f"{rec.settings.method} · {rec.note}\n" + (check.text(()) if check is not None else "")
 
 
 def default_settings():
@@ -147,12 +149,13 @@ def main() -> None:
         stop_app(proc)
     rows = {}
     page_rows, head_rows = _by_rows(forwards["page"]), _by_rows(forwards["headless"])
-    for n in sorted(set(page_rows) & set(head_rows)):
-        p, h = statistics.median(page_rows[n]), statistics.median(head_rows[n])
-        rows[n] = {"page_ms": round(p * 1e3, 2), "headless_ms": round(h * 1e3, 2), "page_over_headless": round(p / h, 3),
-                   "forwards": [len(page_rows[n]), len(head_rows[n])]}
-        print(f"rows {n:2d}: page {p * 1e3:6.1f} ms ({len(page_rows[n])})  headless {h * 1e3:6.1f} ms "
-              f"({len(head_rows[n])})  page/headless {p / h:.3f}")
+    for key in sorted(set(page_rows) & set(head_rows)):
+        p, h = statistics.median(page_rows[key]), statistics.median(head_rows[key])
+        rows[f"{key[0]}:{key[1]}"] = {"page_ms": round(p * 1e3, 2), "headless_ms": round(h * 1e3, 2),
+                                      "page_over_headless": round(p / h, 3),
+                                      "forwards": [len(page_rows[key]), len(head_rows[key])]}
+        print(f"{key[0]:6s} rows {key[1]:2d}: page {p * 1e3:6.1f} ms ({len(page_rows[key])})  headless {h * 1e3:6.1f} ms "
+              f"({len(head_rows[key])})  page/headless {p / h:.3f}")
     phases = {}
     kinds = sorted({k for m in step_log.values() for k, *_ in m})
     for kind in kinds:
@@ -167,6 +170,12 @@ def main() -> None:
                                             "page_over_headless": round(med["page"] / med["headless"], 3)}
                 print(f"{kind:12s} {part:15s} page {med['page'] * 1e3:7.2f} ms  headless {med['headless'] * 1e3:7.2f} ms"
                       f"  page/headless {med['page'] / med['headless']:.3f}")
+    for k in sorted({r.get("chain_k") for m in runs.values() for r in m if r.get("chain_k")}):
+        line = []
+        for mode in runs:
+            ms = [r["ms_per_token"] for r in runs[mode] if r.get("chain_k") == k]
+            line.append(f"{mode} {statistics.median(ms) if ms else float('nan')} ms/token ({len(ms)} runs)")
+        print(f"plans of chain k<={k}: " + ", ".join(line))
     for mode in runs:
         xs = [r["speed_over_plain_inside"] for r in runs[mode] if "speed_over_plain_inside" in r]
         ms = [r["ms_per_token"] for r in runs[mode] if "ms_per_token" in r]
