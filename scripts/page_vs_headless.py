@@ -1,6 +1,7 @@
 """The app's default Run with its page in Chromium against the same Run with no page, alternated run by run: each
-target forward's wall time by row count (a tree step's ~8 rows, a plain step's 1), each run's ms/token and its speed
-over the plain steps timed inside it. Where the page costs a tree's wide forward more than a one-row forward, the
+forward's wall time by model and row count (a tree step's ~8 rows, a plain step's 1; the draft's one-row level
+forwards do not pass the wrapped engine functions), each step's phases, each run's ms/token and its speed over the
+plain steps timed inside it. Where the page costs a tree's wide forward more than a one-row forward, the
 ratio page / headless by row count says so.
 
 Headless runs take the app's own path (``ui.runner.start_generation`` with the page's default settings, plain probes
@@ -68,7 +69,7 @@ def _by_rows(forwards: list[tuple[str, int, float]]) -> dict[tuple[str, int], li
 
 
 def headless_run(provider, settings, log: Path) -> str:
-    """One default Run with no page (the app's path), its target forwards logged; returns its status-like line."""
+    """One default Run with no page (the app's path), its forwards and steps logged; returns its note and check."""
     from page_stalls import logged_forwards
 
     from ui.runner import start_generation
@@ -114,7 +115,7 @@ def main() -> None:
                           script=ROOT / "scripts" / "page_stalls.py")
     provider, settings = HubModelProvider("embedded", "embedded"), default_settings()
     runs: dict[str, list[dict]] = {"page": [], "headless": []}
-    forwards: dict[str, list[tuple[int, float]]] = {"page": [], "headless": []}
+    forwards: dict[str, list[tuple[str, int, float]]] = {"page": [], "headless": []}
     step_log: dict[str, list] = {"page": [], "headless": []}
     try:
         with _opened(url, 1400, 1000) as page:

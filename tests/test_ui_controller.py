@@ -753,14 +753,14 @@ def test_the_app_log_times_a_runs_load_and_first_step_from_its_click(controller,
 
     def load(spec):
         listener = provider.progress_listener
-        assert listener is not None  # the Run's clock hears the load's lines
+        assert listener is not None and listener.__self__ is state.run_clock  # this Run's clock hears the load's lines
         listener("the target: building int4 weights from t.gguf (once)")
         listener("the target: building int4 weights from t.gguf (once)")  # a repeated line is logged once
         return real_load(spec)
 
+    state = SessionState()
     monkeypatch.setattr(provider, "load", load)
     caplog.set_level(logging.INFO, logger="dyntree.app")
-    state = SessionState()
     controller.on_run(state, False, *_form())
     assert state.worker is not None and state.worker.join(120)
     lines = [r.getMessage() for r in caplog.records

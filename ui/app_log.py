@@ -13,20 +13,17 @@ from typing import Optional
 log = logging.getLogger("dyntree.app")
 
 
-def configure(stream=None) -> logging.Handler:
-    """Send ``dyntree.app``'s lines to ``stream`` (default stderr) with their wall-clock time; returns the handler
-    (``release`` removes it)."""
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+def configure() -> None:
+    """Send ``dyntree.app``'s lines to stderr with their wall-clock time (once per process: ``app.main`` may run more
+    than once in one)."""
+    if any(getattr(h, "_dyntree_app_log", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d dyntree: %(message)s", "%H:%M:%S"))
+    handler._dyntree_app_log = True
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    return handler
-
-
-def release(handler: logging.Handler) -> None:
-    log.removeHandler(handler)
-    handler.close()
 
 
 class RunClock:

@@ -323,14 +323,17 @@ class Controller:
                             "the model files: the first load can take a while)")
         state.bump()
         clock = state.run_clock
-        if clock is not None:
-            self.provider.progress_listener = clock.phase
         try:
             with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
-                state.generation = start_generation(self.provider, settings, planner=self.planner, plain_probes=True)
+                # (set inside the turn: a session waiting for it must not hear another session's load)
+                self.provider.progress_listener = None if clock is None else clock.phase
+                try:
+                    state.generation = start_generation(self.provider, settings, planner=self.planner,
+                                                        plain_probes=True)
+                finally:
+                    self.provider.progress_listener = None
         finally:
             state.notice = ""
-            self.provider.progress_listener = None
         if clock is not None:
             run = state.generation.record.settings
             clock.phase(f"models ready: {run.method}, target {run.precision}, draft {run.draft_precision}")
