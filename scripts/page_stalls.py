@@ -29,10 +29,11 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 @contextlib.contextmanager
 def logged_forwards(log: Path):
-    """Every forward of the engine (a tree step's ``masked_forward``, a plain step's ``causal_forward``) appended to
+    """Every forward of the engine (a tree step's ``masked_forward``, a plain step's ``causal_forward``, the draft
+    source's level forwards) appended to
     ``log`` as ``F start rows seconds switches layers``, and every decoding step of the app's runs as ``S kind
-    step_seconds tokens`` and its phases' seconds (``trace.PHASES`` order), while the block runs."""
-    from dyntree_core.decode import engine
+    step_seconds tokens``, its phases' seconds (``trace.PHASES`` order) and the clock at its end, while the block runs."""
+    from dyntree_core.decode import draft_source, engine
     from dyntree_core.openmp_team import voluntary_switches
     from dyntree_core.trace import PHASES, StepTrace
     from ui.session import Generation
@@ -56,16 +57,16 @@ def logged_forwards(log: Path):
         if isinstance(item, StepTrace):
             kind = (item.draft_source or item.method).replace(" ", "_")
             phases = " ".join(f"{getattr(item.timings, p):.5f}" for p in PHASES)
-            out.write(f"S {kind} {item.step_seconds:.5f} {len(item.committed)} {phases}\n")
+            out.write(f"S {kind} {item.step_seconds:.5f} {len(item.committed)} {phases} {time.perf_counter():.4f}\n")
         return item
 
-    reals = engine.masked_forward, engine.causal_forward
-    engine.masked_forward, engine.causal_forward = (logged(r) for r in reals)
+    reals = engine.masked_forward, engine.causal_forward, draft_source.masked_forward
+    engine.masked_forward, engine.causal_forward, draft_source.masked_forward = (logged(r) for r in reals)
     Generation.advance = advance
     try:
         yield out
     finally:
-        engine.masked_forward, engine.causal_forward = reals
+        engine.masked_forward, engine.causal_forward, draft_source.masked_forward = reals
         Generation.advance = real_advance
         out.close()
 

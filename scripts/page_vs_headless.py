@@ -1,6 +1,7 @@
 """The app's default Run with its page in Chromium against the same Run with no page, alternated run by run: each
-forward's wall time by model and row count (a tree step's ~8 rows, a plain step's 1; the draft's one-row level
-forwards do not pass the wrapped engine functions), each step's phases, each run's ms/token and its speed over the
+forward's wall time by model and row count (a tree step's ~8 rows, a plain step's 1, the draft's one-row level
+forwards), each step's phases, each tree step's draft phase split into the draft's forwards and the Python between
+them (steps a refresh handler overlapped apart), each run's ms/token and its speed over the
 plain steps timed inside it. Where the page costs a tree's wide forward more than a one-row forward, the
 ratio page / headless by row count says so.
 
@@ -61,6 +62,32 @@ def _steps(log: Path) -> list[tuple[str, float, int, dict[str, float]]]:
     return out
 
 
+def _draft_split(log: Path) -> list[dict]:
+    """Per tree step of a ``page_stalls.logged_forwards`` log of one run, its first step left out (the draft's prefill
+    forwards come before it): its draft phase, the draft model's forwards inside it (their count and summed seconds),
+    the rest of the phase (the Python between the forwards) and whether a refresh handler (``T`` lines, the page's
+    only) ran during the step."""
+    from dyntree_core.trace import PHASES
+
+    lines = [line.split() for line in log.read_text().splitlines()]
+    deepest = max((int(f[5]) for f in lines if f and f[0] == "F"), default=0)
+    ticks = [(float(f[1]), float(f[2])) for f in lines if f and f[0] == "T"]
+    out, pending, first = [], [], True
+    for f in lines:
+        if f and f[0] == "F" and int(f[5]) != deepest:
+            pending.append(float(f[3]))
+        elif f and f[0] == "S":
+            phases = dict(zip(PHASES, map(float, f[4:4 + len(PHASES)])))
+            end = float(f[4 + len(PHASES)]) if len(f) > 4 + len(PHASES) else None
+            if pending and phases["draft"] > 0 and not first:
+                start = None if end is None else end - float(f[2])
+                hit = start is not None and any(t < end and t + d > start for t, d in ticks)
+                out.append({"kind": f[1], "draft": phases["draft"], "forwards": len(pending),
+                            "forward_s": sum(pending), "rest_s": phases["draft"] - sum(pending), "refresh": hit})
+            pending, first = [], False
+    return out
+
+
 def _by_rows(forwards: list[tuple[str, int, float]]) -> dict[tuple[str, int], list[float]]:
     out: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     for model, rows, dt in forwards:
@@ -117,6 +144,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"page": [], "headless": []}
     forwards: dict[str, list[tuple[str, int, float]]] = {"page": [], "headless": []}
     step_log: dict[str, list] = {"page": [], "headless": []}
+    drafts: dict[str, list[dict]] = {"page": [], "headless": []}
     try:
         with _opened(url, 1400, 1000) as page:
             for i in range(args.rounds + 1):
@@ -133,17 +161,18 @@ def main() -> None:
                                                ".innerText !== b", arg=before, timeout=600_000)
                         _wait_status(page, "finished", 600)
                         status = _status(page)
-                        got, steps = _forwards(page_log), _steps(page_log)
+                        got, steps, split = _forwards(page_log), _steps(page_log), _draft_split(page_log)
                         page.goto("about:blank")  # (the headless run has no page refreshing beside it)
                     else:
                         head_log.write_text("")
                         status = headless_run(provider, settings, head_log)
-                        got, steps = _forwards(head_log), _steps(head_log)
+                        got, steps, split = _forwards(head_log), _steps(head_log), _draft_split(head_log)
                     if i == 0:
                         continue  # (the warm-up: loads and plans)
                     runs[mode].append({"probe_gb_per_s": probe, **_parse(status)})
                     forwards[mode].extend(got)
                     step_log[mode].extend(steps)
+                    drafts[mode].extend(dict(d, plan=runs[mode][-1].get("chain_k")) for d in split)
                     print(mode, runs[mode][-1], flush=True)
                     time.sleep(2)
     finally:
@@ -171,6 +200,20 @@ def main() -> None:
                                             "page_over_headless": round(med["page"] / med["headless"], 3)}
                 print(f"{kind:12s} {part:15s} page {med['page'] * 1e3:7.2f} ms  headless {med['headless'] * 1e3:7.2f} ms"
                       f"  page/headless {med['page'] / med['headless']:.3f}")
+    draft_parts = {}
+    for mode, xs in drafts.items():
+        for group, sel in (("all", xs), ("with a refresh", [d for d in xs if d["refresh"]]),
+                           ("without", [d for d in xs if not d["refresh"]])):
+            if not sel:
+                continue
+            per_fwd = [d["forward_s"] / d["forwards"] for d in sel]
+            part = {"steps": len(sel), "draft_ms": round(1e3 * statistics.median(d["draft"] for d in sel), 2),
+                    "forward_ms_each": round(1e3 * statistics.median(per_fwd), 3),
+                    "forwards_per_step": statistics.median(d["forwards"] for d in sel),
+                    "rest_ms": round(1e3 * statistics.median(d["rest_s"] for d in sel), 2),
+                    "rest_ms_per_forward": round(1e3 * statistics.median(d["rest_s"] / d["forwards"] for d in sel), 3)}
+            draft_parts[f"{mode}: {group}"] = part
+            print(f"draft {mode:8s} {group:15s} {part}")
     for k in sorted({r.get("chain_k") for m in runs.values() for r in m if r.get("chain_k")}):
         line = []
         for mode in runs:
@@ -186,7 +229,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"what": "scripts/page_vs_headless.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                          "argv": sys.argv[1:], "machine_info": machine_info().to_dict(), "runs": runs,
-                                         "rows": rows, "phases": phases}, indent=1))
+                                         "rows": rows, "phases": phases, "draft_parts": draft_parts,
+                                         "draft_steps": drafts}, indent=1))
 
 
 if __name__ == "__main__":

@@ -144,6 +144,68 @@ def _tiny_loader(loads: list):
     return load
 
 
+def test_plan_auto_prices_inside_its_turn(monkeypatch):
+    """Pricing is CPU work like a timed forward: in the app's background measurement it takes an idle turn on the
+    models, so it never shares the cores with a session's steps."""
+    from types import SimpleNamespace
+
+    from dyntree_core.planning import auto
+
+    inside = []
+
+    class Turn:
+        def __enter__(self):
+            inside.append(True)
+
+        def __exit__(self, *exc):
+            inside.append(False)
+
+    prof = _profile({"int8": [0.1 * n for n in NS]}, {"int8": [0.01] * 6})
+    monkeypatch.setattr(auto, "profile_for", lambda *a, **k: prof)
+    real = auto.choose
+
+    def choose_in_turn(*args, **kwargs):
+        assert inside and inside[-1], "priced outside the turn"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto, "choose", choose_in_turn)
+    cache = SimpleNamespace(draft_spec="tiny", target_spec="tiny", device="cpu")
+    plan = auto.plan_auto(cache, 0.0, target_precisions=("int8",), draft_precisions=("int8",),
+                          methods=("autoregressive",), measure=False, turn=Turn)
+    assert plan.method == "autoregressive" and inside == [True, False]
+
+
+def test_a_measuring_plan_finds_a_cached_acceptance_without_loading_the_pair(monkeypatch):
+    """The app's background measurement plans with measuring allowed: a cached acceptance is found with the
+    tokenizer alone (it had loaded the whole pair, 4-6 s in a turn on the models, a Run clicked meanwhile waiting);
+    one not cached still loads the pair and measures it."""
+    from types import SimpleNamespace
+
+    from dyntree_core.planning import auto
+    from dyntree_core.planning.acceptance import Acceptance
+
+    prof = _profile({"int8": [0.1 * n for n in NS]}, {"int8": [0.01] * 6})
+    monkeypatch.setattr(auto, "profile_for", lambda *a, **k: prof)
+    monkeypatch.setattr(auto, "calibration_prompts", lambda tok: [[1, 2, 3]])
+    stored = {"acc": Acceptance((0.6, 0.3))}
+    monkeypatch.setattr(auto, "cached_acceptance", lambda *a, **k: stored["acc"])
+    loaded = []
+
+    def pair(tp, dp):
+        loaded.append((tp, dp))
+        return SimpleNamespace(tokenizer=None)
+
+    monkeypatch.setattr(auto, "load_or_measure_acceptance", lambda *a, **k: Acceptance((0.5,)))
+    cache = SimpleNamespace(draft_spec="tiny", target_spec="tiny", device="cpu", text_tokenizer=lambda: "tok",
+                            pair=pair)
+    kw = dict(target_precisions=("int8",), draft_precisions=("int8",), methods=("autoregressive", "chain"))
+    auto.plan_auto(cache, 0.0, **kw)
+    assert loaded == []
+    stored["acc"] = None
+    auto.plan_auto(cache, 0.0, **kw)
+    assert loaded == [("int8", "int8")]
+
+
 def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
     loads = []

@@ -597,7 +597,7 @@ def test_a_run_off_its_prediction_re_measures_the_wrong_row_once_per_app():
 
 
 def test_the_app_plans_a_request_once_while_the_measurements_stay(tmp_path, monkeypatch):
-    """Pricing replays the suffix drafter with a wall clock, so two pricings can pick neighbouring shapes:
+    """Pricing costs 0.25-1.2 s of CPU and the page must not show two predictions for one request on one profile:
     the app keeps one plan per request until a stored measurement changes."""
     from ui.model_lock import ModelLock
     from ui.planner import BackgroundPlanner, plan_auto_for_app
@@ -623,6 +623,46 @@ def test_the_app_plans_a_request_once_while_the_measurements_stay(tmp_path, monk
 
     os.utime(stored, ns=(1, 1))
     assert plan() is not first and len(made) == 2
+
+
+def test_a_background_measurement_keeps_its_plan_for_the_next_run(tmp_path, monkeypatch):
+    """The measurement ends by pricing the request (in an idle turn): the next Run takes that plan instead of
+    pricing it again beside whatever runs then (a Run clicked as the measurement ended waited 4.3 s for its
+    models and decoded at half speed, both pricings and its steps sharing 2 cores). A measurement not stored
+    leaves no plan: the next Run prices from what is stored."""
+    from ui.model_lock import ModelLock
+    from ui.planner import BackgroundPlanner, plan_auto_for_app
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    (tmp_path / "profiles").mkdir()
+    planner = BackgroundPlanner(ModelLock(), idle_s=0.0)
+    measured, priced = object(), []
+
+    def measure(turn, note):
+        with turn():
+            (tmp_path / "profiles" / "machine-x.json").write_text("{}")  # (what a measurement stores)
+        return measured
+
+    def cached():
+        priced.append(object())
+        return priced[-1]
+
+    assert planner.start("measuring", measure, plans_for="request")
+    planner._thread.join(10)
+    plan = plan_auto_for_app(planner, "request", ("int4",), ("int4",), cached=cached, measure=measure, foreground=None)
+    assert plan is measured and priced == []
+
+    def refused(turn, note):
+        note("the profile is provisional, not stored: busy")
+        return object()
+
+    other = BackgroundPlanner(ModelLock(), idle_s=0.0)
+    assert other.start("measuring", refused, plans_for="request")
+    other._thread.join(10)
+    assert "request" not in other.plans
+    assert plan_auto_for_app(other, "request", ("int4",), ("int4",), cached=cached, measure=refused,
+                             foreground=None) is priced[-1]
+    assert other.close(10) and planner.close(10)
 
 
 def test_a_measurement_not_stored_says_why_after_it_ended(tmp_path, monkeypatch):

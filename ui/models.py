@@ -203,7 +203,7 @@ class HubModelProvider:
         draft, target, device, temperature, kw, key = self._plan_request(settings)
         started = planner.start(key + ("remeasure",), lambda turn, note: plan_auto(
             PairCache(draft, target, device=device), temperature, turn=turn, progress=note, remeasure=tuple(rows),
-            read_gb_per_s=read_gb_per_s, **kw))
+            read_gb_per_s=read_gb_per_s, **kw), plans_for=key)
         return tuple(rows) if started else ()
 
     def load(self, spec: PairSpec) -> LoadedPair:

@@ -93,7 +93,7 @@ class TinyModelProvider:
         temperature, tps, dps, methods = self._request(settings)
         started = planner.start((temperature, tps, dps, methods, "remeasure"), lambda turn, note: plan_auto(
             self._cache(), temperature, target_precisions=tps, draft_precisions=dps, methods=methods, turn=turn,
-            progress=note, remeasure=tuple(rows), read_gb_per_s=read_gb_per_s))
+            progress=note, remeasure=tuple(rows), read_gb_per_s=read_gb_per_s), plans_for=(temperature, tps, dps, methods))
         return tuple(rows) if started else ()
 
     @staticmethod

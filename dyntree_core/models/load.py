@@ -371,12 +371,36 @@ def _tokenizer_fingerprint(src: ModelSource) -> Optional[str]:
     return h.hexdigest() if found else None
 
 
-def load_tokenizer(src: ModelSource) -> Any:
+#: tokenizers read from a local folder, by the folder, the GGUF file in it and its files' sizes and times: the app reads
+#: the target's for the prompt line, prices ``auto``'s first plan with it and loads the pair with it (Qwen2.5's took
+#: 0.9-1.0 s per read on the 2-core Zen 4 VM, twice before the first Run's first token). Nothing DynTree does changes a
+#: tokenizer after it is read.
+_TOKENIZERS: dict[tuple, Any] = {}
+_TOKENIZERS_KEEP = 4
+
+
+def read_tokenizer(where: str, **kw: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(where, **kw)``, once per local folder while its files stay as they are
+    (``_TOKENIZERS``; a hub id: every time)."""
     from transformers import AutoTokenizer
 
+    folder = Path(where)
+    if not folder.is_dir():
+        return AutoTokenizer.from_pretrained(where, **kw)
+    stamp = tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in folder.iterdir() if f.is_file()
+                         for st in (f.stat(),)))
+    key = (str(folder.resolve()), kw.get("gguf_file"), stamp)
+    if key not in _TOKENIZERS:
+        while len(_TOKENIZERS) >= _TOKENIZERS_KEEP:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(where, **kw)
+    return _TOKENIZERS[key]
+
+
+def load_tokenizer(src: ModelSource) -> Any:
     where, kw = _from_pretrained_kwargs(src)
     try:
-        return AutoTokenizer.from_pretrained(where, **kw)
+        return read_tokenizer(where, **kw)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load the tokenizer of {src.spec!r} from {src.location}: {e}") from None
 
@@ -598,9 +622,9 @@ def local_text_info(spec: str, role: str) -> Optional[tuple[Any, int]]:
             return None
         location = path
     try:
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
-        tok = AutoTokenizer.from_pretrained(str(location))
+        tok = read_tokenizer(str(location), local_files_only=True)
         cfg = AutoConfig.from_pretrained(str(location))
     except (OSError, ValueError):
         return None

@@ -25,7 +25,7 @@ from ..step_price import EARLY_CHECK_FROM, EARLY_MARGIN, FALLBACK_AFTER, Fallbac
 from .acceptance import (Acceptance, cached_acceptance, calibration_prompts, load_or_measure_acceptance,
                          prompt_agreement)
 from .forward_timer import Progress, Turn
-from .machine_profile import AcceptanceNotMeasured, MachineProfile, pair_name_of
+from .machine_profile import AcceptanceNotMeasured, MachineProfile, NotMeasuredYet, pair_name_of
 from .pair_cache import PairCache
 from .prediction import Prediction, fastest_plain, prediction_for
 from .pricing import AUTO_METHODS, Candidate, autoregressive_candidate, break_even_tokens, price_candidates
@@ -274,6 +274,20 @@ def priced_for_spell(plan: object, read_gb_per_s: Optional[float]) -> bool:
     return same_spell(prof.other_spell or ref, read_gb_per_s)
 
 
+def _cached_acceptance(cache: PairCache, name: str, target_precision: str, draft_precision: str, temperature: float,
+                       required: bool) -> Optional[Acceptance]:
+    """The pair's cached acceptance, found with its tokenizer alone (no weights loaded: the app's background
+    measurement had loaded the whole pair, 4-6 s in a turn on the models, to find it cached); None when not cached,
+    or when the tokenizer is not on this machine and not ``required`` (loading the pair fetches it)."""
+    try:
+        tokenizer = cache.text_tokenizer()
+    except NotMeasuredYet:
+        if required:
+            raise
+        return None
+    return cached_acceptance(name, draft_precision, target_precision, temperature, calibration_prompts(tokenizer))
+
+
 def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Optional[Sequence[str]] = None,
               draft_precisions: Optional[Sequence[str]] = None, methods: Sequence[str] = AUTO_METHODS,
               refresh: bool = False, progress: Optional[Progress] = None,
@@ -284,7 +298,7 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
     ``target_ns``: target sizes the profile must also cover (a calibration that follows prices
     bigger trees than ``auto`` does: ``tuning.CALIBRATION_NS``). ``measure=False``: only from the
     caches, raising ``NotMeasuredYet`` when something is missing (nothing is loaded then); ``turn``:
-    the context each timed measurement runs in (``profiling.measure_into``); ``remeasure``: profile rows
+    the context each timed measurement runs in (``profiling.measure_into``), and the pricing; ``remeasure``: profile rows
     (``prediction.ProfileRow``) to measure anew, the cached ones serving until then; ``read_gb_per_s``: the
     memory's read bandwidth probed just before (``profiling.run_probe``): the profile of that spell prices the
     plan (``profiling.load_or_measure_profile``); ``prompt_ids``: the prompt to be decoded: its draft/target
@@ -303,12 +317,11 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
         acc = Acceptance((0.0,))
     else:
         say(f"acceptance of this pair at T={temperature:g} (target {fast_t}, draft {fast_d}; cached):")
-        if not measure:
-            acc = cached_acceptance(name, fast_d, fast_t, temperature, calibration_prompts(cache.text_tokenizer()))
-            if acc is None:
-                raise AcceptanceNotMeasured(f"the acceptance of {name} at T={temperature:g} is not measured yet",
-                                            fast_t, fast_d, temperature)
-        else:
+        acc = None if refresh else _cached_acceptance(cache, name, fast_t, fast_d, temperature, required=not measure)
+        if acc is None and not measure:
+            raise AcceptanceNotMeasured(f"the acceptance of {name} at T={temperature:g} is not measured yet",
+                                        fast_t, fast_d, temperature)
+        if acc is None:
             with turn():
                 pair = cache.pair(fast_t, fast_d)
             acc = load_or_measure_acceptance(pair, name, calibration_prompts(pair.tokenizer), temperature,
@@ -318,7 +331,8 @@ def plan_auto(cache: PairCache, temperature: float, *, target_precisions: Option
         with turn():
             agreement = prompt_agreement(cache.pair(fast_t, fast_d), prompt_ids)
         acc = acc.nearest(agreement)
-    plan = choose(prof, acc, temperature, tps, dps, methods)
+    with turn():  # (pricing is CPU work too: in the app's background it waits for an idle moment like a forward)
+        plan = choose(prof, acc, temperature, tps, dps, methods)
     if agreement is not None:
         plan = replace(plan, prompt_agreement=round(agreement, 3), reason=(
             f"{plan.reason}; priced on the {len(acc.prompt_agreement)} calibration texts whose prompts' draft/target "

@@ -182,7 +182,9 @@ class PricingInputs:
         acc = acceptance if isinstance(acceptance, Acceptance) else Acceptance(tuple(acceptance))
         budgets = [b for b in budgets if b <= profile.max_tokens]
         sequoia = sequoia_shapes(acc.vector, budgets, depths) if ("sequoia" in methods and budgets) else {}
-        chains = _chain_stats(acc.sequences, profile.max_tokens) if ("chain" in methods and acc.sequences) else None
+        chains = _derived(("chains", acc.sequences, profile.max_tokens),
+                          lambda: _chain_stats(acc.sequences, profile.max_tokens)
+                          ) if ("chain" in methods and acc.sequences) else None
         model_trees, replayed = _replays(acc, methods, profile.max_tokens)
         return cls(profile, tuple(draft_precisions), tuple(chain_lengths),
                    float(acc.vector[0]) if len(acc.vector) else 0.0, chains, sequoia, model_trees, replayed)
@@ -195,9 +197,38 @@ def _chain_stats(sequences, max_tokens: int) -> dict[tuple[int, Optional[int]], 
             for stop in (None, *range(len(STOP_GRID))) if not (stop is not None and k == 1)}
 
 
+#: what pricing derives from the calibration alone, by what it depends on (the texts, the sequences, the positional
+#: vector, the methods, the size cap): the suffix and hybrid replays and the chains' statistics. Those were 0.8 and
+#: 0.15 s of a 1.2 s plan on the 2-core Zen 4 VM, paid again by every plan (each new profile, each spell; in the app
+#: the Run after a background measurement, beside it). A replay's steps are fixed by the texts; its build seconds are
+#: the suffix side's CPU time, measured once per process here, so a request priced twice picks the same shape.
+_DERIVED: dict[tuple, object] = {}
+_DERIVED_KEEP = 16
+
+
+def _derived(key: tuple, make):
+    """``make()``, once per ``key`` while it stays among the last ``_DERIVED_KEEP`` (``_DERIVED``; a key that
+    cannot be hashed, e.g. an ``Acceptance`` built with lists: every time)."""
+    try:
+        hash(key)
+    except TypeError:
+        return make()
+    if key not in _DERIVED:
+        while len(_DERIVED) >= _DERIVED_KEEP:
+            _DERIVED.pop(next(iter(_DERIVED)))
+        _DERIVED[key] = make()
+    return _DERIVED[key]
+
+
 def _replays(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[dict, dict]:
     """``(model trees, replayed)``: the hybrid shapes' Sequoia model trees ``{(n, d): (size, G, levels)}``
-    and ``{SuffixShape: SuffixStats or None}`` of every suffix and hybrid shape, from one replay."""
+    and ``{SuffixShape: SuffixStats or None}`` of every suffix and hybrid shape, from one replay (once per
+    process for the same inputs: ``_derived``)."""
+    return _derived(("replays", acc.texts, acc.vector, "suffix" in methods, "hybrid" in methods, max_tokens),
+                    lambda: _replayed(acc, methods, max_tokens))
+
+
+def _replayed(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[dict, dict]:
     from ..drafting.suffix_replay import SuffixShape
 
     suffix_shapes = [SuffixShape(n, d, q, f) for n in SUFFIX_BUDGETS if n <= max_tokens
