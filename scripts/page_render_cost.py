@@ -1,7 +1,7 @@
 """What Chromium spends drawing the page while the default Run decodes, and what that costs the run: default Runs in
 Chromium on the real pair, each with Chromium's own counters read before the click and after the run finished (the
 DevTools protocol's ``Performance.getMetrics``: script, layout, style and task seconds of the page's main thread) and
-the run's ms/token; variants leave some Live outputs out of the refreshes while the run goes on (they are drawn once
+the run's ms/token (the waits poll every ``POLL_MS``, not on every animation frame); variants leave some Live outputs out of the refreshes while the run goes on (they are drawn once
 it finished), alternated Run by Run in one app and one page.
 
 The app runs as ``scripts/page_stalls.py`` serves it (forwards and refreshes logged), with ``Controller.live`` wrapped
@@ -79,8 +79,9 @@ def main() -> None:
     if args.serve:
         sys.exit(serve(args.port, args.log, args.skip_file))
 
+    from page_stalls import POLL_MS, STATUS
     from page_vs_headless import _parse
-    from test_browser import _opened, _status, _wait_status
+    from test_browser import _opened, _status
 
     from dyntree_core.machine import machine_info
     from ui.page_driver import start_app, stop_app
@@ -101,9 +102,9 @@ def main() -> None:
                     args.log.write_text("")
                     before, m0, t0 = _status(page), _metrics(cdp), time.monotonic()
                     page.click("#run-btn")
-                    page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]')"
-                                           ".innerText !== b", arg=before, timeout=600_000)
-                    _wait_status(page, "finished", 600)
+                    page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000, polling=POLL_MS)
+                    page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
+                                           arg="finished", timeout=600_000, polling=POLL_MS)
                     m1, wall = _metrics(cdp), time.monotonic() - t0
                     refreshes = sum(1 for line in args.log.read_text().splitlines() if line.startswith("T "))
                     time.sleep(3)  # (the finished run's figures are drawn before the next click)

@@ -26,6 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
+#: how often the scripts' waits read the page's status (Playwright's default polls on every animation frame: the
+#: status's text read 60 times a second is renderer work a user's page does not do, beside the run being measured)
+POLL_MS = 100
+STATUS = "document.querySelector('#status [data-testid=markdown]')"
+
 
 @contextlib.contextmanager
 def logged_forwards(log: Path):
@@ -131,7 +136,7 @@ def main() -> None:
     if args.serve:
         sys.exit(serve(args.port, args.log))
 
-    from test_browser import _opened, _status, _wait_status
+    from test_browser import _opened, _status
     from dyntree_core.machine import machine_info
     from ui.page_driver import start_app, stop_app
 
@@ -145,9 +150,9 @@ def main() -> None:
             for i in range(args.runs + 1):
                 before = _status(page)
                 page.click("#run-btn")
-                page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]').innerText "
-                                       "!== b", arg=before, timeout=600_000)
-                _wait_status(page, "finished", 600)
+                page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000, polling=POLL_MS)
+                page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
+                                       arg="finished", timeout=600_000, polling=POLL_MS)
                 if i == 0:
                     time.sleep(3)
                     args.log.write_text("")  # (the warm-up Run loads and plans: not counted)

@@ -128,7 +128,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from test_browser import _opened, _ready, _status, _wait_status
+    from page_stalls import POLL_MS, STATUS
+    from test_browser import _opened, _ready, _status
 
     from dyntree_core.machine import machine_info
     from dyntree_core.planning.profiling import run_probe
@@ -157,9 +158,10 @@ def main() -> None:
                         page_log.write_text("")
                         before = _status(page)
                         page.click("#run-btn")
-                        page.wait_for_function("b => document.querySelector('#status [data-testid=markdown]')"
-                                               ".innerText !== b", arg=before, timeout=600_000)
-                        _wait_status(page, "finished", 600)
+                        page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000,
+                                               polling=POLL_MS)
+                        page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
+                                               arg="finished", timeout=600_000, polling=POLL_MS)
                         status = _status(page)
                         got, steps, split = _forwards(page_log), _steps(page_log), _draft_split(page_log)
                         page.goto("about:blank")  # (the headless run has no page refreshing beside it)
