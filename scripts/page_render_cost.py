@@ -8,7 +8,7 @@ The app runs as ``scripts/page_stalls.py`` serves it (forwards and refreshes log
 to skip the outputs a file names (re-read at every refresh; no product code changes).
 
     .venv/bin/python scripts/page_render_cost.py [--rounds 4] [--variants none cost_model text_html,cost_model ...]
-                                                 [--json OUT]
+                                                 [--drop-figures] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ METRICS = ("TaskDuration", "ScriptDuration", "LayoutDuration", "RecalcStyleDurat
 FIGURES = {"figures": "tree_plot,mask_bfs,mask_dfs,mask_hpd,phase_plot,walkthrough,speed_plot,steps_plot"}
 
 
-def serve(port: int, log: Path, skip_file: Path) -> int:
-    """``page_stalls.serve`` with the Live outputs ``skip_file`` names left out of a running session's refreshes."""
+def serve(port: int, log: Path, skip_file: Path, drop_figures: bool = False) -> int:
+    """``page_stalls.serve`` with the Live outputs ``skip_file`` names left out of a running session's refreshes;
+    ``drop_figures``: the eight figures are not outputs of the refresh at all (never drawn: what a refresh costs
+    the page when it does not carry them)."""
     import gradio as gr
 
     import page_stalls
@@ -57,6 +59,22 @@ def serve(port: int, log: Path, skip_file: Path) -> int:
         return out
 
     Controller.live = live
+    if drop_figures:
+        from ui.layout import Components
+
+        names = FIGURES["figures"].split(",")
+        outputs = Components.live_outputs.fget
+        Components.live_outputs = property(
+            lambda self: [x for x in outputs(self) if all(x is not getattr(self, n) for n in names)])
+        kept = Controller.live
+
+        def without_figures(self, state, block):
+            out = kept(self, state, block)
+            for n in names:
+                out.pop(getattr(self.c, n), None)
+            return out
+
+        Controller.live = without_figures
     return page_stalls.serve(port, log)
 
 
@@ -70,6 +88,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--variants", nargs="+", default=["none", "cost_model,text_html,step_slider", "figures"],
                     help="comma lists of Live outputs (``ui.layout`` names; figures: all eight figures) or none")
+    ap.add_argument("--drop-figures", action="store_true",
+                    help="serve the app with the eight figures removed from the refresh's outputs (never drawn)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -77,7 +97,7 @@ def main() -> None:
     ap.add_argument("--skip-file", type=Path, default=Path("/tmp/dyntree_render_cost.skip"))
     args = ap.parse_args()
     if args.serve:
-        sys.exit(serve(args.port, args.log, args.skip_file))
+        sys.exit(serve(args.port, args.log, args.skip_file, args.drop_figures))
 
     from page_stalls import POLL_MS, STATUS
     from page_vs_headless import _parse
@@ -89,7 +109,8 @@ def main() -> None:
     args.log.write_text("")
     args.skip_file.write_text("none")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
-    proc, url = start_app(["--serve", "--log", str(args.log), "--skip-file", str(args.skip_file)], env,
+    proc, url = start_app(["--serve", "--log", str(args.log), "--skip-file", str(args.skip_file),
+                           *(["--drop-figures"] if args.drop_figures else [])], env,
                           args.log.with_suffix(".app.log"), script=Path(__file__))
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
     try:
