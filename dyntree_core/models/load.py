@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field, replace
@@ -377,6 +378,7 @@ def _tokenizer_fingerprint(src: ModelSource) -> Optional[str]:
 #: tokenizer after it is read.
 _TOKENIZERS: dict[tuple, Any] = {}
 _TOKENIZERS_KEEP = 4
+_TOKENIZERS_LOCK = threading.Lock()
 
 
 def read_tokenizer(where: str, **kw: Any) -> Any:
@@ -390,11 +392,14 @@ def read_tokenizer(where: str, **kw: Any) -> Any:
     stamp = tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in folder.iterdir() if f.is_file()
                          for st in (f.stat(),)))
     key = (str(folder.resolve()), kw.get("gguf_file"), stamp)
-    if key not in _TOKENIZERS:
-        while len(_TOKENIZERS) >= _TOKENIZERS_KEEP:
-            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
-        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(where, **kw)
-    return _TOKENIZERS[key]
+    found = _TOKENIZERS.get(key)
+    if found is None:
+        found = AutoTokenizer.from_pretrained(where, **kw)
+        with _TOKENIZERS_LOCK:  # (the prompt line, a Run and the background planner read from their own threads)
+            while len(_TOKENIZERS) >= _TOKENIZERS_KEEP:
+                _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+            _TOKENIZERS[key] = found
+    return found
 
 
 def load_tokenizer(src: ModelSource) -> Any:

@@ -50,6 +50,7 @@ from Sequoia's positional acceptance model with the acceptance vector *measured 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -204,6 +205,7 @@ def _chain_stats(sequences, max_tokens: int) -> dict[tuple[int, Optional[int]], 
 #: the suffix side's CPU time, measured once per process here, so a request priced twice picks the same shape.
 _DERIVED: dict[tuple, object] = {}
 _DERIVED_KEEP = 16
+_DERIVED_LOCK = threading.Lock()
 
 
 def _derived(key: tuple, make):
@@ -213,11 +215,14 @@ def _derived(key: tuple, make):
         hash(key)
     except TypeError:
         return make()
-    if key not in _DERIVED:
-        while len(_DERIVED) >= _DERIVED_KEEP:
-            _DERIVED.pop(next(iter(_DERIVED)))
-        _DERIVED[key] = make()
-    return _DERIVED[key]
+    found = _DERIVED.get(key)
+    if found is None:
+        found = make()
+        with _DERIVED_LOCK:  # (the app prices on its handlers' threads and its background planner's)
+            while len(_DERIVED) >= _DERIVED_KEEP:
+                _DERIVED.pop(next(iter(_DERIVED)))
+            _DERIVED[key] = found
+    return found
 
 
 def _replays(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[dict, dict]:
