@@ -52,8 +52,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from gradio_client import Client
-    from page_stalls import POLL_MS, STATUS
-    from test_browser import _opened, _ready, _status
+    from page_stalls import run_in_page
+    from test_browser import _opened, _ready
     from ui_form import form_values
 
     from dyntree_core.machine import machine_info
@@ -98,12 +98,7 @@ def main() -> None:
                         time.sleep(args.settle)
                     c0, t0 = processes_cpu(), time.monotonic()
                     if mode == "page":
-                        before = _status(page)
-                        page.click("#run-btn")
-                        page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000,
-                                               polling=POLL_MS)
-                        page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
-                                               arg="finished", timeout=600_000, polling=POLL_MS)
+                        run_in_page(page)
                         seconds, tokens, n = steps()
                     else:
                         client.predict(False, *values, api_name="/on_run")

@@ -1,8 +1,9 @@
 """What Chromium spends drawing the page while the default Run decodes, and what that costs the run: default Runs in
 Chromium on the real pair, each with Chromium's own counters read before the click and after the run finished (the
 DevTools protocol's ``Performance.getMetrics``: script, layout, style and task seconds of the page's main thread) and
-the run's ms/token (the waits poll every ``POLL_MS``, not on every animation frame); variants leave some Live outputs out of the refreshes while the run goes on (they are drawn once
-it finished), alternated Run by Run in one app and one page.
+the run's ms/token (``page_stalls.run_in_page``: its waits poll every 100 ms, not on every animation frame);
+variants leave some Live outputs out of the refreshes while the run goes on (they are drawn once it finished),
+alternated Run by Run in one app and one page.
 
 The app runs as ``scripts/page_stalls.py`` serves it (forwards and refreshes logged), with ``Controller.live`` wrapped
 to skip the outputs a file names (re-read at every refresh; no product code changes).
@@ -99,7 +100,7 @@ def main() -> None:
     if args.serve:
         sys.exit(serve(args.port, args.log, args.skip_file, args.drop_figures))
 
-    from page_stalls import POLL_MS, STATUS
+    from page_stalls import run_in_page
     from page_vs_headless import _parse
     from test_browser import _opened, _status
 
@@ -121,11 +122,8 @@ def main() -> None:
                 for variant in args.variants:
                     args.skip_file.write_text(variant)
                     args.log.write_text("")
-                    before, m0, t0 = _status(page), _metrics(cdp), time.monotonic()
-                    page.click("#run-btn")
-                    page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000, polling=POLL_MS)
-                    page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
-                                           arg="finished", timeout=600_000, polling=POLL_MS)
+                    m0, t0 = _metrics(cdp), time.monotonic()
+                    run_in_page(page)
                     m1, wall = _metrics(cdp), time.monotonic() - t0
                     refreshes = sum(1 for line in args.log.read_text().splitlines() if line.startswith("T "))
                     time.sleep(3)  # (the finished run's figures are drawn before the next click)

@@ -32,6 +32,17 @@ POLL_MS = 100
 STATUS = "document.querySelector('#status [data-testid=markdown]')"
 
 
+def run_in_page(page) -> None:
+    """Click the page's Run and wait until its status has changed and says "finished" (polling every ``POLL_MS``)."""
+    from test_browser import _status
+
+    before = _status(page)
+    page.click("#run-btn")
+    page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000, polling=POLL_MS)
+    page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}", arg="finished",
+                           timeout=600_000, polling=POLL_MS)
+
+
 @contextlib.contextmanager
 def logged_forwards(log: Path):
     """Every forward of the engine (a tree step's ``masked_forward``, a plain step's ``causal_forward``, the draft
@@ -148,11 +159,7 @@ def main() -> None:
         statuses = []
         with _opened(url, 1400, 1000) as page:
             for i in range(args.runs + 1):
-                before = _status(page)
-                page.click("#run-btn")
-                page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000, polling=POLL_MS)
-                page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
-                                       arg="finished", timeout=600_000, polling=POLL_MS)
+                run_in_page(page)
                 if i == 0:
                     time.sleep(3)
                     args.log.write_text("")  # (the warm-up Run loads and plans: not counted)

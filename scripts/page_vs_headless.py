@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from page_stalls import POLL_MS, STATUS
+    from page_stalls import run_in_page
     from test_browser import _opened, _ready, _status
 
     from dyntree_core.machine import machine_info
@@ -156,12 +156,7 @@ def main() -> None:
                             page.goto(url)
                             _ready(page)
                         page_log.write_text("")
-                        before = _status(page)
-                        page.click("#run-btn")
-                        page.wait_for_function(f"b => {STATUS}.innerText !== b", arg=before, timeout=600_000,
-                                               polling=POLL_MS)
-                        page.wait_for_function(f"w => {{ const e = {STATUS}; return e && e.innerText.includes(w); }}",
-                                               arg="finished", timeout=600_000, polling=POLL_MS)
+                        run_in_page(page)
                         status = _status(page)
                         got, steps, split = _forwards(page_log), _steps(page_log), _draft_split(page_log)
                         page.goto("about:blank")  # (the headless run has no page refreshing beside it)

@@ -67,9 +67,10 @@ class BackgroundPlanner:
             self._thread.start()
             return True
 
-    def remember(self, key: Hashable, plan: Any) -> None:
-        """Keep ``plan`` for request ``key`` on the measurements as they are now (``measurements_version``)."""
-        version = measurements_version()
+    def remember(self, key: Hashable, plan: Any, version: Optional[tuple] = None) -> None:
+        """Keep ``plan`` for request ``key``, made from the measurements at ``version`` (default: as they are now,
+        ``measurements_version``); plans kept from other versions go."""
+        version = measurements_version() if version is None else version
         self.plans[key] = [m for m in self.plans.get(key, ()) if m[0] == version] + [(version, plan)]
 
     def _run(self, key: Hashable, measure: Measure, plans_for: Optional[Hashable] = None) -> None:
@@ -140,7 +141,7 @@ def plan_auto_for_app(planner: Optional[BackgroundPlanner], key: Hashable, targe
             return plan  # the same request on the same measurements in the same spell: the same plan (and prediction)
     try:
         plan = cached()
-        planner.plans[key] = made + [(version, plan)]
+        planner.remember(key, plan, version)
         if getattr(getattr(plan, "profile", None), "other_spell", None):
             planner.start((key, "spell"), measure, plans_for=key)
         return plan

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..config import ConfigError
+from ..memo import BoundedMemo
 from .presets import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, is_preset_name, resolve_preset
 
 DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
@@ -376,9 +376,7 @@ def _tokenizer_fingerprint(src: ModelSource) -> Optional[str]:
 #: the target's for the prompt line, prices ``auto``'s first plan with it and loads the pair with it (Qwen2.5's took
 #: 0.9-1.0 s per read on the 2-core Zen 4 VM, twice before the first Run's first token). Nothing DynTree does changes a
 #: tokenizer after it is read.
-_TOKENIZERS: dict[tuple, Any] = {}
-_TOKENIZERS_KEEP = 4
-_TOKENIZERS_LOCK = threading.Lock()
+_TOKENIZERS = BoundedMemo(keep=4)
 
 
 def read_tokenizer(where: str, **kw: Any) -> Any:
@@ -391,15 +389,8 @@ def read_tokenizer(where: str, **kw: Any) -> Any:
         return AutoTokenizer.from_pretrained(where, **kw)
     stamp = tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in folder.iterdir() if f.is_file()
                          for st in (f.stat(),)))
-    key = (str(folder.resolve()), kw.get("gguf_file"), stamp)
-    found = _TOKENIZERS.get(key)
-    if found is None:
-        found = AutoTokenizer.from_pretrained(where, **kw)
-        with _TOKENIZERS_LOCK:  # (the prompt line, a Run and the background planner read from their own threads)
-            while len(_TOKENIZERS) >= _TOKENIZERS_KEEP:
-                _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
-            _TOKENIZERS[key] = found
-    return found
+    return _TOKENIZERS.get((str(folder.resolve()), kw.get("gguf_file"), stamp),
+                           lambda: AutoTokenizer.from_pretrained(where, **kw))
 
 
 def load_tokenizer(src: ModelSource) -> Any:

@@ -50,10 +50,10 @@ from Sequoia's positional acceptance model with the acceptance vector *measured 
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..memo import BoundedMemo
 from ..methods import REGISTRY
 from .acceptance import STOP_GRID, Acceptance
 from .candidates import (CHAIN_LENGTHS, CHAIN_MAX, HYBRID_BUDGETS, HYBRID_DEPTHS, SEQUOIA_BUDGETS, SEQUOIA_DEPTHS,
@@ -183,9 +183,9 @@ class PricingInputs:
         acc = acceptance if isinstance(acceptance, Acceptance) else Acceptance(tuple(acceptance))
         budgets = [b for b in budgets if b <= profile.max_tokens]
         sequoia = sequoia_shapes(acc.vector, budgets, depths) if ("sequoia" in methods and budgets) else {}
-        chains = _derived(("chains", acc.sequences, profile.max_tokens),
-                          lambda: _chain_stats(acc.sequences, profile.max_tokens)
-                          ) if ("chain" in methods and acc.sequences) else None
+        chains = _DERIVED.get(("chains", acc.sequences, profile.max_tokens),
+                              lambda: _chain_stats(acc.sequences, profile.max_tokens)
+                              ) if ("chain" in methods and acc.sequences) else None
         model_trees, replayed = _replays(acc, methods, profile.max_tokens)
         return cls(profile, tuple(draft_precisions), tuple(chain_lengths),
                    float(acc.vector[0]) if len(acc.vector) else 0.0, chains, sequoia, model_trees, replayed)
@@ -203,34 +203,15 @@ def _chain_stats(sequences, max_tokens: int) -> dict[tuple[int, Optional[int]], 
 #: 0.15 s of a 1.2 s plan on the 2-core Zen 4 VM, paid again by every plan (each new profile, each spell; in the app
 #: the Run after a background measurement, beside it). A replay's steps are fixed by the texts; its build seconds are
 #: the suffix side's CPU time, measured once per process here, so a request priced twice picks the same shape.
-_DERIVED: dict[tuple, object] = {}
-_DERIVED_KEEP = 16
-_DERIVED_LOCK = threading.Lock()
-
-
-def _derived(key: tuple, make):
-    """``make()``, once per ``key`` while it stays among the last ``_DERIVED_KEEP`` (``_DERIVED``; a key that
-    cannot be hashed, e.g. an ``Acceptance`` built with lists: every time)."""
-    try:
-        hash(key)
-    except TypeError:
-        return make()
-    found = _DERIVED.get(key)
-    if found is None:
-        found = make()
-        with _DERIVED_LOCK:  # (the app prices on its handlers' threads and its background planner's)
-            while len(_DERIVED) >= _DERIVED_KEEP:
-                _DERIVED.pop(next(iter(_DERIVED)))
-            _DERIVED[key] = found
-    return found
+_DERIVED = BoundedMemo(keep=16)
 
 
 def _replays(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[dict, dict]:
     """``(model trees, replayed)``: the hybrid shapes' Sequoia model trees ``{(n, d): (size, G, levels)}``
     and ``{SuffixShape: SuffixStats or None}`` of every suffix and hybrid shape, from one replay (once per
-    process for the same inputs: ``_derived``)."""
-    return _derived(("replays", acc.texts, acc.vector, "suffix" in methods, "hybrid" in methods, max_tokens),
-                    lambda: _replayed(acc, methods, max_tokens))
+    process for the same inputs: ``_DERIVED``)."""
+    return _DERIVED.get(("replays", acc.texts, acc.vector, "suffix" in methods, "hybrid" in methods, max_tokens),
+                        lambda: _replayed(acc, methods, max_tokens))
 
 
 def _replayed(acc: Acceptance, methods: Sequence[str], max_tokens: int) -> tuple[dict, dict]:
