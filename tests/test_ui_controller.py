@@ -745,7 +745,8 @@ def test_the_notice_while_models_load_shows_the_loads_latest_line(controller):
 
 def test_the_app_log_times_a_runs_load_and_first_step_from_its_click(controller, monkeypatch, caplog):
     """A slow first Run says where its time went: the app log has the click, each line the load reported (as the
-    status line shows it), the models ready and the first step, each timed from the click, in that order."""
+    status line shows it), the models ready (with what planning and loading spent: ``system_counters``) and the first
+    step, each timed from the click, in that order."""
     import logging
 
     provider = controller.provider
@@ -770,6 +771,7 @@ def test_the_app_log_times_a_runs_load_and_first_step_from_its_click(controller,
     assert len(lines) == len(want), lines
     for line, words in zip(lines, want):
         assert words in line, lines
+    assert "(planning and loading: " in lines[2] and "process CPU " in lines[2], lines[2]  # what the load spent
     assert state.run_clock.first_step_s is not None and state.run_clock.first_step_s <= state.run_clock.seconds()
     assert provider.progress_listener is None  # the load's listener goes with the load
 

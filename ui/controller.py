@@ -19,6 +19,7 @@ import gradio as gr
 
 from dyntree_core.openmp_team import release_thread_team
 from dyntree_core.process_memory import process_memory
+from dyntree_core.system_counters import read_counters, spent
 from dyntree_core.trace import PrefillProgress
 
 from .app_log import RunClock
@@ -323,6 +324,7 @@ class Controller:
                             "the model files: the first load can take a while)")
         state.bump()
         clock = state.run_clock
+        before = read_counters()
         try:
             with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
                 # (set inside the turn: a session waiting for it must not hear another session's load)
@@ -336,7 +338,8 @@ class Controller:
             state.notice = ""
         if clock is not None:
             run = state.generation.record.settings
-            clock.phase(f"models ready: {run.method}, target {run.precision}, draft {run.draft_precision}")
+            clock.phase(f"models ready: {run.method}, target {run.precision}, draft {run.draft_precision} (planning "
+                        f"and loading: {spent(before, read_counters()).text()})")
         self.measure_costs(state.generation.record)
         state.generation.record.status = "running"  # it runs at once (Run or Step)
         state.record = state.generation.record
