@@ -47,7 +47,9 @@ def main() -> None:
     run = replace(settings, **plan.resolve(settings.method, settings.precision, settings.draft_precision))
     provider.load(run.pair_spec())
     t4 = time.perf_counter()
-    out = {"root": str(ROOT), "probe_gb_per_s": probe, "plan": plan.best.method, "budget": plan.best.budget,
+    best = getattr(plan, "best", None)  # (None: the provisional plan of a machine not measured yet)
+    out = {"root": str(ROOT), "probe_gb_per_s": probe, "plan": best.method if best else "provisional (plain)",
+           "budget": best.budget if best else None,
            "text_info_s": round(t1 - t0, 3), "probe_s": round(t2 - t1, 3), "plan_s": round(t3 - t2, 3),
            "load_s": round(t4 - t3, 3), "plan_and_load_s": round(t4 - t2, 3)}
     profiles = sorted((cache_root() / "profiles").glob("machine-*.json"))

@@ -208,11 +208,13 @@ def test_the_table_takes_x8_only_where_it_wins_at_one_row_and_at_the_most_rows()
     assert kt.x8_takes(kt.LayerShape("Q6_K", 256, 512))
 
 
-def test_a_gguf_model_on_x8_packs_the_gguf_rows_and_loads_them_again(tmp_path, monkeypatch, nk):
+def test_a_gguf_model_on_x8_keeps_its_tiles_and_loads_them_again_without_a_repack(tmp_path, monkeypatch, nk):
     from safetensors.torch import load_file
     from test_ggml_kernels import _write_tiny_qwen2
 
+    from dyntree_core.models import gguf_model
     from dyntree_core.models.gguf_model import load_gguf_model
+    from dyntree_core.quant.native import NativeKernels, x8_layout_tag
 
     path, cfg = _write_tiny_qwen2(tmp_path)
     ids = torch.tensor([[3, 17, 99, 5, 250, 31, 8, 319, 0]])
@@ -223,16 +225,28 @@ def test_a_gguf_model_on_x8_packs_the_gguf_rows_and_loads_them_again(tmp_path, m
     layers = [m for m in model.modules() if isinstance(m, GGMLLinear)]
     assert {(m.type_name, m.x8) for m in layers} == {("Q4_K", True), ("Q6_K", True)}  # the Q6_K head too (320 rows)
     packed = list((tmp_path / "packed").rglob("*.safetensors"))
-    assert len(packed) == 1
+    assert len(packed) == 1 and packed[0].name.endswith(f"-x8{x8_layout_tag(nk)}.safetensors")  # the layout kept
     stored = load_file(str(packed[0]))
     q = model.model.layers[0].self_attn.q_proj
-    assert torch.equal(stored["model.layers.0.self_attn.q_proj.blocks"], q.ggml_blocks())  # the GGUF's rows
+    assert torch.equal(stored["model.layers.0.self_attn.q_proj.blocks"], q.blocks)  # its tiles, as the kernels read
     with torch.inference_mode():
         got = model(ids).logits
-        again = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")  # from the packed cache
+
+        def no_repack(*_a, **_k):
+            raise AssertionError("a load from the packed cache repacked a layer")
+
+        with monkeypatch.context() as m:
+            m.setattr(NativeKernels, "repack_x8", no_repack)
+            again = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")  # from the packed cache
         assert all(m.x8 for m in again.modules() if isinstance(m, GGMLLinear))
         assert torch.equal(again(ids).logits, got)
         assert torch.allclose(got, rows(ids).logits, rtol=1e-4, atol=1e-3)
+        # kernels that lay the tiles out otherwise read a file of their own, not this one
+        monkeypatch.setattr(gguf_model, "x8_layout_tag", lambda _k: "0ther0ne")
+        other = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")
+        assert sorted(p.name.endswith("-x80ther0ne.safetensors")
+                      for p in (tmp_path / "packed").rglob("*.safetensors")) == [False, True]
+        assert torch.equal(other(ids).logits, got)
 
 
 def test_a_tied_embedding_shares_the_heads_x8_blocks_and_looks_up_the_same_rows(tmp_path, monkeypatch, nk):
@@ -252,3 +266,20 @@ def test_a_tied_embedding_shares_the_heads_x8_blocks_and_looks_up_the_same_rows(
     assert torch.equal(emb(ids), table[ids]) and emb(ids).shape == (1, 11, 256)
     with pytest.raises(IndexError, match=r"\[0, 320\)"):
         emb(torch.tensor([[320]]))
+
+
+def test_the_x8_layout_tag_names_what_the_repack_writes(monkeypatch, nk):
+    from dyntree_core.quant import native
+    from dyntree_core.quant.native import NativeKernels, x8_layout_tag
+
+    monkeypatch.setattr(native, "_X8_TAGS", {})
+    tag = x8_layout_tag(nk)
+    assert len(tag) == 8 and x8_layout_tag(nk) == tag
+    real = NativeKernels.repack_x8
+
+    def swapped(self, type_name, blocks, n, k):  # another layout: the groups' bytes in another order
+        return real(self, type_name, blocks, n, k).flip(1).contiguous()
+
+    monkeypatch.setattr(native, "_X8_TAGS", {})
+    monkeypatch.setattr(NativeKernels, "repack_x8", swapped)
+    assert x8_layout_tag(nk) != tag

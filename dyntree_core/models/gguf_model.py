@@ -34,12 +34,13 @@ from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
 from ..quant.ggml_embedding import block_embedding, holds_as_blocks
 from ..quant.gguf_file import read_gguf
 from ..quant.linear import Int4Linear, Int8Linear, cpu_aligned, int4_shape_ok
+from ..quant.native import native_kernels, x8_layout_tag
 
 if TYPE_CHECKING:
     from ..quant.kernel_table import LayerShape
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
-CACHE_FORMAT = 3  # 3: GGMLLinear layers (the file's blocks) where the kernel table chooses them
+CACHE_FORMAT = 4  # 3: GGMLLinear layers (the file's blocks) where the kernel table chooses them; 4: x8 layers as tiles
 
 _LAYER_MAP = {
     "attn_q": "self_attn.q_proj",
@@ -194,6 +195,8 @@ def _plans_and_cache_file(gf, precision: str, cache_dir: Optional[Path | str], s
     the packed cache file it is kept in (None: not kept: a dense precision, or no ``cache_dir``)."""
     plans = kernel_plans(gf, precision, say) if precision in QUANT_PRECISIONS else {}
     tag = plans_tag(plans) + ("-embhead" if HEAD_NOTE_KEY in gf.metadata else "")
+    if any(p.kind == "ggml" and p.x8 for p in plans.values()):  # (x8 layers are kept as tiles: named by their layout)
+        tag += f"-x8{x8_layout_tag(native_kernels())}"
     cached = (quant_cache_path(cache_dir, precision, tag)
               if cache_dir is not None and precision in QUANT_PRECISIONS else None)
     return plans, cached
@@ -296,22 +299,22 @@ def _save_packed(model, path: Path) -> None:
     from ..quant.ggml_linear import GGMLLinear
 
     sd = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("model.embed_tokens.")}
-    ggml = {name: [m.type_name, m.in_features] for name, m in model.named_modules() if isinstance(m, GGMLLinear)}
-    for name, m in model.named_modules():  # the cache holds the GGUF's rows (an x8 layer repacks them on load)
-        if isinstance(m, GGMLLinear) and m.x8:
-            sd[f"{name}.blocks"] = m.ggml_blocks()
+    # (an x8 layer's blocks are its tiles: a load takes them as they are, in the layout the file's name says)
+    ggml = {name: [m.type_name, m.in_features, m.out_features, m.x8] for name, m in model.named_modules()
+            if isinstance(m, GGMLLinear)}
     tmp = path.with_name(path.name + ".partial")
     save_file(sd, str(tmp), metadata={"precision": getattr(model, PRECISION_ATTR), "torch": torch.__version__,
                                       "ggml": json.dumps(ggml)})
     tmp.replace(path)
 
 
-def read_packed(path: Path) -> dict[str, torch.Tensor]:
+def read_packed(path: Path, as_mapped: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """The tensors of a packed cache file, each in CPU memory aligned for the low-bit kernels
-    (``quant.linear.cpu_aligned``: safetensors maps them at 8-byte offsets)."""
+    (``quant.linear.cpu_aligned``: safetensors maps them at 8-byte offsets), but those named in ``as_mapped``, left
+    as the file maps them for a reader that copies them anyway (``GGMLLinear``: into 2 MiB pages)."""
     from safetensors.torch import load_file
 
-    return {k: cpu_aligned(v) for k, v in load_file(str(path)).items()}
+    return {k: v if k in as_mapped else cpu_aligned(v) for k, v in load_file(str(path)).items()}
 
 
 def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
@@ -323,13 +326,14 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
 
     with safe_open(str(path), "pt") as f:
         ggml = json.loads((f.metadata() or {}).get("ggml", "{}"))
-    sd = read_packed(path)
+    sd = read_packed(path, frozenset(f"{mod}.blocks" for mod in ggml))
     by_label = {s.label: p for s, p in plans.items()}
-    for mod, (type_name, k) in ggml.items():
-        blocks = sd.pop(f"{mod}.blocks")
-        plan = by_label[f"{type_name} [{int(blocks.shape[0])}, {k}]"]
-        layer = GGMLLinear(type_name, blocks, int(k), sd.pop(f"{mod}.bias", None),
-                           int8_activations=plan.int8_activations, x8=plan.x8)
+    for mod, (type_name, k, n, x8) in ggml.items():
+        plan = by_label[f"{type_name} [{n}, {k}]"]
+        if bool(x8) != plan.x8:
+            raise GGUFModelError(f"{mod} is kept {'as x8 tiles' if x8 else 'as rows'}; its plan says otherwise")
+        layer = GGMLLinear(type_name, sd.pop(f"{mod}.blocks"), int(k), sd.pop(f"{mod}.bias", None),
+                           int8_activations=plan.int8_activations, x8=plan.x8, out_features=int(n))
         layer.mm_min_rows = plan.mm_min_rows
         layer.vnni_min_rows = plan.vnni_min_rows
         set_submodule(model, mod, layer)

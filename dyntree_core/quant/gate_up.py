@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .ggml_linear import GGMLLinear
+from .huge_pages import huge_empty
 
 
 class FusedGateUp(nn.Module):
@@ -18,8 +19,11 @@ class FusedGateUp(nn.Module):
         g, u = mlp.gate_proj, mlp.up_proj
         self.intermediate = g.out_features
         # (x8 blocks are groups of 8 rows in row order: joined, they are the x8 layout of the joined rows)
-        self.gate_up = GGMLLinear(g.type_name, torch.cat([g.blocks, u.blocks]), g.in_features, None, g.kernels,
-                                  g.int8_activations, g.x8, g.out_features + u.out_features)
+        joined = huge_empty((g.blocks.shape[0] + u.blocks.shape[0], *g.blocks.shape[1:]), g.blocks.dtype)
+        joined[:g.blocks.shape[0]].copy_(g.blocks)  # (written in its 2 MiB pages: GGMLLinear keeps it as it is)
+        joined[g.blocks.shape[0]:].copy_(u.blocks)
+        self.gate_up = GGMLLinear(g.type_name, joined, g.in_features, None, g.kernels, g.int8_activations, g.x8,
+                                  g.out_features + u.out_features)
         self.gate_up.mm_min_rows = g.mm_min_rows
         self.gate_up.vnni_min_rows = g.vnni_min_rows
         self.down_proj = mlp.down_proj

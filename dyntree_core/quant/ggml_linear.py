@@ -31,6 +31,7 @@ from torch import nn
 from torch.autograd import profiler as _profiler
 
 from .huge_pages import HUGE_PAGE, in_huge_pages, packed_in_huge_pages
+from .linear import cpu_aligned
 from .native import BLOCKS, INT8_ACTIVATION_TYPES, X8, X8_TYPES, NativeKernels, native_kernels, x8_shape
 
 #: floats of float32 weight dequantized per ``dequant_mm`` chunk (16 MiB): fits in L3, bounds the buffer
@@ -91,7 +92,7 @@ class GGMLLinear(nn.Module):
         self.type_name = type_name
         self.x8 = bool(x8)
         self.out_features, self.in_features = n, int(in_features)
-        self.register_buffer("blocks", in_huge_pages(blocks.contiguous()))  # (one forward reads each once: DRAM)
+        self.register_buffer("blocks", _resident(blocks.contiguous()))  # (one forward reads each once: DRAM)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.int8_activations = bool(int8_activations)
         self.mm_min_rows = 0
@@ -191,6 +192,13 @@ class GGMLLinear(nn.Module):
                 + (" in the x8 layout, " if self.x8 else ", ")
                 + ((f"int8 activations, VNNI from {self.effective_vnni_rows or 'never'} rows" if self.int8_activations
                     else f"dequant_mm from {self.mm_min_rows or 'never'} rows")))
+
+
+def _resident(blocks: torch.Tensor) -> torch.Tensor:
+    """``blocks`` in 2 MiB pages (``in_huge_pages``), else aligned for the kernels (``cpu_aligned``): a tensor on a
+    file's mapping (``gguf_model.read_packed``) is copied once either way."""
+    moved = in_huge_pages(blocks)
+    return moved if moved is not blocks else cpu_aligned(blocks)
 
 
 def pack_small_blocks(model: nn.Module) -> int:

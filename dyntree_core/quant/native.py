@@ -288,6 +288,27 @@ def vnni_mismatch(kernels: NativeKernels) -> Optional[str]:
     return None
 
 
+#: ``x8_layout_tag`` per kernels' digest (computed once per process)
+_X8_TAGS: dict[str, str] = {}
+
+
+def x8_layout_tag(kernels: NativeKernels) -> str:
+    """8 hex digits naming the x8 layout ``kernels`` write: a digest of ``repack_x8`` on fixed rows of each x8 type.
+    A packed cache keeps its x8 layers in this layout, under this name: kernels that lay the tiles out otherwise
+    read a file of their own instead of misreading one."""
+    tag = _X8_TAGS.get(kernels.digest)
+    if tag is None:
+        g = torch.Generator().manual_seed(8)
+        h = hashlib.sha256()
+        for type_name in X8_TYPES:
+            n, k = 16, 2 * 256
+            rows = torch.randint(0, 256, (n, k // BLOCKS[type_name][1] * BLOCKS[type_name][2]), dtype=torch.uint8,
+                                 generator=g)
+            h.update(type_name.encode() + kernels.repack_x8(type_name, rows, n, k).numpy().tobytes())
+        tag = _X8_TAGS[kernels.digest] = h.hexdigest()[:8]
+    return tag
+
+
 def native_kernels() -> Optional[NativeKernels]:
     """The compiled kernels, or ``None`` where they cannot run here (``native_unavailable_reason``).
     ``DYNTREE_NATIVE_KERNELS=0`` turns them off."""
