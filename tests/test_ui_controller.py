@@ -785,3 +785,55 @@ def test_the_hub_provider_tells_its_listener_each_load_line():
     provider._say("  the draft: measuring this machine's kernels (1/7)  ")
     assert provider.progress == "the draft: measuring this machine's kernels (1/7)"
     assert heard == ["  the draft: measuring this machine's kernels (1/7)  "]
+
+
+def test_close_stops_and_waits_for_every_run_and_the_background_measurement(controller, monkeypatch):
+    """The app's shutdown (``ui.app.shut_down`` after Ctrl-C ends ``launch``): a thread left inside torch while the
+    interpreter exits aborted the app ("terminate called without an active exception", exit status -6, seen with
+    auto's background measurement under way). ``close`` stops each tab's run and the measurement and joins them."""
+    import ui.worker
+
+    real = ui.worker.advance_in_turn
+
+    def slow(*a, **k):  # (a tiny step takes milliseconds: 100 ms more after each, outside its turn on the models)
+        item = real(*a, **k)
+        time.sleep(0.1)
+        return item
+
+    monkeypatch.setattr(ui.worker, "advance_in_turn", slow)
+    states = [SessionState(), SessionState()]
+    for i, state in enumerate(states):
+        controller.sessions._sessions[f"tab{i}"] = state
+        controller.on_run(state, False, *_form(max_new_tokens=2048, method="autoregressive"))
+    workers = [s.worker for s in states]
+    assert all(w is not None and w.alive for w in workers)  # (still decoding)
+    assert controller.close(60)
+    assert not any(w.alive for w in workers)  # stopped and joined, not only told to stop
+    assert all(s.generation.record.status != "running" for s in states)
+    assert controller.planner._thread is None or not controller.planner._thread.is_alive()
+    assert len(controller.sessions) == 0
+
+
+def test_the_app_closes_its_controller_when_launch_returns(monkeypatch):
+    """``app.main``: Ctrl-C makes Gradio's ``launch`` return; the runs are stopped before the process exits."""
+    import app
+    import ui
+
+    closed: list[bool] = []
+
+    class FakeBlocks:
+        def launch(self, **_kw):
+            return None  # (what Gradio's launch does after Ctrl-C)
+
+    def build(_provider, _defaults):
+        demo = FakeBlocks()
+        demo.dyntree_close = lambda: closed.append(True) or True
+        return demo
+
+    monkeypatch.setattr(ui, "build_app", build)
+    # (main's process-wide settings stay out of the other tests: the thread count keys the kernel table)
+    monkeypatch.setattr("ui.switch_interval.favour_decoding", lambda: None)
+    monkeypatch.setattr("ui.app_log.configure", lambda: None)
+    monkeypatch.setattr("torch.set_num_threads", lambda _n: None)
+    assert app.main(["--tiny", "--port", "1"]) == 0
+    assert closed == [True]

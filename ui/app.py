@@ -12,6 +12,8 @@ the session's state if it changed since the last one.
 from __future__ import annotations
 
 import os
+import time
+from typing import Callable
 
 import gradio as gr
 
@@ -114,7 +116,21 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
 
     demo.queue(default_concurrency_limit=1)
     _calm_queue(demo)
+    demo.dyntree_close = ctl.close  # (``shut_down``)
     return demo
+
+
+def shut_down(demo: gr.Blocks, say: Callable[[str], None] = print) -> bool:
+    """After ``demo.launch()`` returned (Ctrl-C): stop every run and ``auto``'s background measurement and wait for
+    them (``Controller.close``), so no thread is inside torch while the interpreter exits. True once all stopped."""
+    close = getattr(demo, "dyntree_close", None)
+    if close is None:
+        return True
+    t0 = time.monotonic()
+    say("DynTree: stopping the runs and auto's background measurement …")
+    stopped = close()
+    say(f"DynTree: {'stopped' if stopped else 'not everything stopped'} in {time.monotonic() - t0:.1f} s")
+    return stopped
 
 
 #: how long Gradio's queue loops sleep while no event waits (seconds): Gradio's own values on Windows; on Linux it

@@ -89,11 +89,18 @@ class Controller:
         self.planner = BackgroundPlanner(self.model_lock)  # auto's measurements, in idle turns
         self._remeasured: set = set()  # profile rows measured again after a run off its prediction
 
-    def close(self) -> None:
-        """Stop every session's run and the background measurement (the app is shutting down)."""
-        self.planner.close()
-        for key in self.sessions.keys():
-            self.sessions.close(key)
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Stop every session's run and the background measurement, and wait for them (the app is shutting down: a
+        thread still inside torch while the interpreter exits aborts the process, "terminate called without an
+        active exception"). Then one turn on the models, so a Compare's step under way has ended too (its stop is
+        set: it takes no other). True once everything stopped within ``timeout_s`` each."""
+        stopped = self.planner.close(timeout_s)
+        for state in [self.sessions.close(key) for key in self.sessions.keys()]:
+            joined = state is None or state.join(timeout_s)
+            stopped = stopped and joined
+        with self.model_lock.turn("the app shutting down"):
+            pass
+        return stopped
 
     def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn(state, *inputs)`` as a Gradio handler: the tab's ``SessionState`` is found by the

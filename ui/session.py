@@ -335,6 +335,10 @@ class SessionState:
         if self._export_dir is not None:
             shutil.rmtree(self._export_dir, ignore_errors=True)
 
+    def join(self, timeout_s: float) -> bool:
+        """Wait for this tab's decoding thread to end (after ``close``); True once none runs."""
+        return self.worker is None or self.worker.join(timeout_s)
+
 
 class SessionRegistry:
     """Each browser tab's ``SessionState``, created exactly once per tab.
@@ -355,12 +359,13 @@ class SessionRegistry:
                 state = self._sessions[key] = SessionState()
             return state
 
-    def close(self, key: str) -> None:
-        """The tab was closed or reloaded: stop what it runs and forget it."""
+    def close(self, key: str) -> Optional["SessionState"]:
+        """The tab was closed or reloaded: stop what it runs and forget it; returns its state (None: unknown tab)."""
         with self._lock:
             state = self._sessions.pop(key, None)
         if state is not None:
             state.close()
+        return state
 
     def __len__(self) -> int:
         return len(self._sessions)
