@@ -62,6 +62,7 @@ def main() -> None:
             times.append(round(time.perf_counter() - s, 3))
         out.update(replan_s=times, replan_median_s=statistics.median(times))
     print(json.dumps(out))
+    planner.close()  # (a measurement it started must not be inside torch as the interpreter exits: an abort)
 
 
 if __name__ == "__main__":
