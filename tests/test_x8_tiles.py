@@ -6,7 +6,9 @@ through ``GGMLLinear``, the fused gate/up, the C decoder layer, the kernel table
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,7 +216,11 @@ def test_a_gguf_model_on_x8_keeps_its_tiles_and_loads_them_again_without_a_repac
 
     from dyntree_core.models import gguf_model
     from dyntree_core.models.gguf_model import load_gguf_model
+    from dyntree_core.quant.gate_up import FusedGateUp
     from dyntree_core.quant.native import NativeKernels, x8_layout_tag
+
+    def cfg_layers(folder) -> int:
+        return json.loads((Path(folder) / "config.json").read_text())["num_hidden_layers"]
 
     path, cfg = _write_tiny_qwen2(tmp_path)
     ids = torch.tensor([[3, 17, 99, 5, 250, 31, 8, 319, 0]])
@@ -237,8 +243,11 @@ def test_a_gguf_model_on_x8_keeps_its_tiles_and_loads_them_again_without_a_repac
 
         with monkeypatch.context() as m:
             m.setattr(NativeKernels, "repack_x8", no_repack)
+            m.setattr(FusedGateUp, "from_mlp", no_repack)  # (gate and up joined as they are read, not after)
             again = load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")  # from the packed cache
         assert all(m.x8 for m in again.modules() if isinstance(m, GGMLLinear))
+        fused = [m for m in again.modules() if isinstance(m, FusedGateUp)]  # gate/up joined as the file is read
+        assert len(fused) == cfg_layers(cfg) and again._dyntree_fused["gate_up"] == len(fused)
         assert torch.equal(again(ids).logits, got)
         assert torch.allclose(got, rows(ids).logits, rtol=1e-4, atol=1e-3)
         # kernels that lay the tiles out otherwise read a file of their own, not this one

@@ -53,7 +53,9 @@ def fuse_forward(model: nn.Module) -> dict[str, int]:
             mod.forward = types.MethodType(_rms_forward, mod)
             done["rms_norm"] += 1
         elif _fusable_mlp(mod):
-            set_submodule(model, name, FusedGateUp(mod))
+            set_submodule(model, name, FusedGateUp.from_mlp(mod))
+            done["gate_up"] += 1
+        elif isinstance(mod, FusedGateUp):  # (joined at load: ``gguf_model``'s packed cache)
             done["gate_up"] += 1
     from .lean_mark import enable_lean
 

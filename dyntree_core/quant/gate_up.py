@@ -11,23 +11,37 @@ from .ggml_linear import GGMLLinear
 from .huge_pages import huge_empty
 
 
-class FusedGateUp(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with ``gate`` and ``up`` as one ``GGMLLinear`` (``gate_up``: gate rows first)."""
+def joined_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[rows of gate + rows of up, ...]``: the two layers' blocks one after the other, written straight into 2
+    MiB pages (``huge_empty``: ``GGMLLinear`` keeps them as they are). x8 blocks are groups of 8 rows in row order:
+    joined, they are the x8 layout of the joined rows."""
+    out = huge_empty((gate.shape[0] + up.shape[0], *gate.shape[1:]), gate.dtype)
+    out[:gate.shape[0]].copy_(gate)
+    out[gate.shape[0]:].copy_(up)
+    return out
 
-    def __init__(self, mlp: nn.Module):
+
+class FusedGateUp(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with ``gate`` and ``up`` as one ``GGMLLinear`` (``gate_up``: gate rows first,
+    ``intermediate`` of them)."""
+
+    def __init__(self, gate_up: GGMLLinear, intermediate: int, down_proj: nn.Module, act_fn: nn.Module):
         super().__init__()
+        self.intermediate = int(intermediate)
+        self.gate_up = gate_up
+        self.down_proj = down_proj
+        self.act_fn = act_fn
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module) -> "FusedGateUp":
+        """The fused form of a gated MLP whose ``gate_proj`` and ``up_proj`` are ``GGMLLinear`` of one kind
+        (``quant.fused``)."""
         g, u = mlp.gate_proj, mlp.up_proj
-        self.intermediate = g.out_features
-        # (x8 blocks are groups of 8 rows in row order: joined, they are the x8 layout of the joined rows)
-        joined = huge_empty((g.blocks.shape[0] + u.blocks.shape[0], *g.blocks.shape[1:]), g.blocks.dtype)
-        joined[:g.blocks.shape[0]].copy_(g.blocks)  # (written in its 2 MiB pages: GGMLLinear keeps it as it is)
-        joined[g.blocks.shape[0]:].copy_(u.blocks)
-        self.gate_up = GGMLLinear(g.type_name, joined, g.in_features, None, g.kernels, g.int8_activations, g.x8,
-                                  g.out_features + u.out_features)
-        self.gate_up.mm_min_rows = g.mm_min_rows
-        self.gate_up.vnni_min_rows = g.vnni_min_rows
-        self.down_proj = mlp.down_proj
-        self.act_fn = mlp.act_fn
+        gate_up = GGMLLinear(g.type_name, joined_rows(g.blocks, u.blocks), g.in_features, None, g.kernels,
+                             g.int8_activations, g.x8, g.out_features + u.out_features)
+        gate_up.mm_min_rows = g.mm_min_rows
+        gate_up.vnni_min_rows = g.vnni_min_rows
+        return cls(gate_up, g.out_features, mlp.down_proj, mlp.act_fn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(x)
