@@ -431,3 +431,36 @@ def test_first_screen_at_1280x800(app_url, tmp_path):
         time.sleep(2 * STREAM_INTERVAL_S)
         assert _error_line(page).strip() == ""
 
+
+
+def test_ctrl_c_during_a_run_stops_it_and_exits_cleanly(tmp_path):
+    """SIGINT (Ctrl-C) while a Run decodes: Gradio's ``launch`` returns, ``app.main`` stops the run and waits for its
+    thread (``ui.app.shut_down``), and the process exits with status 0. A thread left inside torch as the interpreter
+    exits aborted it instead ("terminate called without an active exception", status -6; seen on the real pair)."""
+    import signal
+
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("Chromium not installed (make browser)")
+    log = tmp_path / "app.log"
+    env = dict(os.environ, DYNTREE_CACHE=str(_fresh_measurements_cache(tmp_path)), DYNTREE_TINY="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
+               DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S))
+    try:
+        proc, url = start_app(["--tiny"], env, log, timeout_s=120)
+    except AppStartError as e:
+        pytest.fail(str(e))
+    try:
+        with _opened(url, 1280, 800) as page:
+            choose(page, "method", "dyspec_greedy")
+            set_field(page, "budget", 192)
+            set_field(page, "depth", 10)
+            set_field(page, "max-new-tokens", 2048)  # (~50 s of big tiny-model trees: still decoding at the signal)
+            page.click("#run-btn")
+            _wait_status(page, "running", 60)
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=90)
+        text = log.read_text(errors="replace")
+        assert rc == 0, f"exit status {rc}:\n{text[-2000:]}"
+        assert "DynTree: stopped in" in text and "terminate called" not in text, text[-2000:]
+    finally:
+        stop_app(proc)
