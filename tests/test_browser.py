@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -444,11 +445,16 @@ def test_ctrl_c_during_a_run_stops_it_and_exits_cleanly(tmp_path):
     log = tmp_path / "app.log"
     env = dict(os.environ, DYNTREE_CACHE=str(_fresh_measurements_cache(tmp_path)), DYNTREE_TINY="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
-               DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S))
+               DYNTREE_UI_STREAM_INTERVAL=str(STREAM_INTERVAL_S), PYTHONFAULTHANDLER="1")
+    # a shell's background job runs with SIGINT ignored, and a child inherits that (Python then never raises
+    # KeyboardInterrupt): with a handler here the app starts with SIGINT at its default, as from a terminal
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         proc, url = start_app(["--tiny"], env, log, timeout_s=120)
     except AppStartError as e:
         pytest.fail(str(e))
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     try:
         with _opened(url, 1280, 800) as page:
             choose(page, "method", "dyspec_greedy")
@@ -458,7 +464,12 @@ def test_ctrl_c_during_a_run_stops_it_and_exits_cleanly(tmp_path):
             page.click("#run-btn")
             _wait_status(page, "running", 60)
             proc.send_signal(signal.SIGINT)
-            rc = proc.wait(timeout=90)
+            try:
+                rc = proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:  # every thread's stack into the log (PYTHONFAULTHANDLER), then fail
+                proc.send_signal(signal.SIGABRT)
+                proc.wait(timeout=30)
+                pytest.fail(f"no exit 90 s after SIGINT; the app's log:\n{log.read_text(errors='replace')[-12000:]}")
         text = log.read_text(errors="replace")
         assert rc == 0, f"exit status {rc}:\n{text[-2000:]}"
         assert "DynTree: stopped in" in text and "terminate called" not in text, text[-2000:]
