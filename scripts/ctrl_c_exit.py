@@ -30,7 +30,11 @@ def one(after_s: float, log: Path) -> dict:
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
                PYTHONUNBUFFERED="1")
-    proc, url = start_app([], env, log)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background shell's SIGINT is ignored)
+    try:
+        proc, url = start_app([], env, log)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     seen: dict[str, float] = {}
     with _opened(url, 1280, 800) as page:
         _ready(page)
