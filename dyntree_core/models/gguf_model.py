@@ -317,38 +317,29 @@ def read_packed(path: Path, as_mapped: frozenset[str] = frozenset()) -> dict[str
     return {k: v if k in as_mapped else cpu_aligned(v) for k, v in load_file(str(path)).items()}
 
 
-def _packed_layer(type_name: str, blocks: torch.Tensor, k: int, n: int, bias, plan):
-    from ..quant.ggml_linear import GGMLLinear
-
-    layer = GGMLLinear(type_name, blocks, k, bias, int8_activations=plan.int8_activations, x8=plan.x8, out_features=n)
-    layer.mm_min_rows = plan.mm_min_rows
-    layer.vnni_min_rows = plan.vnni_min_rows
-    return layer
-
-
 def _join_gate_up(model, held: dict[str, tuple]) -> None:
     """Each MLP whose ``gate_proj`` and ``up_proj`` (``held``: name -> type, blocks as the file maps them, K, N,
     plan) run alike becomes a ``FusedGateUp`` with their blocks copied once, straight into one buffer of 2 MiB pages
     (``fuse_forward`` would copy each into its own, then both again); any other is set as it is."""
+    from ..quant.fused import run_alike
     from ..quant.gate_up import FusedGateUp, joined_rows
 
     def alike(a, b) -> bool:
         (ta, _, ka, _, pa), (tb, _, kb, _, pb) = a, b
-        return (ta, ka, pa.int8_activations, pa.x8, pa.mm_min_rows, pa.vnni_min_rows) == (
-            tb, kb, pb.int8_activations, pb.x8, pb.mm_min_rows, pb.vnni_min_rows)
+        return (ta, ka) == (tb, kb) and run_alike(pa, pb)
 
     for mlp_name in dict.fromkeys(name.rpartition(".")[0] for name in held):
         gate, up = held.get(f"{mlp_name}.gate_proj"), held.get(f"{mlp_name}.up_proj")
         mlp = model.get_submodule(mlp_name)
         if gate is not None and up is not None and alike(gate, up) and hasattr(mlp, "act_fn"):
             type_name, g, k, n_gate, plan = gate
-            layer = _packed_layer(type_name, joined_rows(g, up[1]), k, n_gate + up[3], None, plan)
+            layer = _ggml_layer(type_name, joined_rows(g, up[1]), k, None, plan, n_gate + up[3])
             set_submodule(model, mlp_name, FusedGateUp(layer, n_gate, mlp.down_proj, mlp.act_fn))
             continue
         for part in (f"{mlp_name}.gate_proj", f"{mlp_name}.up_proj"):
             if part in held:
                 type_name, blocks, k, n, plan = held[part]
-                set_submodule(model, part, _packed_layer(type_name, blocks, k, n, None, plan))
+                set_submodule(model, part, _ggml_layer(type_name, blocks, k, None, plan, n))
 
 
 def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
@@ -369,7 +360,7 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
         if mod.rpartition(".")[2] in ("gate_proj", "up_proj") and bias is None:
             held[mod] = (type_name, blocks, int(k), int(n), plan)
             continue
-        set_submodule(model, mod, _packed_layer(type_name, blocks, int(k), int(n), bias, plan))
+        set_submodule(model, mod, _ggml_layer(type_name, blocks, int(k), bias, plan, int(n)))
     _join_gate_up(model, held)
     for key in [k for k in sd if k.endswith(".packed")]:
         mod = key.removesuffix(".packed")
@@ -432,11 +423,13 @@ def _mapped_rows(data) -> torch.Tensor:
         return torch.from_numpy(data)
 
 
-def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan):
+def _ggml_layer(type_name: str, blocks: torch.Tensor, k: int, bias, plan, out_features: Optional[int] = None):
+    """A ``GGMLLinear`` on ``plan``'s kernels (its blocks: GGML rows, or x8 tiles of ``out_features`` rows as a packed
+    file keeps them); it copies them into 2 MiB pages or aligns them itself."""
     from ..quant.ggml_linear import GGMLLinear
 
-    blocks = blocks.contiguous() if plan.x8 else cpu_aligned(blocks.contiguous())  # (a repack reads any alignment)
-    layer = GGMLLinear(type_name, blocks, k, bias, int8_activations=plan.int8_activations, x8=plan.x8)
+    layer = GGMLLinear(type_name, blocks.contiguous(), k, bias, int8_activations=plan.int8_activations, x8=plan.x8,
+                       out_features=out_features)
     layer.mm_min_rows = plan.mm_min_rows
     layer.vnni_min_rows = plan.vnni_min_rows
     return layer

@@ -34,13 +34,21 @@ def _rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return y.to(hidden_states.dtype)
 
 
+#: what decides how a ``GGMLLinear`` runs, named alike on the layer and on the kernel table's ``LayerPlan``
+KERNEL_SETTINGS = ("int8_activations", "x8", "mm_min_rows", "vnni_min_rows")
+
+
+def run_alike(a, b) -> bool:
+    """Whether two ``GGMLLinear`` layers (or their ``LayerPlan``s) run on the same kernels: one layer of both rows
+    then computes each output as they did."""
+    return all(getattr(a, f) == getattr(b, f) for f in KERNEL_SETTINGS)
+
+
 def _fusable_mlp(mod: nn.Module) -> bool:
     g, u = getattr(mod, "gate_proj", None), getattr(mod, "up_proj", None)
     return (isinstance(g, GGMLLinear) and isinstance(u, GGMLLinear) and g.type_name == u.type_name
-            and g.in_features == u.in_features and g.bias is None and u.bias is None
-            and g.mm_min_rows == u.mm_min_rows and g.int8_activations == u.int8_activations
-            and g.vnni_min_rows == u.vnni_min_rows and g.x8 == u.x8 and hasattr(mod, "down_proj")
-            and hasattr(mod, "act_fn"))
+            and g.in_features == u.in_features and g.bias is None and u.bias is None and run_alike(g, u)
+            and hasattr(mod, "down_proj") and hasattr(mod, "act_fn"))
 
 
 def fuse_forward(model: nn.Module) -> dict[str, int]:
