@@ -4,8 +4,10 @@ by ``scripts/screenshots.py``."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import threading
 import sys
 import time
 import urllib.request
@@ -31,11 +33,20 @@ def free_port() -> int:
 def start_app(args: Sequence[str], env: Mapping[str, str], log: Path, timeout_s: float = 180.0,
               script: Path = ROOT / "app.py") -> tuple[subprocess.Popen, str]:
     """Run ``app.py <args> --port <free port>`` (or another ``script`` that serves the app and takes ``--port``)
-    with ``env`` (output to ``log``) and wait until it serves its page; returns the process and the URL."""
+    with ``env`` (output to ``log``) and wait until it serves its page; returns the process and the URL. The app
+    starts with SIGINT at its default, as from a terminal, so Ctrl-C (``send_signal(SIGINT)``) reaches it: a shell's
+    background job runs with SIGINT ignored, a child inherits that, and Python then never raises KeyboardInterrupt
+    (a handler here is reset to the default in the child)."""
     port = free_port()
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(script), *args, "--port", str(port)], cwd=ROOT,
-                                env=dict(env), stdout=fh, stderr=subprocess.STDOUT)
+    main = threading.current_thread() is threading.main_thread()  # (only the main thread may set a handler)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    try:
+        with open(log, "w") as fh:
+            proc = subprocess.Popen([sys.executable, str(script), *args, "--port", str(port)], cwd=ROOT,
+                                    env=dict(env), stdout=fh, stderr=subprocess.STDOUT)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, inherited)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + timeout_s
     while True:
