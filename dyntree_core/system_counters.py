@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -120,13 +120,6 @@ def _delta(a, b):
 
 
 def spent(before: SystemCounters, after: SystemCounters) -> SystemSpent:
-    """What went by from ``before`` to ``after``."""
-    return SystemSpent(
-        wall_s=after.wall_s - before.wall_s,
-        cpu_s=after.cpu_s - before.cpu_s,
-        major_faults=after.major_faults - before.major_faults,
-        read_bytes=_delta(before.read_bytes, after.read_bytes),
-        compact_stalls=_delta(before.compact_stalls, after.compact_stalls),
-        thp_fallbacks=_delta(before.thp_fallbacks, after.thp_fallbacks),
-        steal_s=_delta(before.steal_s, after.steal_s),
-    )
+    """What went by from ``before`` to ``after``: each counter's difference (None where either was not read)."""
+    return SystemSpent(**{f.name: _delta(getattr(before, f.name), getattr(after, f.name))
+                          for f in fields(SystemCounters)})
