@@ -7,6 +7,11 @@ runs each prefill chunk inside ``stops_on(stop_event)``; the CPU forwards call `
 ``Interrupted`` once the event is set, so the chunk ends within one layer. The run ends there (its caches, half
 written by the chunk, are dropped with it); outside ``stops_on`` (decoding steps, measurements) ``check()`` never
 raises, and the C layers of a forward run in one call (``armed``).
+
+A model load is stopped the same way in its own scope: ``stops_loads_on(event)`` around a load (the app's Run
+while it loads its pair, ``auto``'s background measurement), and ``check_load()`` between the tensors a load reads
+or builds, which raises ``LoadStopped``. It is a scope of its own so that the forwards a load or a plan times
+(probes, profile rows) stay unarmed, as in a decoding step.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from contextvars import ContextVar
 from typing import Iterator, Optional
 
 _EVENT: ContextVar[Optional[threading.Event]] = ContextVar("dyntree_prefill_stop", default=None)
+_LOAD_EVENT: ContextVar[Optional[threading.Event]] = ContextVar("dyntree_load_stop", default=None)
 
 
 class Interrupted(Exception):
@@ -43,3 +49,24 @@ def check() -> None:
     event = _EVENT.get()
     if event is not None and event.is_set():
         raise Interrupted
+
+
+class LoadStopped(Exception):
+    """The stop event of the enclosing ``stops_loads_on`` was set while models loaded."""
+
+
+@contextmanager
+def stops_loads_on(event: Optional[threading.Event]) -> Iterator[None]:
+    """Model loads inside this block end at their next ``check_load`` once ``event`` is set (None: never)."""
+    token = _LOAD_EVENT.set(event)
+    try:
+        yield
+    finally:
+        _LOAD_EVENT.reset(token)
+
+
+def check_load() -> None:
+    """Raise ``LoadStopped`` when the enclosing ``stops_loads_on`` event is set (called between a load's tensors)."""
+    event = _LOAD_EVENT.get()
+    if event is not None and event.is_set():
+        raise LoadStopped

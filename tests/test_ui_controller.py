@@ -837,3 +837,158 @@ def test_the_app_closes_its_controller_when_launch_returns(monkeypatch):
     monkeypatch.setattr("torch.set_num_threads", lambda _n: None)
     assert app.main(["--tiny", "--port", "1"]) == 0
     assert closed == [True]
+
+
+def _slow_load(provider, monkeypatch, seconds: float = 30.0) -> dict:
+    """``provider.load`` that takes ``seconds`` in 20 ms pieces, each ending in a load's stop point
+    (``interrupt.check_load``, as ``load_progress`` does between tensors), then loads; ``started`` is set as it
+    begins, ``ended`` holds how it ended."""
+    import threading
+
+    from dyntree_core import interrupt
+
+    real = provider.load
+    seen: dict = {"started": threading.Event()}
+
+    def load(spec):
+        seen["started"].set()
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < seconds:
+                time.sleep(0.02)
+                interrupt.check_load()
+        except interrupt.LoadStopped:
+            seen["ended"] = ("stopped", time.monotonic())
+            raise
+        seen["ended"] = ("loaded", time.monotonic())
+        return real(spec)
+
+    monkeypatch.setattr(provider, "load", load)
+    return seen
+
+
+def _run_in_thread(controller, state, **form):
+    import threading
+
+    th = threading.Thread(target=controller.on_run, args=(state, False, *_form(**form)), daemon=True)
+    th.start()
+    return th
+
+
+def test_stop_while_a_run_loads_its_models_ends_the_load_and_nothing_runs(controller, monkeypatch):
+    """A Stop clicked while the Run's models loaded did nothing: the load went on (4 s for the real pair from the page
+    cache, 40 s once from the disk) and the run then decoded to its end. Now the load ends at its next tensor, the
+    session keeps its previous run, and the status says nothing ran; the next Run loads and runs."""
+    _name_live_components(controller, "timer")
+    real_load = controller.provider.load
+    seen = _slow_load(controller.provider, monkeypatch)
+    state = SessionState()
+    th = _run_in_thread(controller, state, method="autoregressive")
+    assert seen["started"].wait(30)
+    assert "stopping" not in controller.status_line(state, "idle")
+    controller.on_stop(state)
+    stopped_at = time.monotonic()
+    assert "stopping the load …" in controller.status_line(state, "idle") or not state.notice
+    th.join(30)
+    assert not th.is_alive()
+    how, when = seen["ended"]
+    assert how == "stopped" and when - stopped_at < 1.0
+    assert state.worker is None and state.generation is None and state.load_stop is None
+    assert state.load_stopped.startswith("Stopped while loading the models (")
+    assert controller.on_tick(state, 16)["status"].startswith("Stopped while loading the models (")
+    monkeypatch.setattr(controller.provider, "load", real_load)
+    controller.on_run(state, False, *_form(method="autoregressive"))  # the next Run loads and runs
+    assert state.load_stopped == "" and state.worker is not None and state.worker.join(120)
+    assert state.record.status == "finished"
+
+
+def test_a_tab_closed_while_its_run_loads_starts_no_run(controller, monkeypatch):
+    """A reload during a Run's load: the closed tab's load went on and its run then decoded all its tokens in the
+    background for a session no page showed, beside the reloaded tab's runs. Now the load ends and nothing starts."""
+    seen = _slow_load(controller.provider, monkeypatch)
+    state = controller.sessions.get("tab")
+    th = _run_in_thread(controller, state, method="autoregressive", max_new_tokens=2048)
+    assert seen["started"].wait(30)
+    controller.sessions.close("tab")
+    th.join(30)
+    assert not th.is_alive() and seen["ended"][0] == "stopped"
+    assert state.worker is None and state.generation is None
+
+
+def test_a_load_that_ends_as_its_tab_closes_starts_no_run(controller, monkeypatch):
+    """The tab closed after the load's last stop point but before the run started: its generation is stopped."""
+    seen = _slow_load(controller.provider, monkeypatch, seconds=0.0)
+    state = controller.sessions.get("tab")
+    real = controller.provider.load
+
+    def then_close(spec):
+        out = real(spec)
+        controller.sessions.close("tab")  # (between the load's end and the run's start)
+        return out
+
+    monkeypatch.setattr(controller.provider, "load", then_close)
+    controller.on_run(state, False, *_form(method="autoregressive", max_new_tokens=2048))
+    assert seen["ended"][0] == "loaded"
+    assert state.worker is None and state.load_stopped.startswith("Stopped while loading")
+    assert state.generation is not None and state.generation.done
+
+
+def test_close_during_a_runs_load_ends_it_at_once(controller, monkeypatch):
+    """Ctrl-C during a Run's load: ``close`` waited for the whole load in its last turn on the models."""
+    seen = _slow_load(controller.provider, monkeypatch)
+    state = controller.sessions.get("tab")
+    th = _run_in_thread(controller, state, method="autoregressive")
+    assert seen["started"].wait(30)
+    t0 = time.monotonic()
+    assert controller.close(60)
+    assert time.monotonic() - t0 < 2.0 and seen["ended"][0] == "stopped"
+    th.join(30)
+    assert not th.is_alive() and state.worker is None
+
+
+def test_stop_during_a_compare_load_ends_it(controller, monkeypatch):
+    """Compare's Stop while a column's models load: the load ends, and the tab says stopped."""
+    seen = _slow_load(controller.provider, monkeypatch)
+    state = SessionState()
+    updates: list = []
+    import threading
+
+    def compare():
+        for u in controller.on_compare(state, "dyspec_greedy", False, *_form()):
+            updates.append(u)
+
+    th = threading.Thread(target=compare, daemon=True)
+    th.start()
+    assert seen["started"].wait(30)
+    controller.on_compare_stop(state)
+    th.join(30)
+    assert not th.is_alive() and seen["ended"][0] == "stopped"
+    assert updates[-1][controller.c.cmp_status] == "stopped"
+
+
+def test_closing_the_planner_ends_a_model_load_inside_its_turn():
+    """``auto``'s background measurement loads its models in one idle turn; Ctrl-C (``BackgroundPlanner.close``)
+    waited for that whole load. Now the load ends at its next tensor, and the measurement is not counted as failed."""
+    import threading
+
+    from dyntree_core import interrupt
+    from ui.model_lock import ModelLock
+    from ui.planner import BackgroundPlanner
+
+    planner = BackgroundPlanner(ModelLock(), idle_s=0.0)
+    loading = threading.Event()
+
+    def measure(turn, note):
+        with turn():
+            loading.set()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 30:  # (a load: a stop point after each tensor)
+                time.sleep(0.02)
+                interrupt.check_load()
+        return object()
+
+    assert planner.start("key", measure)
+    assert loading.wait(10)
+    t0 = time.monotonic()
+    assert planner.close(60)
+    assert time.monotonic() - t0 < 1.0 and "key" not in planner.failed

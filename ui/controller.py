@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import gradio as gr
 
+from dyntree_core.interrupt import LoadStopped, stops_loads_on
 from dyntree_core.openmp_team import release_thread_team
 from dyntree_core.process_memory import process_memory
 from dyntree_core.system_counters import read_counters, spent
@@ -179,7 +180,11 @@ class Controller:
     def status_line(self, state: SessionState, status: str) -> str:
         if state.notice:
             line = self.load_line(state)
+            if state.load_stop is not None and state.load_stop.is_set():
+                line = "stopping the load …"
             return f"{state.notice}  \n_{line}_" if line else state.notice
+        if state.load_stopped:
+            status = f"{state.load_stopped}  \n{status}"
         if state.running and state.generation is not None and state.generation.stop_event.is_set():
             status += "  \n_stopping after the current step …_"
         elif state.running and state.worker is not None and state.worker.pause_requested:
@@ -250,6 +255,7 @@ class Controller:
     def acknowledge(self, state: SessionState) -> None:
         """A new Run/Step click: the previous error goes at the next refresh, not after the models load."""
         state.error = ""
+        state.load_stopped = ""
         state.bump()
 
     def halt(self, state: SessionState, wait_s: float = 120.0) -> None:
@@ -313,8 +319,10 @@ class Controller:
         except Exception as e:  # noqa: BLE001 - the run stands; the page says the rows were not re-measured
             rec.note = f"{rec.note}; re-measuring the profile failed: {describe_error(e)}"
 
-    def begin(self, state: SessionState, settings: RunSettings) -> None:
-        """Replace the session's generation with a new one (the page shows a loading notice meanwhile)."""
+    def begin(self, state: SessionState, settings: RunSettings) -> bool:
+        """Replace the session's generation with a new one (the page shows a loading notice meanwhile). False where
+        the load was stopped (Stop, the tab closed, the app shutting down: ``state.load_stop``): the session keeps
+        its previous run and the status says nothing ran."""
         self.halt(state)
         if state.generation is not None and not state.generation.done:
             state.generation.stop_now()
@@ -329,20 +337,37 @@ class Controller:
             state.notice = (f"Loading models {settings.draft} / {settings.target} at target {settings.precision}, "
                             f"draft {settings.draft_precision} … (a precision not loaded before is read from "
                             "the model files: the first load can take a while)")
+        stop = state.load_stop = threading.Event()
         state.bump()
         clock = state.run_clock
         before = read_counters()
+        gen: Optional[Generation] = None
         try:
             with self.model_lock.turn(f"{state.name}: loading the models"):  # (not beside another's step)
                 # (set inside the turn: a session waiting for it must not hear another session's load)
                 self.provider.progress_listener = None if clock is None else clock.phase
                 try:
-                    state.generation = start_generation(self.provider, settings, planner=self.planner,
-                                                        plain_probes=True)
+                    with stops_loads_on(stop):  # (the load ends at its next tensor: ``load_progress``)
+                        gen = start_generation(self.provider, settings, planner=self.planner, plain_probes=True)
+                except LoadStopped:
+                    pass
                 finally:
                     self.provider.progress_listener = None
+            if gen is not None:
+                state.generation = gen  # (before the last look at ``stop``: ``SessionState.close`` stops one or the other)
+                if stop.is_set():
+                    gen.stop_now()
         finally:
             state.notice = ""
+            state.load_stop = None
+        if stop.is_set():
+            waited = spent(before, read_counters())
+            state.load_stopped = f"Stopped while loading the models ({waited.wall_s:.1f} s in): nothing ran."
+            if clock is not None:
+                clock.phase(f"load stopped ({waited.text()})")
+            state.bump()
+            return False
+        assert state.generation is gen and gen is not None
         if clock is not None:
             run = state.generation.record.settings
             clock.phase(f"models ready: {run.method}, target {run.precision}, draft {run.draft_precision} (planning "
@@ -353,6 +378,7 @@ class Controller:
         state.baseline_request = None
         state.run_started_at, state.figures_stale = time.monotonic(), True
         state.bump()
+        return True
 
     def measure_costs(self, rec: RunRecord) -> None:
         """What the cost-model panel needs besides the run's own timings: the pair's parameter
@@ -432,7 +458,8 @@ class Controller:
         try:
             settings = settings_from_form(*values)
             settings.validate()
-            self.begin(state, settings)
+            if not self.begin(state, settings):
+                return
         except Exception as e:  # noqa: BLE001 - shown in the page; the app stays usable
             self.fail(state, e)
             return
@@ -454,7 +481,8 @@ class Controller:
             if not state.active:
                 settings = settings_from_form(*values)
                 settings.validate()
-                self.begin(state, settings)
+                if not self.begin(state, settings):
+                    return
             gen: Generation = state.generation  # type: ignore[assignment]
             state.view_step = None
             while isinstance(advance_in_turn(gen, self.model_lock, state.name, state.bump), PrefillProgress):
@@ -472,6 +500,8 @@ class Controller:
         refreshes every ``STOPPING_INTERVAL_S`` until the run has ended (the returned timer update)."""
         if state.compare_stop is not None:
             state.compare_stop.set()
+        if state.load_stop is not None:  # (a Run still loading its models: the load ends at its next tensor)
+            state.load_stop.set()
         gen = state.generation
         if gen is not None and not gen.done:
             if state.running:
@@ -584,8 +614,11 @@ class Controller:
                 s = settings.with_method(m)
                 if not self.provider.is_loaded(s.pair_spec()):
                     yield self.compare_progress("Loading models …")
-                with self.model_lock.turn(f"{state.name}: loading the models"):
-                    gen = start_generation(self.provider, s, stop, planner=self.planner)
+                try:
+                    with self.model_lock.turn(f"{state.name}: loading the models"), stops_loads_on(stop):
+                        gen = start_generation(self.provider, s, stop, planner=self.planner)
+                except LoadStopped:
+                    break
                 records.append(gen.record)
                 gen.record.status = "running"
                 yield self.compare_updates(records, f"running {gen.record.label} …")

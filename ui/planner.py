@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Hashable, Optional
 
+from dyntree_core.interrupt import LoadStopped, stops_loads_on
 from dyntree_core.process_memory import release_freed_memory
 
 from .app_log import background_line
@@ -86,10 +87,11 @@ class BackgroundPlanner:
                 self.not_stored[key] = why[1:-1] if why.startswith("(") and why.endswith(")") else why
 
         try:
-            plan = measure(turn, say)
+            with stops_loads_on(self._stop):  # (``close`` ends a model load it is in at the load's next tensor)
+                plan = measure(turn, say)
             if plans_for is not None and plan is not None and key not in self.not_stored:
                 self.remember(plans_for, plan)
-        except TurnCancelled:
+        except (TurnCancelled, LoadStopped):
             pass
         except Exception as e:  # noqa: BLE001 - shown on the page; auto keeps its provisional plan
             self.failed[key] = f"{type(e).__name__}: {e}"

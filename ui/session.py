@@ -276,6 +276,8 @@ class SessionState:
         self.compare_stop: Optional[threading.Event] = None
         self.pause_label = "Pause"  # what the page's Pause/Resume button shows
         self.notice = ""  # shown instead of the run's status while models load
+        self.load_stop: Optional[threading.Event] = None  # set to end the Run's model load under way (None: none)
+        self.load_stopped = ""  # said above the status after a load was stopped (until the next Run or Step)
         self.rendered_loading = ""  # the load's progress line the page last showed under the notice
         self.view_step: Optional[int] = None  # the step the user picked on the slider (None: the latest)
         self.walk: Optional[tuple[int, int]] = None  # (step, decision) the walkthrough shows
@@ -326,6 +328,8 @@ class SessionState:
 
     def close(self) -> None:
         """Stop anything running and delete exported files (session ended)."""
+        if self.load_stop is not None:
+            self.load_stop.set()
         if self.generation is not None and not self.generation.done:
             self.generation.stop_event.set()
         if self.worker is not None:

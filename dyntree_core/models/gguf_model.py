@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from . import packed_cache
+from .load_progress import LoadProgress
+from ..interrupt import LoadStopped, check_load
 from ..quant.apply import PRECISION_ATTR, QUANT_PRECISIONS, check_precision, head_precision, set_submodule
 from ..quant.ggml import FOUR_BIT_TYPES, decode_4bit, dequantize
 from ..quant.ggml_embedding import block_embedding, holds_as_blocks
@@ -238,7 +240,9 @@ def load_gguf_model(
     plans, cached = _plans_and_cache_file(gf, precision, cache_dir, say)
     if cached is not None and cached.is_file():
         try:
-            loaded = _load_packed(model, gf, cached, precision, t0, plans)
+            loaded = _load_packed(model, gf, cached, precision, t0, plans, say)
+        except LoadStopped:
+            raise
         except Exception as e:  # a damaged cache file is rebuilt, not fatal
             say(f"  packed cache {cached.name} unusable ({type(e).__name__}: {e}); rebuilding")
             cached.unlink(missing_ok=True)
@@ -308,19 +312,30 @@ def _save_packed(model, path: Path) -> None:
     tmp.replace(path)
 
 
-def read_packed(path: Path, as_mapped: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+def read_packed(path: Path, as_mapped: frozenset[str] = frozenset(),
+                progress: Optional[LoadProgress] = None) -> dict[str, torch.Tensor]:
     """The tensors of a packed cache file, each in CPU memory aligned for the low-bit kernels
     (``quant.linear.cpu_aligned``: safetensors maps them at 8-byte offsets), but those named in ``as_mapped``, left
-    as the file maps them for a reader that copies them anyway (``GGMLLinear``: into 2 MiB pages)."""
+    as the file maps them for a reader that copies them anyway (``GGMLLinear``: into 2 MiB pages). ``progress`` is
+    told each copy."""
     from safetensors.torch import load_file
 
-    return {k: v if k in as_mapped else cpu_aligned(v) for k, v in load_file(str(path)).items()}
+    out = {}
+    for k, v in load_file(str(path)).items():
+        if k in as_mapped:
+            out[k] = v
+            continue
+        out[k] = cpu_aligned(v)
+        if progress is not None:
+            progress.advance(v.nbytes)
+    return out
 
 
-def _join_gate_up(model, held: dict[str, tuple]) -> None:
+def _join_gate_up(model, held: dict[str, tuple], copied: Callable[[int], None] = lambda _n: None) -> None:
     """Each MLP whose ``gate_proj`` and ``up_proj`` (``held``: name -> type, blocks as the file maps them, K, N,
     plan) run alike becomes a ``FusedGateUp`` with their blocks copied once, straight into one buffer of 2 MiB pages
-    (``fuse_forward`` would copy each into its own, then both again); any other is set as it is."""
+    (``fuse_forward`` would copy each into its own, then both again); any other is set as it is. ``copied(nbytes)``
+    after each MLP."""
     from ..quant.fused import run_alike
     from ..quant.gate_up import FusedGateUp, joined_rows
 
@@ -335,21 +350,26 @@ def _join_gate_up(model, held: dict[str, tuple]) -> None:
             type_name, g, k, n_gate, plan = gate
             layer = _ggml_layer(type_name, joined_rows(g, up[1]), k, None, plan, n_gate + up[3])
             set_submodule(model, mlp_name, FusedGateUp(layer, n_gate, mlp.down_proj, mlp.act_fn))
+            copied(g.nbytes + up[1].nbytes)
             continue
         for part in (f"{mlp_name}.gate_proj", f"{mlp_name}.up_proj"):
             if part in held:
                 type_name, blocks, k, n, plan = held[part]
                 set_submodule(model, part, _ggml_layer(type_name, blocks, k, None, plan, n))
+                copied(blocks.nbytes)
 
 
-def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
+def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict, say: Callable[[str], None]):
+    """``model`` (a meta skeleton) with the packed cache file ``path``'s weights; ``say`` hears its progress
+    (``LoadProgress``: it also ends the load where it was stopped)."""
     import json
 
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         ggml = json.loads((f.metadata() or {}).get("ggml", "{}"))
-    sd = read_packed(path, frozenset(f"{mod}.blocks" for mod in ggml))
+    progress = LoadProgress(say, "reading the packed weights", path.stat().st_size)
+    sd = read_packed(path, frozenset(f"{mod}.blocks" for mod in ggml), progress)
     by_label = {s.label: p for s, p in plans.items()}
     held: dict[str, tuple] = {}  # gate_proj / up_proj blocks, joined below where the pair runs alike
     for mod, (type_name, k, n, x8) in ggml.items():
@@ -361,7 +381,8 @@ def _load_packed(model, gf, path: Path, precision: str, t0: float, plans: dict):
             held[mod] = (type_name, blocks, int(k), int(n), plan)
             continue
         set_submodule(model, mod, _ggml_layer(type_name, blocks, int(k), bias, plan, int(n)))
-    _join_gate_up(model, held)
+        progress.advance(blocks.nbytes)
+    _join_gate_up(model, held, progress.advance)
     for key in [k for k in sd if k.endswith(".packed")]:
         mod = key.removesuffix(".packed")
         set_submodule(model, mod, Int4Linear.from_buffers(
@@ -529,6 +550,7 @@ def _build(model, gf, arch: str, config, precision: str, dense_dtype, say, t0: f
     linears = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
     done = 0
     for gname, t in tensors.items():
+        check_load()  # (a Stop, a closed tab or the app's shutdown ends the build here)
         module, kind = hf_name(gname)
         if kind == "bias":
             continue  # taken together with its weight

@@ -284,9 +284,11 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", pr
     """
     from transformers import AutoModelForCausalLM
 
+    from ..interrupt import check_load
     from ..quant.apply import QUANT_PRECISIONS, check_precision, quantize_model
     from ..quant.linear import PrecisionError
 
+    check_load()  # (a load stopped before this model's turn: ``interrupt.stops_loads_on``)
     precision = precision or dtype
     tdev = _torch_device(device)
     try:
@@ -319,6 +321,7 @@ def load_model(src: ModelSource, dtype: str = "float32", device: str = "cpu", pr
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             delattr(model.config, "quantization_config")
+    check_load()
     if precision in QUANT_PRECISIONS:
         quantize_model(model.eval(), precision)
     # only move: from_pretrained already set the dtype, and .to(dtype) would also cast fp32 buffers
