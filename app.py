@@ -43,7 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from ui import AppDefaults, HubModelProvider, build_app
-    from ui.app import shut_down
+    from ui.app import serve
     from ui.app_log import configure as log_to_stderr
     from ui.page_script import launch_app_kwargs
     from ui.switch_interval import favour_decoding
@@ -68,12 +68,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         provider = HubModelProvider(args.draft, args.target)
         defaults = AppDefaults(device=args.device, dtype=dtype)
     demo = build_app(provider, defaults)
-    try:
-        demo.launch(server_name=args.host, server_port=args.port, share=args.share,
-                    css_paths=[HERE / "assets" / "ui.css"], footer_links=["gradio", "settings"],
-                    app_kwargs=launch_app_kwargs())
-    finally:  # (Ctrl-C ends launch: no thread may be left inside torch as the interpreter exits)
-        shut_down(demo)
+    # (until Ctrl-C; then no thread may be left inside torch as the interpreter exits)
+    serve(demo, server_name=args.host, server_port=args.port, share=args.share,
+          css_paths=[HERE / "assets" / "ui.css"], footer_links=["gradio", "settings"], app_kwargs=launch_app_kwargs())
     return 0
 
 

@@ -94,3 +94,36 @@ def test_a_gguf_load_reports_and_stops_between_its_tensors(tmp_path, monkeypatch
         again = load_gguf_model(path, cfg, "int4", cache_dir=packed)(ids).logits
     if cached:
         assert torch.equal(again, want)
+
+
+def test_a_stopped_load_leaves_nothing_it_copied_alive(tmp_path, monkeypatch):
+    """The layers a stopped packed load had already copied (2 MiB-page mappings in the real pair, ~1 GB) go with
+    the load: nothing keeps them once ``LoadStopped`` has been handled."""
+    import gc
+    import weakref
+
+    from dyntree_core.models import gguf_model
+    from dyntree_core.models.gguf_model import load_gguf_model
+
+    path, cfg = _write_tiny_qwen2(tmp_path)
+    load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")  # (writes the packed file)
+    made: list[weakref.ref] = []
+    real_layer = gguf_model._ggml_layer
+
+    def layer(*a, **k):
+        out = real_layer(*a, **k)
+        made.append(weakref.ref(out))
+        made.append(weakref.ref(out.blocks))
+        if len(made) >= 4:
+            event.set()  # (a Stop after two layers were copied)
+        return out
+
+    monkeypatch.setattr(gguf_model, "_ggml_layer", layer)
+    event = threading.Event()
+    try:
+        with interrupt.stops_loads_on(event):
+            load_gguf_model(path, cfg, "int4", cache_dir=tmp_path / "packed")
+    except interrupt.LoadStopped:
+        pass
+    gc.collect()
+    assert len(made) == 4 and all(r() is None for r in made), sum(r() is not None for r in made)

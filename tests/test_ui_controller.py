@@ -814,20 +814,29 @@ def test_close_stops_and_waits_for_every_run_and_the_background_measurement(cont
     assert len(controller.sessions) == 0
 
 
-def test_the_app_closes_its_controller_when_launch_returns(monkeypatch):
-    """``app.main``: Ctrl-C makes Gradio's ``launch`` return; the runs are stopped before the process exits."""
+def test_the_app_closes_its_controller_then_the_app_on_ctrl_c(monkeypatch):
+    """``app.main`` serves until Ctrl-C (``ui.app.serve``), then stops the runs (``shut_down``: the controller's
+    ``close``) and only then closes the app with its event streams (``Blocks.close``). Gradio's own wait closed only
+    the server, which the page's open streams held 5 s, before the runs were told to stop."""
     import app
     import ui
 
-    closed: list[bool] = []
+    done: list[str] = []
 
     class FakeBlocks:
-        def launch(self, **_kw):
-            return None  # (what Gradio's launch does after Ctrl-C)
+        def launch(self, prevent_thread_lock=False, **_kw):
+            done.append(f"launch {prevent_thread_lock}")
+
+        @property
+        def is_running(self):
+            raise KeyboardInterrupt  # (Ctrl-C in the wait)
+
+        def close(self):
+            done.append("closed the app")
 
     def build(_provider, _defaults):
         demo = FakeBlocks()
-        demo.dyntree_close = lambda: closed.append(True) or True
+        demo.dyntree_close = lambda: done.append("stopped the runs") or True
         return demo
 
     monkeypatch.setattr(ui, "build_app", build)
@@ -836,7 +845,7 @@ def test_the_app_closes_its_controller_when_launch_returns(monkeypatch):
     monkeypatch.setattr("ui.app_log.configure", lambda: None)
     monkeypatch.setattr("torch.set_num_threads", lambda _n: None)
     assert app.main(["--tiny", "--port", "1"]) == 0
-    assert closed == [True]
+    assert done == ["launch True", "stopped the runs", "closed the app"]
 
 
 def _slow_load(provider, monkeypatch, seconds: float = 30.0) -> dict:

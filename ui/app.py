@@ -120,6 +120,24 @@ def build_app(model_provider: ModelProvider, defaults: AppDefaults = AppDefaults
     return demo
 
 
+def serve(demo: gr.Blocks, say: Callable[[str], None] = print, **launch_kwargs) -> None:
+    """``demo.launch(**launch_kwargs)`` until Ctrl-C; then the runs stop (``shut_down``) and the server closes without
+    waiting for the pages' open event streams. Gradio's own wait (``block_thread``) closed the server first, and
+    uvicorn waited for those streams until Gradio's 5 s join timeout, before the runs were even told to stop."""
+    try:
+        demo.launch(prevent_thread_lock=True, **launch_kwargs)
+        while demo.is_running:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        say("Keyboard interruption: DynTree closes the app")
+    finally:
+        shut_down(demo, say)
+        server = getattr(demo, "server", None)
+        if server is not None:
+            server.force_exit = True  # (uvicorn: no wait for open connections; the runs they showed have ended)
+        demo.close()
+
+
 def shut_down(demo: gr.Blocks, say: Callable[[str], None] = print) -> bool:
     """After ``demo.launch()`` returned (Ctrl-C): stop every run and ``auto``'s background measurement and wait for
     them (``Controller.close``), so no thread is inside torch while the interpreter exits. True once all stopped."""
