@@ -93,14 +93,15 @@ class Controller:
     def close(self, timeout_s: float = 60.0) -> bool:
         """Stop every session's run and the background measurement, and wait for them (the app is shutting down: a
         thread still inside torch while the interpreter exits aborts the process, "terminate called without an
-        active exception"). Then one turn on the models, so a Compare's step under way has ended too (its stop is
-        set: it takes no other). True once everything stopped within ``timeout_s`` each."""
+        active exception"). Then one turn on the models, so a Compare's step or a load under way has ended too (its
+        stop is set: it takes no other). True once everything stopped within ``timeout_s`` each."""
         stopped = self.planner.close(timeout_s)
         for state in [self.sessions.close(key) for key in self.sessions.keys()]:
             joined = state is None or state.join(timeout_s)
             stopped = stopped and joined
-        with self.model_lock.turn("the app shutting down"):
-            pass
+        if self.model_lock.acquire("the app shutting down", timeout_s=timeout_s) is None:
+            return False  # (a step that never ends: the app exits beside it rather than hang)
+        self.model_lock.release()
         return stopped
 
     def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -39,10 +39,13 @@ class ModelLock:
     def waiting(self) -> int:
         return len(self._queue)
 
-    def acquire(self, who: str = "", on_wait: Optional[Callable[[str], None]] = None) -> float:
-        """Wait for this caller's turn (FIFO); returns the seconds waited. ``on_wait(holder)`` is
-        called once if the lock is busy."""
+    def acquire(self, who: str = "", on_wait: Optional[Callable[[str], None]] = None,
+                timeout_s: Optional[float] = None) -> Optional[float]:
+        """Wait for this caller's turn (FIFO); returns the seconds waited, or None where ``timeout_s`` passed first
+        (the caller then holds nothing and its place in the queue is gone). ``on_wait(holder)`` is called once if the
+        lock is busy."""
         t0 = time.perf_counter()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             ticket = object()
             self._queue.append(ticket)
@@ -50,7 +53,12 @@ class ModelLock:
                 if on_wait is not None:
                     on_wait(self.holder)
                 while self._held or self._queue[0] is not ticket:
-                    self._cond.wait()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._queue.remove(ticket)
+                        self._cond.notify_all()  # (the one behind it may be first now)
+                        return None
+                    self._cond.wait(left)
             self._queue.popleft()
             self._held = True
             self.holder = who
