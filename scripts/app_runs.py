@@ -94,10 +94,9 @@ def main() -> None:
     try:
         with _opened(url, 1400, 1200) as page:
             if args.ab:
-                from dyntree_core.machine import machine_info
+                from dyntree_core.bench.result_file import result_header
 
-                out = {"what": "scripts/app_runs.py --ab", "machine_info": machine_info().to_dict(),
-                       "date": time.strftime("%Y-%m-%d %H:%M:%S"), **ab(page, proc.pid, args.ab)}
+                out = {**result_header("scripts/app_runs.py --ab"), **ab(page, proc.pid, args.ab)}
                 if args.json:
                     Path(args.json).write_text(json.dumps(out, indent=1))
                 return

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dyntree_core.machine import machine_info  # noqa: E402
+from dyntree_core.bench.result_file import write_result  # noqa: E402
 from dyntree_core.models.load import resolve_spec  # noqa: E402
 from dyntree_core.planning.forward_timer import ForwardTimer  # noqa: E402
 from dyntree_core.planning.pair_cache import PairCache  # noqa: E402
@@ -63,9 +63,7 @@ def main() -> None:
             print(f"{r['at_s']:6.1f} s  ours t(1) {before:5.1f} / {after:5.1f} ms   read {one:5.1f} GB/s (1 thread) "
                   f"{both:5.1f} ({threads})   llama-bench tg {llama:5.1f} ms", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"script": "scripts/bandwidth_spells.py", "argv": sys.argv[1:],
-                                         "machine_info": machine_info().to_dict(), "threads": threads,
-                                         "rounds": rounds}, indent=1))
+        write_result(args.json, "scripts/bandwidth_spells.py", {"threads": threads, "rounds": rounds})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ decoding's one-token forward?
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -38,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
     from dyntree_core.planning.forward_timer import ForwardTimer
     from dyntree_core.planning.pair_cache import PairCache
     from dyntree_core.planning.profiling import run_probe
@@ -71,11 +70,10 @@ def main() -> None:
     med_probe = {m: statistics.median([p for p in v if p] or [float("nan")]) for m, v in probes.items()}
     print(f"memory read (median probe, GB/s): {med_probe}; torch threads {torch.get_num_threads()}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "what": "scripts/crowding_rows.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-            "machine_info": machine_info().to_dict(), "duty": args.duty, "rounds": args.rounds,
+        write_result(args.json, "scripts/crowding_rows.py", {
+            "duty": args.duty, "rounds": args.rounds,
             "torch_threads": torch.get_num_threads(), "probe_gb_per_s": med_probe, "probes": probes,
-            "rows": rows, "times_s": times}, indent=1))
+            "rows": rows, "times_s": times})
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
 
     rows = []
     for _ in range(args.rounds):
@@ -69,7 +69,7 @@ def main() -> None:
             print(json.dumps(row))
             rows.append(row)
     if args.json:
-        args.json.write_text(json.dumps({"machine_info": machine_info().to_dict(), "runs": rows}, indent=1))
+        write_result(args.json, "scripts/ctrl_c_exit.py", {"runs": rows})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ answer, not a continuation), the app's default prompt first (set "default"), the
     .venv/bin/python scripts/fallback_ab.py [--method chain] [--early 3 1.25] [--rows priced early]
         [--json bench/results/fallback_ab_<machine>.json]
 """
-import argparse, dataclasses, json, statistics, sys, time
+import argparse, dataclasses, statistics
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from dyntree_core.planning.pair_cache import PairCache
 from dyntree_core.config import DecodeConfig
 from dyntree_core.decode.engine import SpeculativeDecoder
 from dyntree_core.prompts import load_prompts
+from dyntree_core.bench.result_file import write_result
 from dyntree_core.bench.speed import _ours
 from dyntree_core.machine import machine_info
 from dyntree_core.step_price import FallbackPrice, PricedRows
@@ -96,11 +97,9 @@ for ds, texts in sets.items():
               f"{statistics.fmean(a[1] for a in r):.2f} tokens/step, /plain median {statistics.median(ratio):.2f} "
               f"({min(ratio):.2f}-{max(ratio):.2f}), fell back on {sum(a[2] is not None for a in r)}/{len(r)}, "
               f"{sum(a[3] for a in r)} repeat steps", flush=True)
-args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-                                 "machine_info": machine_info().to_dict(),
-                                 "threads": torch.get_num_threads(), "plan": plan.best.label(), "ran": cand.label(), "predicted_ms_per_token": cand.seconds_per_token * 1e3,
-                                 "break_even": even, "fallback": priced.fallback and dataclasses.asdict(priced.fallback),
-                                 "rows": {ds: {k: [{"ms_per_token": a[0], "tokens_per_step": a[1], "fell_back_after": a[2],
-                                                    "repeat_steps": a[3]}
-                                                   for a in r] for k, r in rows.items()} for ds, rows in out.items()}},
-                                indent=1))
+write_result(args.json, "scripts/fallback_ab.py", {
+    "threads": torch.get_num_threads(), "plan": plan.best.label(), "ran": cand.label(),
+    "predicted_ms_per_token": cand.seconds_per_token * 1e3,
+    "break_even": even, "fallback": priced.fallback and dataclasses.asdict(priced.fallback),
+    "rows": {ds: {k: [{"ms_per_token": a[0], "tokens_per_step": a[1], "fell_back_after": a[2], "repeat_steps": a[3]}
+                      for a in r] for k, r in rows.items()} for ds, rows in out.items()}})

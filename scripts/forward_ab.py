@@ -57,10 +57,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
 
     if args.kernels:
-        compare_policies(args, machine_info().to_dict())
+        compare_policies(args)
         return
 
     base_rev = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True,
@@ -91,15 +91,16 @@ def main() -> None:
         print(f"{side} medians: " + "  ".join(f"t({n}) {v:.1f}" for n, v in m.items())
               + (f"  t({max(args.ns)})/t(1) {m[str(max(args.ns))] / m['1']:.1f}" if "1" in m else ""))
     if args.json:
-        args.json.write_text(json.dumps({
-            "script": "scripts/forward_ab.py", "argv": sys.argv[1:], "base": base_rev, "this": head_rev,
-            "this_uncommitted_changes": dirty, "machine_info": machine_info().to_dict(), "rounds": rounds,
-            "median_ms": medians, "median_ratio_this_over_base": ratios}, indent=1, default=str))
+        write_result(args.json, "scripts/forward_ab.py", {
+            "base": base_rev, "this": head_rev, "this_uncommitted_changes": dirty, "rounds": rounds,
+            "median_ms": medians, "median_ratio_this_over_base": ratios}, default=str)
 
 
-def compare_policies(args: argparse.Namespace, machine: dict) -> None:
+def compare_policies(args: argparse.Namespace) -> None:
     """Each round runs every policy in turn (one process each); medians per policy and of the per-round ratios
     against the first policy."""
+    from dyntree_core.bench.result_file import write_result
+
     rounds = []
     for r in range(args.rounds):
         got = {policy: run_side(ROOT, args.role, args.ns, policy) for policy in args.kernels}
@@ -116,9 +117,8 @@ def compare_policies(args: argparse.Namespace, machine: dict) -> None:
     for p, q in ratios.items():
         print(f"median ratio {p} / {first}: " + "  ".join(f"t({n}) {v:.2f}" for n, v in q.items()))
     if args.json:
-        args.json.write_text(json.dumps({
-            "script": "scripts/forward_ab.py", "argv": sys.argv[1:], "machine_info": machine, "rounds": rounds,
-            "median_ms": medians, f"median_ratio_over_{first}": ratios}, indent=1, default=str))
+        write_result(args.json, "scripts/forward_ab.py", {
+            "rounds": rounds, "median_ms": medians, f"median_ratio_over_{first}": ratios}, default=str)
 
 
 if __name__ == "__main__":

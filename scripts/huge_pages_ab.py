@@ -8,7 +8,6 @@ blocks under 2 MiB move (those ``pack_small_blocks`` packed side by side at load
 import argparse
 import os
 import statistics
-import sys
 
 import torch
 
@@ -49,12 +48,8 @@ medians = {k: statistics.median(v) for k, v in runs.items()}
 ratio = statistics.median(a / b for a, b in zip(runs["2 MiB"], runs["4 KiB"]))
 print("t(1) medians: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()) + f"; ratio 2 MiB / 4 KiB {ratio:.3f}")
 if args.json:
-    import json
+    from dyntree_core.bench.result_file import write_result
 
-    from dyntree_core.machine import machine_info
-
-    with open(args.json, "w") as f:
-        json.dump({"script": "scripts/huge_pages_ab.py", "argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
-                   "layers": len(layers), "megabytes": round(sum(b.numel() for b in huge) / 1e6, 1),
-                   "t1_ms": runs, "median_ms": medians, "median_ratio_2mib_over_4kib": ratio},
-                  f, indent=1)
+    write_result(args.json, "scripts/huge_pages_ab.py", {
+        "layers": len(layers), "megabytes": round(sum(b.numel() for b in huge) / 1e6, 1),
+        "t1_ms": runs, "median_ms": medians, "median_ratio_2mib_over_4kib": ratio})

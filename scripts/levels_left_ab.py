@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +29,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
+    from dyntree_core.bench.result_file import write_result
     from dyntree_core.config import DecodeConfig
     from dyntree_core.decode.engine import SpeculativeDecoder
-    from dyntree_core.machine import machine_info
     from dyntree_core.planning.auto import plan_auto
     from dyntree_core.planning.pair_cache import PairCache
     from dyntree_core.prompts import load_prompts
@@ -84,9 +82,7 @@ def main() -> None:
               f"{out[ds]['draft_forwards'][0]} vs {out[ds]['draft_forwards'][1]}, target rows {out[ds]['target_rows'][0]} "
               f"vs {out[ds]['target_rows'][1]}; identical tokens {out[ds]['identical']}/{len(rows)}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"what": "scripts/levels_left_ab.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
-                                         "ran": ran, "sets": out}, indent=1))
+        write_result(args.json, "scripts/levels_left_ab.py", {"ran": ran, "sets": out})
 
 
 if __name__ == "__main__":

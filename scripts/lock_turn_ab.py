@@ -9,7 +9,6 @@ the page's Runs decode slower than headless ones, this says whether the app's tu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from page_vs_headless import default_settings
 
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
     from ui.model_lock import ModelLock
     from ui.models import HubModelProvider
     from ui.runner import start_generation
@@ -70,9 +69,7 @@ def main() -> None:
     for m, s in summary.items():
         print(f"{m:12s} {s}")
     if args.json:
-        args.json.write_text(json.dumps({"what": "scripts/lock_turn_ab.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "machine_info": machine_info().to_dict(), "runs": runs, "summary": summary},
-                                        indent=1))
+        write_result(args.json, "scripts/lock_turn_ab.py", {"runs": runs, "summary": summary})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import statistics
 import sys
@@ -56,7 +55,7 @@ def main() -> None:
     from test_browser import _opened, _ready
     from ui_form import form_values
 
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
     from ui.layout import AppDefaults
     from ui.page_driver import start_app, stop_app
 
@@ -122,9 +121,7 @@ def main() -> None:
     for m, s in summary.items():
         print(f"{m:9s} {s}")
     if args.json:
-        args.json.write_text(json.dumps({"what": "scripts/page_presence_ab.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "argv": sys.argv[1:], "machine_info": machine_info().to_dict(), "runs": runs,
-                                         "summary": summary}, indent=1))
+        write_result(args.json, "scripts/page_presence_ab.py", {"runs": runs, "summary": summary})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ to skip the outputs a file names (re-read at every refresh; no product code chan
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -104,7 +103,7 @@ def main() -> None:
     from page_vs_headless import _parse
     from test_browser import _opened, _status
 
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
     from ui.page_driver import start_app, stop_app
 
     args.log.write_text("")
@@ -142,9 +141,7 @@ def main() -> None:
                             for k in ("ms_per_token", "speed_over_plain_inside", *METRICS) if ok}
         print(f"{variant:40s} {summary[variant]}")
     if args.json:
-        args.json.write_text(json.dumps({"what": "scripts/page_render_cost.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
-                                         "runs": runs, "summary": summary}, indent=1))
+        write_result(args.json, "scripts/page_render_cost.py", {"runs": runs, "summary": summary})
 
 
 if __name__ == "__main__":

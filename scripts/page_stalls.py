@@ -148,7 +148,7 @@ def main() -> None:
         sys.exit(serve(args.port, args.log))
 
     from test_browser import _opened, _status
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
     from ui.page_driver import start_app, stop_app
 
     args.log.write_text("")
@@ -172,9 +172,7 @@ def main() -> None:
     result = analyze(args.log)
     print(json.dumps(result, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"what": "scripts/page_stalls.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "machine_info": machine_info().to_dict(), "runs": args.runs,
-                                         "statuses": statuses, **result}, indent=1))
+        write_result(args.json, "scripts/page_stalls.py", {"runs": args.runs, "statuses": statuses, **result})
 
 
 if __name__ == "__main__":

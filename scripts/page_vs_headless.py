@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import statistics
@@ -131,7 +130,7 @@ def main() -> None:
     from page_stalls import run_in_page
     from test_browser import _opened, _ready, _status
 
-    from dyntree_core.machine import machine_info
+    from dyntree_core.bench.result_file import write_result
     from dyntree_core.planning.profiling import run_probe
     from ui.models import HubModelProvider
     from ui.page_driver import start_app, stop_app
@@ -224,10 +223,8 @@ def main() -> None:
             print(f"{mode}: speed over plain inside, median {statistics.median(xs):.2f} ({xs}); ms/token median "
                   f"{statistics.median(ms)}")
     if args.json:
-        args.json.write_text(json.dumps({"what": "scripts/page_vs_headless.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "argv": sys.argv[1:], "machine_info": machine_info().to_dict(), "runs": runs,
-                                         "rows": rows, "phases": phases, "draft_parts": draft_parts,
-                                         "draft_steps": drafts}, indent=1))
+        write_result(args.json, "scripts/page_vs_headless.py", {
+            "runs": runs, "rows": rows, "phases": phases, "draft_parts": draft_parts, "draft_steps": drafts})
 
 
 if __name__ == "__main__":

@@ -50,9 +50,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    from dyntree_core.bench.result_file import result_header
     from dyntree_core.config import DecodeConfig
     from dyntree_core.decode.engine import SpeculativeDecoder
-    from dyntree_core.machine import machine_info
     from dyntree_core.models.load import load_pair
     from dyntree_core.planning.acceptance import calibration_prompts, prompt_agreement
     from dyntree_core.prompts import load_prompts
@@ -84,7 +84,7 @@ def main() -> None:
     evals = [one(list(tok(p.text, add_special_tokens=False)["input_ids"])[:128], 64, ds)
              for ds in ("wiki", "news", "code") for p in load_prompts(ds, args.prompts)]
     y = [r["chain12_tokens_per_step"] for r in evals]
-    out = {"script": "scripts/prompt_agreement.py", "argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
+    out = {**result_header("scripts/prompt_agreement.py"),
            "calibration": calib, "eval": evals,
            "nearest": {}}
     keys = ("agreement", *(f"agreement_last_{w}" for w in WINDOWS), "agreement_whole_prompt")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -49,12 +48,12 @@ def main() -> None:
     ap.add_argument("--in-run", action="store_true", help="replay the repeats inside auto's chain run instead")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    from dyntree_core.bench.result_file import write_result
     from dyntree_core.config import DecodeConfig
     from dyntree_core.decode.engine import SpeculativeDecoder
     from dyntree_core.drafting.hybrid import suffix_tree_is_confident
     from dyntree_core.drafting.repeats import REPEAT_BUDGET, REPEAT_SPEC_FACTOR, REPEAT_THRESHOLD, RepeatDrafter
     from dyntree_core.drafting.suffix import accepted_along, suffix_tree
-    from dyntree_core.machine import machine_info
     from dyntree_core.planning.auto import plan_auto
     from dyntree_core.planning.pair_cache import PairCache
     from dyntree_core.prompts import load_prompts
@@ -101,9 +100,8 @@ def main() -> None:
     if args.in_run:
         out = in_run(plan, rows, pair, texts, RepeatDrafter, suffix_tree_is_confident, accepted_along)
         if args.json:
-            args.json.write_text(json.dumps({"argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
-                                             "plan": plan.best.label(), "rows": dataclasses.asdict(rows),
-                                             "rules": out}, indent=1))
+            write_result(args.json, "scripts/repeat_replay.py", {"plan": plan.best.label(),
+                                                                 "rows": dataclasses.asdict(rows), "rules": out})
         return
 
     def confident(d):
@@ -125,10 +123,9 @@ def main() -> None:
         print(f"{name:28} " + "  ".join(f"{ds} {v['median']:.3f} (mean {v['mean']:.3f}, worst {v['worst']:.2f})"
                                          for ds, v in out[name].items()), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"argv": sys.argv[1:], "machine_info": machine_info().to_dict(),
-                                         "plan": plan.best.label(), "rows": dataclasses.asdict(rows),
-                                         "from_token": args.start,
-                                         "temperature": args.temperature, "samples": args.samples, "rules": out}, indent=1))
+        write_result(args.json, "scripts/repeat_replay.py", {
+            "plan": plan.best.label(), "rows": dataclasses.asdict(rows), "from_token": args.start,
+            "temperature": args.temperature, "samples": args.samples, "rules": out})
 
 
 def in_run(plan, rows, pair, texts, RepeatDrafter, suffix_tree_is_confident, accepted_along) -> dict:

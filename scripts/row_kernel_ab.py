@@ -12,7 +12,6 @@ medians (ms per product and GB/s of blocks) and the median of the per-round rati
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dyntree_core.machine import machine_info  # noqa: E402
+from dyntree_core.bench.result_file import write_result  # noqa: E402
 from dyntree_core.quant import native  # noqa: E402
 
 CACHE_BYTES = 96e6  # copies of a weight whose sum exceeds this come from DRAM (L3 here: 32 MiB)
@@ -79,10 +78,8 @@ def main() -> None:
                     f"{name} {row[f'{name.lower()}_ms']:.3f} ms ({row[f'{name.lower()}_gb_per_s']:.1f} GB/s)"
                     for name in names) + f", {names[1]} / {names[0]} {row[ratio]:.3f}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"script": "scripts/row_kernel_ab.py", "argv": sys.argv[1:],
-                                         "machine_info": machine_info().to_dict(),
-                                         "rounds": args.rounds, "pair": args.pair,
-                                         "results": results}, indent=1))
+        write_result(args.json, "scripts/row_kernel_ab.py", {"rounds": args.rounds, "pair": args.pair,
+                                                             "results": results})
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from dyntree_core.__main__ import encode_prompt
+    from dyntree_core.bench.result_file import write_result
     from dyntree_core.bench.speed import _ours
     from dyntree_core.config import DecodeConfig
     from dyntree_core.decode.engine import SpeculativeDecoder
-    from dyntree_core.machine import machine_info
     from dyntree_core.planning.auto import choose, plan_auto
     from dyntree_core.planning.machine_profile import MachineProfile
     from dyntree_core.planning.pair_cache import PairCache
@@ -98,11 +98,9 @@ def main() -> None:
                       "ratios": [round(v, 3) for v in r], "plain_ratios": [round(v, 3) for v in rp]}
         print(k, json.dumps(summary[k]), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-                                         "machine_info": machine_info().to_dict(), "first_probe": first,
-                                         "own_profile_gb_per_s": own.profile.read_gb_per_s,
-                                         "other_profile_gb_per_s": other.read_gb_per_s, "summary": summary,
-                                         "rows": rows}, indent=1))
+        write_result(args.json, "scripts/spell_floor_ab.py", {
+            "first_probe": first, "own_profile_gb_per_s": own.profile.read_gb_per_s,
+            "other_profile_gb_per_s": other.read_gb_per_s, "summary": summary, "rows": rows})
 
 
 if __name__ == "__main__":

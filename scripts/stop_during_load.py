@@ -64,11 +64,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.json:
-        from dyntree_core.machine import machine_info
+        from dyntree_core.bench.result_file import write_result
 
-        args.json.write_text(json.dumps({"what": __doc__.split("\n")[0], "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                               time.gmtime()),
-                                         "argv": sys.argv, "machine_info": machine_info().to_dict(), "rounds": rows}, indent=1))
+        write_result(args.json, "scripts/stop_during_load.py", {"rounds": rows})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ interpreter lock: what the CPUs alone cost). Prints the medians; ``--json`` writ
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -49,9 +48,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from dyntree_core.__main__ import encode_prompt
+    from dyntree_core.bench.result_file import write_result
     from dyntree_core.config import DecodeConfig
     from dyntree_core.decode.engine import SpeculativeDecoder
-    from dyntree_core.machine import machine_info
     from dyntree_core.openmp_team import release_thread_team
     from dyntree_core.planning.auto import plan_auto
     from dyntree_core.planning.pair_cache import PairCache
@@ -110,10 +109,9 @@ def main() -> None:
     for k, v in medians.items():
         print(f"{k:55} median {v:.3f} s")
     if args.json:
-        args.json.write_text(json.dumps({
-            "what": "scripts/switch_interval_ab.py", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "machine_info": machine_info().to_dict(), "plan": cand.label(), "busy_s": args.busy,
-            "period_s": args.period, "new_tokens": 64, "seconds": seconds, "medians": medians}, indent=1))
+        write_result(args.json, "scripts/switch_interval_ab.py", {
+            "plan": cand.label(), "busy_s": args.busy,
+            "period_s": args.period, "new_tokens": 64, "seconds": seconds, "medians": medians})
 
 
 if __name__ == "__main__":
