@@ -1001,3 +1001,35 @@ def test_closing_the_planner_ends_a_model_load_inside_its_turn():
     t0 = time.monotonic()
     assert planner.close(60)
     assert time.monotonic() - t0 < 1.0 and "key" not in planner.failed
+
+
+def test_pause_while_a_run_loads_starts_it_paused_and_resume_runs_it(controller, monkeypatch):
+    """Pause clicked while the Run's models loaded was ignored: the run then streamed. Now the button reads Resume at
+    once, the status says the run starts paused, the loaded run waits at its first step, and Resume runs it; a
+    second Pause during the load takes the first back."""
+    from ui.controller import PAUSED_AFTER_LOAD
+
+    _name_live_components(controller, "timer")
+    seen = _slow_load(controller.provider, monkeypatch, seconds=1.0)
+    state = SessionState()
+    th = _run_in_thread(controller, state, method="autoregressive")
+    assert seen["started"].wait(30)
+    controller.on_pause(state)
+    assert PAUSED_AFTER_LOAD in controller.status_line(state, "idle")
+    assert controller.on_tick(state, 16)["pause_btn"].value == "Resume"
+    th.join(30)
+    assert not th.is_alive() and seen["ended"][0] == "loaded"
+    assert state.worker is None and state.record.status == "paused" and state.active and not state.pause_after_load
+    assert "· paused · no step yet" in controller.on_tick(state, 16)["status"]
+    controller.on_pause(state)  # Resume
+    assert state.worker is not None and state.worker.join(120) and state.record.status == "finished"
+
+    # Pause, then Pause again, during the load: it runs as if never paused
+    seen = _slow_load(controller.provider, monkeypatch, seconds=1.0)
+    th = _run_in_thread(controller, state, method="autoregressive")
+    assert seen["started"].wait(30)
+    controller.on_pause(state)
+    controller.on_pause(state)
+    assert PAUSED_AFTER_LOAD not in controller.status_line(state, "idle")
+    th.join(30)
+    assert state.worker is not None and state.worker.join(120) and state.record.status == "finished"

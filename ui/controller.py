@@ -75,6 +75,10 @@ def figures_due(state: SessionState, rec: Optional[RunRecord], looking_at: tuple
     return True
 
 
+#: the status's line while a Run whose Pause was clicked during its load still loads
+PAUSED_AFTER_LOAD = "paused: the run starts paused once the models are ready (Resume starts it)"
+
+
 class Controller:
     """The handlers of one app (``build_app`` wires them to ``c``'s components)."""
 
@@ -183,7 +187,8 @@ class Controller:
             line = self.load_line(state)
             if state.load_stop is not None and state.load_stop.is_set():
                 line = "stopping the load …"
-            return f"{state.notice}  \n_{line}_" if line else state.notice
+            lines = [state.notice] + [f"_{x}_" for x in (line, state.pause_after_load and PAUSED_AFTER_LOAD) if x]
+            return "  \n".join(lines)
         if state.load_stopped:
             status = f"{state.load_stopped}  \n{status}"
         if state.running and state.generation is not None and state.generation.stop_event.is_set():
@@ -206,7 +211,8 @@ class Controller:
         baseline = state.baseline_for(rec.settings) if rec is not None else None
         n = len(rec.traces) if rec is not None else 0
         idx = n - 1 if state.view_step is None else min(state.view_step, n - 1)
-        paused = rec is not None and rec.status == "paused" and state.active and not state.running
+        paused = (rec is not None and rec.status == "paused" and state.active and not state.running) or \
+            state.pause_after_load
         decision = state.walk[1] if state.walk is not None and state.walk[0] == idx else None
         figures = figures_due(state, rec, (state.view_step, decision, block))
         rv = run_view(rec, rec if baseline is not None and baseline is live_rec else baseline, figures)
@@ -257,6 +263,7 @@ class Controller:
         """A new Run/Step click: the previous error goes at the next refresh, not after the models load."""
         state.error = ""
         state.load_stopped = ""
+        state.pause_after_load = False
         state.bump()
 
     def halt(self, state: SessionState, wait_s: float = 120.0) -> None:
@@ -464,10 +471,20 @@ class Controller:
         except Exception as e:  # noqa: BLE001 - shown in the page; the app stays usable
             self.fail(state, e)
             return
+        finally:
+            paused, state.pause_after_load = state.pause_after_load, False
         state.baseline_request = settings if baseline else None
+        if paused:  # (Pause clicked while the models loaded: Resume starts it)
+            state.record.status = "paused"
+            state.bump()
+            return
         self.launch(state)
 
     def on_pause(self, state: SessionState) -> None:
+        if state.load_stop is not None:  # (the Run's models are loading: it starts paused; a second click undoes it)
+            state.pause_after_load = not state.pause_after_load
+            state.bump()
+            return
         rec = state.record
         if state.running and rec is not None and rec.status == "running":
             self.halt(state, wait_s=0)  # the worker stops after its current step

@@ -278,6 +278,7 @@ class SessionState:
         self.notice = ""  # shown instead of the run's status while models load
         self.load_stop: Optional[threading.Event] = None  # set to end the Run's model load under way (None: none)
         self.load_stopped = ""  # said above the status after a load was stopped (until the next Run or Step)
+        self.pause_after_load = False  # Pause clicked while the Run's models loaded: it starts paused
         self.rendered_loading = ""  # the load's progress line the page last showed under the notice
         self.view_step: Optional[int] = None  # the step the user picked on the slider (None: the latest)
         self.walk: Optional[tuple[int, int]] = None  # (step, decision) the walkthrough shows
