@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator, Optional
+from typing import ContextManager, Iterator, Optional
 
 _EVENT: ContextVar[Optional[threading.Event]] = ContextVar("dyntree_prefill_stop", default=None)
 _LOAD_EVENT: ContextVar[Optional[threading.Event]] = ContextVar("dyntree_load_stop", default=None)
@@ -29,14 +29,28 @@ class Interrupted(Exception):
     """The stop event of the enclosing ``stops_on`` was set while a forward ran."""
 
 
+class LoadStopped(Exception):
+    """The stop event of the enclosing ``stops_loads_on`` was set while models loaded."""
+
+
 @contextmanager
-def stops_on(event: Optional[threading.Event]) -> Iterator[None]:
-    """Forwards run inside this block end at their next layer once ``event`` is set (None: never)."""
-    token = _EVENT.set(event)
+def _scope(var: ContextVar[Optional[threading.Event]], event: Optional[threading.Event]) -> Iterator[None]:
+    token = var.set(event)
     try:
         yield
     finally:
-        _EVENT.reset(token)
+        var.reset(token)
+
+
+def _raise_if_set(var: ContextVar[Optional[threading.Event]], stopped: type[Exception]) -> None:
+    event = var.get()
+    if event is not None and event.is_set():
+        raise stopped
+
+
+def stops_on(event: Optional[threading.Event]) -> ContextManager[None]:
+    """Forwards run inside this block end at their next layer once ``event`` is set (None: never)."""
+    return _scope(_EVENT, event)
 
 
 def armed() -> bool:
@@ -46,27 +60,14 @@ def armed() -> bool:
 
 def check() -> None:
     """Raise ``Interrupted`` when the enclosing ``stops_on`` event is set (called between layers)."""
-    event = _EVENT.get()
-    if event is not None and event.is_set():
-        raise Interrupted
+    _raise_if_set(_EVENT, Interrupted)
 
 
-class LoadStopped(Exception):
-    """The stop event of the enclosing ``stops_loads_on`` was set while models loaded."""
-
-
-@contextmanager
-def stops_loads_on(event: Optional[threading.Event]) -> Iterator[None]:
+def stops_loads_on(event: Optional[threading.Event]) -> ContextManager[None]:
     """Model loads inside this block end at their next ``check_load`` once ``event`` is set (None: never)."""
-    token = _LOAD_EVENT.set(event)
-    try:
-        yield
-    finally:
-        _LOAD_EVENT.reset(token)
+    return _scope(_LOAD_EVENT, event)
 
 
 def check_load() -> None:
     """Raise ``LoadStopped`` when the enclosing ``stops_loads_on`` event is set (called between a load's tensors)."""
-    event = _LOAD_EVENT.get()
-    if event is not None and event.is_set():
-        raise LoadStopped
+    _raise_if_set(_LOAD_EVENT, LoadStopped)
