@@ -1033,3 +1033,26 @@ def test_pause_while_a_run_loads_starts_it_paused_and_resume_runs_it(controller,
     assert PAUSED_AFTER_LOAD not in controller.status_line(state, "idle")
     th.join(30)
     assert state.worker is not None and state.worker.join(120) and state.record.status == "finished"
+
+
+def test_pause_while_a_steps_models_load_leaves_nothing_behind(controller, monkeypatch):
+    """Step loads the models as Run does; a Pause clicked meanwhile is spent by that load (the step leaves the run
+    paused anyway): Resume then runs it, and the button does not keep reading Resume while it runs."""
+    import threading
+
+    _name_live_components(controller, "timer")
+    seen = _slow_load(controller.provider, monkeypatch, seconds=1.0)
+    state = SessionState()
+    th = threading.Thread(target=controller.on_step, args=(state, *_form(method="autoregressive",
+                                                                           max_new_tokens=2048)), daemon=True)
+    th.start()
+    assert seen["started"].wait(30)
+    controller.on_pause(state)
+    th.join(60)
+    assert state.record.status == "paused" and not state.pause_after_load
+    assert controller.on_tick(state, 16)["pause_btn"].value == "Resume"
+    controller.on_pause(state)  # Resume
+    assert state.running
+    assert controller.on_tick(state, 16)["pause_btn"].value == "Pause"
+    controller.on_stop(state)
+    assert state.worker.join(60)

@@ -368,6 +368,7 @@ class Controller:
         finally:
             state.notice = ""
             state.load_stop = None
+            paused, state.pause_after_load = state.pause_after_load, False  # (a Pause clicked during the load)
         if stop.is_set():
             waited = spent(before, read_counters())
             state.load_stopped = f"Stopped while loading the models ({waited.wall_s:.1f} s in): nothing ran."
@@ -381,7 +382,8 @@ class Controller:
             clock.phase(f"models ready: {run.method}, target {run.precision}, draft {run.draft_precision} (planning "
                         f"and loading: {spent(before, read_counters()).text()})")
         self.measure_costs(state.generation.record)
-        state.generation.record.status = "running"  # it runs at once (Run or Step)
+        # (Run or Step: it runs at once, but for a Pause clicked during its load)
+        state.generation.record.status = "paused" if paused else "running"
         state.record = state.generation.record
         state.baseline_request = None
         state.run_started_at, state.figures_stale = time.monotonic(), True
@@ -471,14 +473,9 @@ class Controller:
         except Exception as e:  # noqa: BLE001 - shown in the page; the app stays usable
             self.fail(state, e)
             return
-        finally:
-            paused, state.pause_after_load = state.pause_after_load, False
         state.baseline_request = settings if baseline else None
-        if paused:  # (Pause clicked while the models loaded: Resume starts it)
-            state.record.status = "paused"
-            state.bump()
-            return
-        self.launch(state)
+        if state.record.status != "paused":  # (Pause clicked while the models loaded: Resume starts it)
+            self.launch(state)
 
     def on_pause(self, state: SessionState) -> None:
         if state.load_stop is not None:  # (the Run's models are loading: it starts paused; a second click undoes it)
