@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int q6k = atoi(argv[1]), R = atoi(argv[2]), G = atoi(argv[4]);
-    const int64_t K = atoll(argv[3]), nb = K / 256, gstride = nb * (q6k ? 1680 : 1248);
+    const int64_t K = atoll(argv[3]), nb = K / 256, gstride = nb * (q6k ? 1680 : 1184);
     const double ghz = atof(argv[5]);
     uint8_t *w = aligned_alloc(64, 2 * gstride + 8192);
     for (int64_t i = 0; i < 2 * gstride + 8192; i++) w[i] = (uint8_t)((i * 37) & 0x3f);

@@ -718,18 +718,22 @@ int dyntree_ggml_matmul_q8(int type, const float *x, int64_t ldx, const uint8_t 
  * weight row by 32 activations per instruction and reduce 8 lanes per block, here 4 activation bytes broadcast
  * to every lane meet 4 weights of each of the 8 columns; a sub-block's 8 vpmaddubsw are summed in int16 (8 x
  * 2 x 15 x 127 < 2^15) before one vpmaddwd by the 8 columns' scales: 9 multiplies per 256 products and row
- * where the row kernels issue 16, and no unpacking of scales in the loop (stored unpacked).
+ * where the row kernels issue 16, and no unpacking of 6-bit scales in the loop (stored as bytes).
  *
  * Arithmetic (one for every M, so a tree's rows get plain decoding's numbers): per block b, with the integer
  * sums I_b = sum_j sc_j * sum(q x)_j and N_b = sum_j m_j * sum(x8)_j (exact), the output accumulates
  * acc = fma(float(I_b), d_b * dx_b, acc); acc = fma(-float(N_b), dmin_b * dx_b, acc) in block order from 0;
  * then y = acc + bias. tests/test_x8_tiles.py holds it against a numpy model of exactly this.
  *
- * Layout per group of 8 rows and block (Q4K_X8_BYTES = 1248 bytes, in block order, groups in row order):
+ * Layout per group of 8 rows and block (Q4K_X8_BYTES = 1184 bytes, in block order, groups in row order):
  *   d[8], dmin[8]  fp16                                   (32 bytes)
- *   sc[8 sub][8 col][2]  u8, each scale twice             (128: one vpmovzxbw gives vpmaddwd's operand)
- *   mn[4 pair][8 col][2] u8, mins of sub 2p and 2p+1      (64)
+ *   sc[8 sub][8 col]     u8                               (64)
+ *   mn[4 pair][8 col][2] u8, mins of sub 2p and 2p+1      (64: one vpmovzxbw gives vpmaddwd's operand)
  *   qs[8 sub][4 l][32]  byte 4c + t: low nibble q[c][32 sub + 4 l + t], high nibble q[c][32 sub + 4 (l + 4) + t]
+ * 1184 bytes against the file's 8 x 144 = 1152 (the 6-bit scales and mins as bytes); a one-row product streams
+ * every byte from DRAM, so the layout's size is its one-row time (with the scales stored twice, 1248 bytes, a
+ * product at one row took 5% longer: docs/CPU_KERNELS.md). Packing them to the file's 6 bits would save 2.7% more
+ * and cost unpacking instructions per sub-block in every tile.
  * --------------------------------------------------------------------------------------------------------- */
 /* rows [N, K] of Q4_K blocks -> the x8 layout (N % 8 == 0); returns 0, or -1 on a shape it does not take */
 int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
@@ -745,10 +749,10 @@ int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) 
                 memcpy(o + 16 + 2 * c, blk + 2, 2);
                 int sc[8], mn[8];
                 for (int j = 0; j < 8; j++) scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
-                for (int j = 0; j < 8; j++) o[32 + 16 * j + 2 * c] = o[32 + 16 * j + 2 * c + 1] = (uint8_t)sc[j];
+                for (int j = 0; j < 8; j++) o[32 + 8 * j + c] = (uint8_t)sc[j];
                 for (int p = 0; p < 4; p++) {
-                    o[160 + 16 * p + 2 * c] = (uint8_t)mn[2 * p];
-                    o[160 + 16 * p + 2 * c + 1] = (uint8_t)mn[2 * p + 1];
+                    o[96 + 16 * p + 2 * c] = (uint8_t)mn[2 * p];
+                    o[96 + 16 * p + 2 * c + 1] = (uint8_t)mn[2 * p + 1];
                 }
                 uint8_t q[256];
                 for (int j = 0; j < 4; j++)
@@ -759,7 +763,7 @@ int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) 
                 for (int j = 0; j < 8; j++)
                     for (int l = 0; l < 4; l++)
                         for (int t = 0; t < 4; t++)
-                            o[224 + 128 * j + 32 * l + 4 * c + t] =
+                            o[160 + 128 * j + 32 * l + 4 * c + t] =
                                 (uint8_t)(q[32 * j + 4 * l + t] | (q[32 * j + 4 * (l + 4) + t] << 4));
             }
         }
@@ -780,10 +784,10 @@ int dyntree_q4k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
                 memcpy(blk, o + 2 * c, 2);
                 memcpy(blk + 2, o + 16 + 2 * c, 2);
                 int sc[8], mn[8];
-                for (int j = 0; j < 8; j++) sc[j] = o[32 + 16 * j + 2 * c];
+                for (int j = 0; j < 8; j++) sc[j] = o[32 + 8 * j + c];
                 for (int p = 0; p < 4; p++) {
-                    mn[2 * p] = o[160 + 16 * p + 2 * c];
-                    mn[2 * p + 1] = o[160 + 16 * p + 2 * c + 1];
+                    mn[2 * p] = o[96 + 16 * p + 2 * c];
+                    mn[2 * p + 1] = o[96 + 16 * p + 2 * c + 1];
                 }
                 uint8_t *s = blk + 4;
                 for (int j = 0; j < 4; j++) {
@@ -795,7 +799,7 @@ int dyntree_q4k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
                 for (int j = 0; j < 8; j++)
                     for (int l = 0; l < 4; l++)
                         for (int t = 0; t < 4; t++) {
-                            const uint8_t v = o[224 + 128 * j + 32 * l + 4 * c + t];
+                            const uint8_t v = o[160 + 128 * j + 32 * l + 4 * c + t];
                             q[32 * j + 4 * l + t] = v & 0x0F;
                             q[32 * j + 4 * (l + 4) + t] = v >> 4;
                         }
@@ -821,7 +825,7 @@ ROWS_KERNEL void q4k_x8_tile(const int R, const uint8_t *wg, int64_t nb, const i
             __m256i p16[X8_ROWS];
             x8_prefetch(o, Q4K_X8_BYTES, j, 8);
             for (int l = 0; l < 4; l++) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 224 + 128 * j + 32 * l));
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 160 + 128 * j + 32 * l));
                 const __m256i lo = _mm256_and_si256(bytes, mask);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                 for (int r = 0; r < R; r++) {
@@ -831,7 +835,8 @@ ROWS_KERNEL void q4k_x8_tile(const int R, const uint8_t *wg, int64_t nb, const i
                     p16[r] = l ? _mm256_add_epi16(p16[r], t) : t;
                 }
             }
-            const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * j)));
+            const __m128i s8 = _mm_loadl_epi64((const __m128i *)(o + 32 + 8 * j));
+            const __m256i s16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  /* each scale twice */
             for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16[r], s16));
         }
         q4k_x8_block_floats(R, o, isum, b, d8, b32, K, acc);

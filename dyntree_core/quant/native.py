@@ -49,7 +49,7 @@ BLOCKS: dict[str, tuple[int, int, int]] = {"Q4_K": (12, 256, 144), "Q6_K": (14, 
                                            "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34)}
 #: rows repacked 8 at a time (``NativeKernels.repack_x8``; ``ggml_kernels.c``, "Q4_K x8", "Q6_K x8" and "Q5_0 x8"):
 #: per GGML type, the kernels' own type id (not GGML's) and the bytes per group of 8 rows and block (``BLOCKS``)
-X8: dict[str, tuple[int, int]] = {"Q4_K": (112, 1248), "Q6_K": (114, 1680), "Q5_0": (106, 176)}
+X8: dict[str, tuple[int, int]] = {"Q4_K": (112, 1184), "Q6_K": (114, 1680), "Q5_0": (106, 176)}
 X8_TYPES = tuple(X8)
 #: their repack / unpack functions: dyntree_<name>_x8_repack
 X8_C_NAMES = {"Q4_K": "q4k", "Q6_K": "q6k", "Q5_0": "q5_0"}
