@@ -86,8 +86,9 @@ def time_products(sides: dict, rows: list[int], rounds: int) -> dict:
         for m in rows:
             x = torch.randn(m, k)
             got: dict[str, list[float]] = {label: [] for label in sides}
-            for _ in range(rounds):
-                for label, (nk, x8) in sides.items():
+            for r in range(rounds):
+                for label in ("base", "this") if r % 2 == 0 else ("this", "base"):
+                    nk, x8 = sides[label]
                     with layout(x8):
                         times = []
                         for _pass in range(3):
@@ -137,7 +138,8 @@ def time_forward(sides: dict, ns: list[int], rounds: int) -> dict:
     with torch.inference_mode():
         timer = ForwardTimer(model, 128, max(ns))
         for r in range(rounds):
-            for label, (nk, x8) in (("base", sides["base"]), ("this", sides["this"])):
+            for label in ("base", "this") if r % 2 == 0 else ("this", "base"):  # ABBA: neither side always first
+                nk, x8 = sides[label]
                 with layout(x8):
                     for m, b in zip(layers, blocks[label]):
                         m.blocks, m.kernels = b, nk
