@@ -885,3 +885,46 @@ def test_a_head_torch_cannot_win_is_never_built_and_the_table_says_why(monkeypat
     assert (HEAD.label in stored.not_timed) != timed
     if not timed:
         assert "would need < 2.60 ms" in stored.not_timed[HEAD.label]["aten"]
+
+
+def test_a_stopped_load_ends_the_kernel_measurement_between_candidates_and_keeps_the_shapes_it_finished(
+        monkeypatch, tmp_path, nk):
+    """A Run's Stop while its pair's kernels are measured (a pair the set-up did not prepare; the head's shape
+    alone takes ~5 s on a 2-core Zen 4): the measurement ends before its next candidate, the shapes finished before
+    are stored, the one it was in is not."""
+    import threading
+
+    from dyntree_core import measured
+    from dyntree_core.interrupt import LoadStopped, stops_loads_on
+
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    monkeypatch.setattr(measured, "busy_detector", lambda w: None)
+    stop, timed = threading.Event(), []
+    first, second = kt.LayerShape("Q4_K", 16, 256), kt.LayerShape("Q4_K", 24, 256)
+    real_time_rows = kt.time_rows
+
+    def time_rows(call, *a, **kw):  # the Stop comes while the second shape's first candidate is timed
+        timed.append(call)
+        if len(timed) > len(kt.RUNTIME_CANDIDATES) and measuring[-1] == second.label:
+            stop.set()
+        return real_time_rows(call, *a, **kw)
+
+    measuring = []
+    real_measure = kt.measure_for_plan
+
+    def measure_for_plan(shape, *a, **kw):
+        measuring.append(shape.label)
+        return real_measure(shape, *a, **kw)
+
+    monkeypatch.setattr(kt, "time_rows", time_rows)
+    monkeypatch.setattr(kt, "measure_for_plan", measure_for_plan)
+    with stops_loads_on(stop), pytest.raises(LoadStopped):
+        kt.ensure_shapes([first, second])
+    assert measuring == [first.label, second.label]
+    stopped_at = len(timed)
+    assert stop.is_set() and timed[-1] is not None  # the candidate under way finished; no other began
+    stored = kt.load_table().timings
+    assert first.label in stored and second.label not in stored
+    kt.ensure_shapes([first, second])  # outside a stopped scope: the rest is measured, the first shape read back
+    assert measuring == [first.label, second.label, second.label] and len(timed) > stopped_at
+    assert {first.label, second.label} <= set(kt.load_table().timings)

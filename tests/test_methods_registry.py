@@ -83,3 +83,36 @@ def test_auto_prices_exactly_the_methods_whose_spec_names_a_pricer():
     assert {c.method for c in price_candidates(prof, acc, ["int4"], ["int4"])} == set(priced)
     with pytest.raises(ValueError, match="cannot price 'dyspec_greedy'"):
         price_candidates(prof, acc, ["int4"], ["int4"], methods=("dyspec_greedy",))
+
+
+def test_pricing_ends_at_a_stopped_loads_next_method(monkeypatch):
+    """A Run's Stop during ``auto``'s plan (0.25-1.2 s of pricing on a 2-core CPU) ends it before the next method
+    is priced; outside a load's scope the same call prices every method."""
+    import threading
+
+    from dyntree_core.interrupt import LoadStopped, stops_loads_on
+    from dyntree_core.planning import method_prices
+    from dyntree_core.planning.acceptance import Acceptance
+    from dyntree_core.planning.machine_profile import MachineProfile
+    from dyntree_core.planning.pricing import price_candidates
+
+    assert REGISTRY["chain"].pricer == "dyntree_core.planning.method_prices:price_chain"
+    ns = (1, 2, 4, 8, 16, 32)
+    prof = MachineProfile(key="k", machine={"cpu_model": "x", "cpu_class": "avx2"}, prefix_len=32, ns=ns,
+                          target={"int4": [0.04 + 0.002 * n for n in ns]}, draft={"int4": [0.01] * len(ns)},
+                          other=[0.001] * len(ns))
+    acc = Acceptance((0.8, 0.6, 0.4), (), (((1, 2, 3, 1, 2, 3, 1, 2), (3, 1, 2, 3, 1, 2)),))
+    stop, priced = threading.Event(), []
+    real = method_prices.price_chain
+
+    def chain_then_stop(inputs, tp):
+        priced.append(tp)
+        stop.set()
+        return real(inputs, tp)
+
+    monkeypatch.setattr(method_prices, "price_chain", chain_then_stop)
+    methods = ("chain", "sequoia", "suffix")
+    with stops_loads_on(stop), pytest.raises(LoadStopped):
+        price_candidates(prof, acc, ["int4"], ["int4"], methods=methods)
+    assert priced == ["int4"]
+    assert {c.method for c in price_candidates(prof, acc, ["int4"], ["int4"], methods=methods)} == set(methods)

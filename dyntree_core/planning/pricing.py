@@ -246,12 +246,14 @@ def price_candidates(
 
     Chains are priced on the calibration positions (``simulate_chain``) when ``acceptance`` carries
     them, with and without each confidence stop; otherwise with the geometric positional model."""
+    from ..interrupt import check_load
     from ..methods import method_spec
 
     inputs = PricingInputs.build(profile, acceptance, draft_precisions, methods, chain_lengths, budgets, depths)
     cands: list[Candidate] = []
     for tp in target_precisions:
         for m in methods:
+            check_load()  # (a Run's Stop during its plan: 0.25-1.2 s of pricing on a 2-core CPU)
             pricer = method_spec(m).pricer_fn()
             if pricer is None:
                 raise ValueError(f"auto cannot price {m!r} in closed form (it prices {', '.join(AUTO_METHODS)})")

@@ -43,6 +43,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .. import measured
+from ..interrupt import check_load
 from ..memory_bandwidth import largest_cache_bytes, probe_read
 from .native import BLOCKS, native_kernels, native_unavailable_reason
 from .native import synthetic_blocks as native_synthetic_blocks
@@ -255,6 +256,7 @@ class ShapeCandidates:
         out = {}
         with torch.inference_mode():
             for c in candidates:
+                check_load()  # (a Run's Stop while its pair's kernels are measured: a head's shape takes ~5 s)
                 layer = self.layer(c)
                 limits = {str(m): give_up * best[str(m)] for m in ms if give_up and str(m) in best}
                 out[c] = got = time_rows(None if layer is None else _runtime_call(c, layer), self.shape.k, ms, gen,
@@ -547,24 +549,26 @@ def ensure_shapes(shapes: Iterable[LayerShape], progress: Optional[Callable[[str
     missing = sorted({s for s in shapes if s.type_name in BLOCKS and s.label not in table.timings},
                      key=lambda s: s.label)
     quiet = 0
-    for i, s in enumerate(missing, 1):
-        if progress:
-            progress(f"  measuring this machine's kernels for {s.label} ({i}/{len(missing)}, once per machine)")
-        notes: dict[str, str] = {}
-        with measured.watch() as w:
-            table.timings[s.label] = measure_for_plan(s, [m for m in table.ms if s not in heads or m <= HEAD_MAX_ROWS],
-                                                      notes)
-        if notes:
-            table.not_timed[s.label] = notes
-        verdict = w.verdict()
-        if verdict.quiet:
-            quiet += 1
-        else:
-            table.provisional[s.label] = verdict.reason
+    try:
+        for i, s in enumerate(missing, 1):
             if progress:
-                progress(f"  {s.label}: provisional, not stored ({verdict.reason})")
-    if quiet:
-        save_table(table)
+                progress(f"  measuring this machine's kernels for {s.label} ({i}/{len(missing)}, once per machine)")
+            notes: dict[str, str] = {}
+            with measured.watch() as w:
+                table.timings[s.label] = measure_for_plan(
+                    s, [m for m in table.ms if s not in heads or m <= HEAD_MAX_ROWS], notes)
+            if notes:
+                table.not_timed[s.label] = notes
+            verdict = w.verdict()
+            if verdict.quiet:
+                quiet += 1
+            else:
+                table.provisional[s.label] = verdict.reason
+                if progress:
+                    progress(f"  {s.label}: provisional, not stored ({verdict.reason})")
+    finally:  # (a stopped load keeps the shapes it finished: ``interrupt.LoadStopped`` from ``ShapeCandidates.time``)
+        if quiet:
+            save_table(table)
     return table
 
 
