@@ -9,7 +9,11 @@ ratios this / base:
   switch between the two kernels and layouts (the C decoder layers re-planned at each switch; blocks under 2
   MiB packed side by side in 2 MiB pages on both sides, as at load).
 
-    .venv/bin/python scripts/x8_layout_ab.py --base HEAD~1 [--rounds 6] [--ns 1 4 16 32] [--json OUT]
+    .venv/bin/python scripts/x8_layout_ab.py --base HEAD~1 [--rounds 6] [--ns 1 4 16 32] [--tiles vnni|avx2]
+        [--json OUT]
+
+``--tiles avx2``: the AVX2 tiles (products without the VNNI kernels, the forward under ``DYNTREE_KERNELS=native_x8``),
+a proxy on an AVX-512 CPU for an AVX2-only one.
 
 Only for commits whose kernels keep this tree's C interface (the layout may differ).
 """
@@ -70,7 +74,7 @@ def base_kernels(rev: str) -> tuple[native.NativeKernels, dict]:
         return native._load(Path(got["path"]), got["digest"]), x8
 
 
-def time_products(sides: dict, rows: list[int], rounds: int) -> dict:
+def time_products(sides: dict, rows: list[int], rounds: int, vnni_min_rows: int = 1) -> dict:
     from dyntree_core.quant.huge_pages import huge_empty
 
     results: dict = {}
@@ -94,7 +98,8 @@ def time_products(sides: dict, rows: list[int], rounds: int) -> dict:
                         for _pass in range(3):
                             for blocks in packed[label]:
                                 t0 = time.perf_counter()
-                                nk.matmul(type_name, x, blocks, n, k, int8_activations=True, vnni_min_rows=1, x8=True)
+                                nk.matmul(type_name, x, blocks, n, k, int8_activations=True, vnni_min_rows=vnni_min_rows,
+                                          x8=True)
                                 times.append(time.perf_counter() - t0)
                         got[label].append(statistics.median(times) * 1e3)
             key = f"{type_name} [{n},{k}] rows {m}"
@@ -164,17 +169,21 @@ def main() -> None:
     ap.add_argument("--ns", type=int, nargs="+", default=[1, 4, 16, 32], help="rows of the forward")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="rows of the products")
     ap.add_argument("--skip", choices=("products", "forward"), help="leave one measurement out")
+    ap.add_argument("--tiles", choices=("vnni", "avx2"), default="vnni", help="which x8 tiles run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.tiles == "avx2":
+        os.environ["DYNTREE_KERNELS"] = "native_x8"
     rev = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.strip()
     this_nk = native.native_kernels()
     base_nk, base_x8 = base_kernels(rev)
     sides = {"base": (base_nk, base_x8), "this": (this_nk, dict(native.X8))}
     print(f"base {rev[:10]}: x8 bytes {base_x8}; this tree: {dict(native.X8)}", flush=True)
-    out: dict = {"base": rev, "x8_bytes": {"base": base_x8, "this": dict(native.X8)}, "rounds": args.rounds}
+    out: dict = {"base": rev, "x8_bytes": {"base": base_x8, "this": dict(native.X8)}, "rounds": args.rounds,
+                 "tiles": args.tiles, "kernels_policy": os.environ["DYNTREE_KERNELS"]}
     if args.skip != "products":
-        out["products"] = time_products(sides, args.rows, args.rounds)
+        out["products"] = time_products(sides, args.rows, args.rounds, int(args.tiles == "vnni"))
     if args.skip != "forward":
         out["forward"] = time_forward(sides, args.ns, args.rounds)
     if args.json:
