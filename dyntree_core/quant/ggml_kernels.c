@@ -749,10 +749,10 @@ int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) 
                 memcpy(o + 16 + 2 * c, blk + 2, 2);
                 int sc[8], mn[8];
                 for (int j = 0; j < 8; j++) scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
-                for (int j = 0; j < 8; j++) o[32 + 8 * j + c] = (uint8_t)sc[j];
+                for (int j = 0; j < 8; j++) o[Q4K_X8_SC + 8 * j + c] = (uint8_t)sc[j];
                 for (int p = 0; p < 4; p++) {
-                    o[96 + 16 * p + 2 * c] = (uint8_t)mn[2 * p];
-                    o[96 + 16 * p + 2 * c + 1] = (uint8_t)mn[2 * p + 1];
+                    o[Q4K_X8_MN + 16 * p + 2 * c] = (uint8_t)mn[2 * p];
+                    o[Q4K_X8_MN + 16 * p + 2 * c + 1] = (uint8_t)mn[2 * p + 1];
                 }
                 uint8_t q[256];
                 for (int j = 0; j < 4; j++)
@@ -763,7 +763,7 @@ int dyntree_q4k_x8_repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) 
                 for (int j = 0; j < 8; j++)
                     for (int l = 0; l < 4; l++)
                         for (int t = 0; t < 4; t++)
-                            o[160 + 128 * j + 32 * l + 4 * c + t] =
+                            o[Q4K_X8_QS + 128 * j + 32 * l + 4 * c + t] =
                                 (uint8_t)(q[32 * j + 4 * l + t] | (q[32 * j + 4 * (l + 4) + t] << 4));
             }
         }
@@ -784,10 +784,10 @@ int dyntree_q4k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
                 memcpy(blk, o + 2 * c, 2);
                 memcpy(blk + 2, o + 16 + 2 * c, 2);
                 int sc[8], mn[8];
-                for (int j = 0; j < 8; j++) sc[j] = o[32 + 8 * j + c];
+                for (int j = 0; j < 8; j++) sc[j] = o[Q4K_X8_SC + 8 * j + c];
                 for (int p = 0; p < 4; p++) {
-                    mn[2 * p] = o[96 + 16 * p + 2 * c];
-                    mn[2 * p + 1] = o[96 + 16 * p + 2 * c + 1];
+                    mn[2 * p] = o[Q4K_X8_MN + 16 * p + 2 * c];
+                    mn[2 * p + 1] = o[Q4K_X8_MN + 16 * p + 2 * c + 1];
                 }
                 uint8_t *s = blk + 4;
                 for (int j = 0; j < 4; j++) {
@@ -799,7 +799,7 @@ int dyntree_q4k_x8_unpack(const uint8_t *x8, int64_t N, int64_t K, uint8_t *w) {
                 for (int j = 0; j < 8; j++)
                     for (int l = 0; l < 4; l++)
                         for (int t = 0; t < 4; t++) {
-                            const uint8_t v = o[160 + 128 * j + 32 * l + 4 * c + t];
+                            const uint8_t v = o[Q4K_X8_QS + 128 * j + 32 * l + 4 * c + t];
                             q[32 * j + 4 * l + t] = v & 0x0F;
                             q[32 * j + 4 * (l + 4) + t] = v >> 4;
                         }
@@ -825,7 +825,7 @@ ROWS_KERNEL void q4k_x8_tile(const int R, const uint8_t *wg, int64_t nb, const i
             __m256i p16[X8_ROWS];
             x8_prefetch(o, Q4K_X8_BYTES, j, 8);
             for (int l = 0; l < 4; l++) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 160 + 128 * j + 32 * l));
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + Q4K_X8_QS + 128 * j + 32 * l));
                 const __m256i lo = _mm256_and_si256(bytes, mask);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                 for (int r = 0; r < R; r++) {
@@ -835,7 +835,7 @@ ROWS_KERNEL void q4k_x8_tile(const int R, const uint8_t *wg, int64_t nb, const i
                     p16[r] = l ? _mm256_add_epi16(p16[r], t) : t;
                 }
             }
-            const __m128i s8 = _mm_loadl_epi64((const __m128i *)(o + 32 + 8 * j));
+            const __m128i s8 = _mm_loadl_epi64((const __m128i *)(o + Q4K_X8_SC + 8 * j));
             const __m256i s16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  /* each scale twice */
             for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16[r], s16));
         }

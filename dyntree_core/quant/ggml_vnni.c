@@ -279,7 +279,7 @@ ROWS_KERNEL void q4k_x8_block_floats2(const int R, const uint8_t *o, const uint8
                                       int64_t b, const float *d8, const int16_t *b32, int64_t K, __m512 *acc) {
     const __m512 d = cvtph512(two_16(o, o2, 0)), dmin = cvtph512(two_16(o, o2, 16));
     __m512i m16[4];
-    for (int p = 0; p < 4; p++) m16[p] = cvtepu8_16_512(two_16(o, o2, 96 + 16 * p));
+    for (int p = 0; p < 4; p++) m16[p] = cvtepu8_16_512(two_16(o, o2, Q4K_X8_MN + 16 * p));
     for (int r = 0; r < R; r++) {
         const int16_t *bs = b32 + r * (K / 32) + b * 8;
         __m512i nsum = madd512(m16[0], bcast512_i32(bs));
@@ -354,7 +354,7 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
             x8_prefetch(o, Q4K_X8_BYTES, j, 8);
             for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm256_setzero_si256();
             for (int l = 0; l < 4; l++) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + 160 + 128 * j + 32 * l));
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(o + Q4K_X8_QS + 128 * j + 32 * l));
                 const __m256i lo = _mm256_and_si256(bytes, mask);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                 for (int r = 0; r < R; r++) {
@@ -363,7 +363,7 @@ ROWS_KERNEL void q4k_x8_vnni(const int R, const uint8_t *wg, int64_t nb, const i
                     dhi[r] = _mm256_dpbusd_epi32(dhi[r], hi, bcast_i32(x + 16));
                 }
             }
-            const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 8 * j)));
+            const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + Q4K_X8_SC + 8 * j)));
             for (int r = 0; r < R; r++)
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(_mm256_add_epi32(dlo[r], dhi[r]), s32));
         }
@@ -422,7 +422,7 @@ ROWS_KERNEL void q4k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, i
             x8_prefetch2(b, nb, o, o2, gstride, Q4K_X8_BYTES, j, 8);
             for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
             for (int l = 0; l < 4; l++) {
-                const __m512i bytes = two_groups(o, o2, 160 + 128 * j + 32 * l);
+                const __m512i bytes = two_groups(o, o2, Q4K_X8_QS + 128 * j + 32 * l);
                 const __m512i lo = _mm512_and_si512(bytes, mask);
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
                 for (int r = 0; r < R; r++) dlo[r] = dpbusd_x(dlo[r], lo, q8 + r * K + b * 256 + 32 * j + 4 * l);
@@ -433,8 +433,8 @@ ROWS_KERNEL void q4k_x8_vnni2(const int R, const uint8_t *wg, int64_t gstride, i
                 }
             }
             const __m512i s32 = _mm512_inserti64x4(  /* (one vpmovzxbd to zmm is not in SIMDe) */
-                _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 8 * j)))),
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o2 + 32 + 8 * j))), 1);
+                _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + Q4K_X8_SC + 8 * j)))),
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o2 + Q4K_X8_SC + 8 * j))), 1);
             for (int r = 0; r < R; r++) {
                 const __m512i d = chains == 2 ? _mm512_add_epi32(dlo[r], dhi[r]) : dlo[r];
                 isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d, s32));

@@ -61,6 +61,9 @@ static inline float q4k_row_total(__m256 tot, __m128 mins_acc) {
  * two memory streams, which ran at ~2/3 of one stream's bandwidth on a Zen 4 (the Q6_K head at 1 row: 7.9 vs 5.5 ms;
  * weights from DRAM at 1-4 rows; from 5 rows the pairs win: docs/CPU_KERNELS.md) */
 enum { Q4K_X8_BYTES = 1184, X8_ROWS = 4, X8_VNNI_ROWS = 8, X8_PAIR_MIN_ROWS = 5, X8_PREFETCH_BLOCKS = 2 };
+/* where a Q4_K x8 block's parts start (the layout: ggml_kernels.c, "Q4_K x8"): d and dmin at 0, the scales, the
+ * mins' pairs, the nibbles */
+enum { Q4K_X8_SC = 32, Q4K_X8_MN = 96, Q4K_X8_QS = 160 };
 
 /* Share `part` of `parts` of the block X8_PREFETCH_BLOCKS ahead of o (of `bytes` bytes) into L1: a group's blocks are
  * one sequential stream, but without this the streamed Q6_K head ran at half the row kernels' bandwidth on a Zen 4
@@ -85,7 +88,8 @@ static inline __attribute__((always_inline)) void q4k_x8_block_floats(const int 
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16)));
     __m256i m16[4];
-    for (int p = 0; p < 4; p++) m16[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(o + 96 + 16 * p)));
+    for (int p = 0; p < 4; p++)
+        m16[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(o + Q4K_X8_MN + 16 * p)));
     for (int r = 0; r < R; r++) {
         const int16_t *bs = b32 + r * (K / 32) + b * 8;
         __m256i nsum = _mm256_madd_epi16(m16[0], bcast_i32(bs));
