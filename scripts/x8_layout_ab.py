@@ -75,18 +75,13 @@ def base_kernels(rev: str) -> tuple[native.NativeKernels, dict]:
 
 
 def time_products(sides: dict, rows: list[int], rounds: int, vnni_min_rows: int = 1) -> dict:
-    from dyntree_core.quant.huge_pages import huge_empty
-
     results: dict = {}
     for type_name, n, k, copies in SHAPES:
         ggml = [native.synthetic_blocks(type_name, n, k, seed=s) for s in range(copies)]
         packed = {}
         for label, (nk, x8) in sides.items():
             with layout(x8):
-                packed[label] = []
-                for g in ggml:
-                    t = nk.repack_x8(type_name, g, n, k)
-                    packed[label].append(t if t.numel() >= 2 << 20 else huge_empty(t.shape).copy_(t))
+                packed[label] = [nk.repack_x8(type_name, g, n, k) for g in ggml]  # (2 MiB pages where one fills)
         for m in rows:
             x = torch.randn(m, k)
             got: dict[str, list[float]] = {label: [] for label in sides}
