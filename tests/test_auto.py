@@ -568,7 +568,8 @@ class _TableTimer:
         return self.TIMES[self.prec][n]
 
 
-def _measure_table(monkeypatch, tmp_path, times, sizes=(1, 2, 4, 8, 16, 32), forward_bytes=None, read_gbps=None):
+def _measure_table(monkeypatch, tmp_path, times, sizes=(1, 2, 4, 8, 16, 32), forward_bytes=None, read_gbps=None,
+                   spell_moves=0):
     from dyntree_core.planning import profiling
     from dyntree_core.planning.machine_profile import empty_profile
 
@@ -584,7 +585,7 @@ def _measure_table(monkeypatch, tmp_path, times, sizes=(1, 2, 4, 8, 16, 32), for
     prof.other = [0.0] * len(prof.ns)
     msgs = []
     profiling.measure_into(prof, lambda role, p: p, {("target", p): sizes for p in times}, progress=msgs.append,
-                           forward_bytes=forward_bytes)
+                           forward_bytes=forward_bytes, spell_moves=spell_moves)
     return prof, _TableTimer.timed, msgs
 
 
@@ -632,6 +633,67 @@ def test_a_row_measured_in_another_bandwidth_spell_is_measured_again(tmp_path, m
     prof, timed, _ = _measure_table(monkeypatch, tmp_path / "c", times, sizes=ns, forward_bytes=lambda role, p: 1 << 20,
                                     read_gbps=50.0)
     assert len(timed) == 6 and "row_gb_per_s" not in prof.meta
+
+
+def test_a_profile_from_nothing_moves_to_the_spell_the_memory_stays_in(tmp_path, monkeypatch):
+    """The browser test's Zen 4 run: the profile's spell was the Run's probe (59 GB/s), then the memory read 35 for
+    minutes, and every row waited out its retries (140 s of a 164 s measurement). Where two rows or attempts one
+    after the other read one spell away from the profile's on both sides, a profile measured from nothing moves
+    there: the second is kept, the rows timed before it are timed again next (before the rows after it). One row's
+    probes alone move nothing (a fast spell of 6 s had moved a profile that then waited out every later row), and it
+    moves once: a later row outside the new spell is measured again as before."""
+    from dyntree_core.planning import profiling
+
+    probes = iter([50.0,  # the profile's spell
+                   50.0, 49.0,  # int4: in it
+                   33.0, 32.0,  # int8: both probes in another spell: once is not enough -> again after a wait
+                   32.0, 33.0,  # ... the same spell again -> the profile moves to 32.5
+                   32.0, 33.0,  # int4 timed again there
+                   50.0, 51.0,  # bfloat16: outside the new spell; no second move -> again after a wait
+                   32.5, 32.0])  # ... back in it
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(probes))
+    monkeypatch.setattr(profiling, "PROBE_BYTES", 1 << 12)
+    waits = []
+    monkeypatch.setattr(profiling.time, "sleep", waits.append)
+    ns = (1, 2, 4)
+    times = {"int4": {n: 0.03 * n for n in ns}, "int8": {n: 0.05 * n for n in ns},
+             "bfloat16": {n: 0.055 * n for n in ns}}
+    gb = lambda role, p: 1 << 30  # noqa: E731
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path, times, sizes=ns, forward_bytes=gb,
+                                       spell_moves=profiling.SPELL_MOVES)
+    assert next(probes, None) is None
+    assert [p for p, _ in timed] == ["int4"] * 3 + ["int8"] * 6 + ["int4"] * 3 + ["bfloat16"] * 6
+    assert prof.meta["read_gb_per_s"] == 32.5 and prof.meta["spell_moved_from"] == [50.0]
+    assert prof.meta["row_gb_per_s"] == {"target:int8": [32.0, 33.0], "target:int4": [32.0, 33.0],
+                                         "target:bfloat16": [32.5, 32.0]}
+    assert waits == [profiling.SPELL_WAIT_S] * 2 and "mixed_spells" not in prof.meta
+    assert all(prof.target[p] == [times[p][n] for n in ns] for p in times)
+    assert any("the spell it read 32 in before, not the profile's 50: the profile moves to it; timed again there: "
+               "target int4" in m for m in msgs)
+
+    # one row in another spell, then the profile's again (a short fast spell); probes that disagree (the memory
+    # changing while a row was timed); without spell_moves, the same spell on every probe: none moves the profile
+    for moves, seq in ((1, [50.0, 50.0, 49.0, 33.0, 32.0, 50.0, 50.5]), (1, [50.0, 50.0, 33.0, 32.0, 50.5]),
+                       (0, [50.0] + [32.0] * 8)):
+        it = iter(seq + [50.0] * 8)
+        monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(it))
+        prof, _, msgs = _measure_table(monkeypatch, tmp_path / f"m{len(seq)}", times, sizes=ns, forward_bytes=gb,
+                                       spell_moves=moves)
+        assert prof.meta["read_gb_per_s"] == 50.0 and "spell_moved_from" not in prof.meta
+        assert not any("moves to it" in m for m in msgs)
+
+    # a dropped row (3x the best at both ends: so in either spell) is kept as timed, whatever its probes read, and
+    # is not timed again when the profile moves
+    slow = iter([50.0, 50.0, 49.0, 33.0, 32.0, 32.0, 33.0, 32.0, 33.0])
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(slow))
+    waits.clear()
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path / "d", {"int4": times["int4"],
+                                                                     "int8": {n: 0.1 * n for n in ns},
+                                                                     "bfloat16": times["bfloat16"]},
+                                       sizes=ns, forward_bytes=gb, spell_moves=profiling.SPELL_MOVES)
+    assert next(slow, None) is None and waits == [] and "target:int8" in prof.dropped
+    assert [p for p, _ in timed] == ["int4"] * 3 + ["int8"] * 2 + ["bfloat16"] * 3 + ["int4"] * 3
+    assert prof.meta["spell_moved_from"] == [50.0] and "mixed_spells" not in prof.meta
 
 
 def test_a_precision_slow_for_one_token_is_timed_at_the_largest_size_before_it_is_dropped(tmp_path, monkeypatch):

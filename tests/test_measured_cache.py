@@ -180,7 +180,8 @@ def test_a_busy_profile_is_returned_provisional_and_not_written(cache, monkeypat
 
     runs = []
 
-    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None, forward_bytes=None):
+    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None, forward_bytes=None,
+                          spell_moves=0):
         if prof.target.get("float32"):  # read from the cache: nothing lacks
             return 0
         runs.append(1)

@@ -450,7 +450,8 @@ def test_a_row_re_measured_serves_until_its_new_times_are_written(tmp_path, monk
     dataclasses.replace(_flat_profile(), key=key).save(profile_path(key))
     seen = []
 
-    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None, forward_bytes=None):
+    def fake_measure_into(prof, load, wanted, prune_factor=2.0, progress=None, turn=None, forward_bytes=None,
+                          spell_moves=0):
         seen.append(MachineProfile.load(profile_path(key)).target_time("int4", 1))  # what a Run reads meanwhile
         prof.ns = list(NS)
         filled = [(role, p) for (role, p) in wanted if any(t is None for t in getattr(prof, role).get(p, [None]))]

@@ -183,3 +183,31 @@ def test_another_spells_profile_with_rows_measured_outside_it_is_not_stored(tmp_
     new = _load(55.0, measure=True, loads=[])
     assert "outside its spell of 55 GB/s: target:float32" in new.provisional
     assert not spell_profile_path(key, 55.0).is_file()
+
+
+def test_a_profile_measured_from_nothing_is_stored_as_the_spell_it_moved_to(tmp_path, monkeypatch):
+    """The memory leaves the spell a profile is being measured for and stays in another (``SPELL_MOVES``): the
+    profile is stored as that spell's (over its stored file where it has one, so no spell gets two), and prices the
+    probe the request came with as another spell's; the first profile of a machine keeps its file."""
+    monkeypatch.setenv("DYNTREE_CACHE", str(tmp_path))
+    monkeypatch.setattr(profiling, "PROBE_BYTES", 1 << 12)
+    monkeypatch.setattr(profiling.time, "sleep", lambda _s: None)
+    reads = {"gb": 55.0}
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: reads["gb"])
+    key = profile_key("tiny", "cpu")
+
+    def measure(read):
+        STEADY["gb"] = read
+        return load_or_measure_profile(_tiny_loader([]), "tiny", "cpu", ["float32"], ns=NS, measure=True,
+                                       read_gb_per_s=read, forward_bytes=lambda role, p: 1 << 30)
+
+    first = measure(31.0)  # no stored profile: the reference is the first probe (55), where the memory stays
+    assert profile_path(key).is_file() and first.read_gb_per_s == 55.0 and "spell_moved_from" not in first.meta
+    reads["gb"] = 31.0  # a probe of 18 confirmed; the memory then reads 31 around every row
+    old = _stored(key, 31.0, 0.035, spell_profile_path(key, 31.0)).created
+    moved = measure(18.0)
+    assert moved.meta["spell_moved_from"] == [18.0] and moved.read_gb_per_s == 31.0 and moved.other_spell == 18.0
+    assert not spell_profile_path(key, 18.0).is_file()
+    again = MachineProfile.load(spell_profile_path(key, 31.0))
+    assert again.created != old and again.meta["spell_moved_from"] == [18.0]
+    assert len(spell_profiles(key)) == 2

@@ -49,6 +49,12 @@ SPELL_GAP = 1.3
 #: SPELL_WAIT_S (a spell lasts seconds to minutes)
 SPELL_RETRIES = 3
 SPELL_WAIT_S = 5.0
+#: times a profile measured from nothing may move to the spell the memory has gone to and stays in (the probes around
+#: two rows or attempts one after the other all read it, away from the profile's): the rows it had are measured again
+#: there, instead of every later row waiting out SPELL_RETRIES for a spell that does not come back (the browser test's
+#: Zen 4 run: 59 GB/s at the Run's probe, 35 for the next two minutes: 140 s of waits in a 164 s measurement). One
+#: row's probes alone are not enough: a fast spell of 6 s moved a profile that then waited out every later row.
+SPELL_MOVES = 1
 #: rows whose forward reads less than this are not probed (their time is not the memory's)
 SPELL_MIN_BYTES = 64 << 20
 #: the probe's buffer: beyond any cache
@@ -305,7 +311,7 @@ def _recheck_inversions(prof: MachineProfile, role: str, prec: str, row: list, t
 
 def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str, str], Sequence[int]],
                  prune_factor: float = 2.0, progress: Optional[Progress] = None, turn: Turn = nullcontext,
-                 forward_bytes: Optional[ForwardBytes] = None) -> int:
+                 forward_bytes: Optional[ForwardBytes] = None, spell_moves: int = 0) -> int:
     """Measure what ``prof`` lacks of ``wanted`` (``{(role, precision): sizes}``), loading each model
     once, and write it into ``prof``. Returns the number of (role, precision) rows timed (0 when
     everything asked for was there). Each size is timed inside ``turn()`` (the app passes a turn on
@@ -321,7 +327,11 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     (``forward_bytes``) is bracketed by two read probes (``SpellProbe``, recorded in ``meta["row_gb_per_s"]``),
     and measured again (up to ``SPELL_RETRIES`` times, ``SPELL_WAIT_S`` apart) where either is not the
     profile's spell (``meta["read_gb_per_s"]``); a row that never was is kept and named in
-    ``meta["mixed_spells"]``."""
+    ``meta["mixed_spells"]``. A dropped row (slower than the best by ``prune_factor`` at both ends, so in either spell)
+    is not measured again. ``spell_moves`` (a profile with no rows from before: ``SPELL_MOVES``): where two probed
+    rows or attempts one after the other read one spell away from the profile's on both sides, the profile moves to
+    it (``meta["read_gb_per_s"]``; the old one in ``meta["spell_moved_from"]``), the second row is kept and the rows
+    timed before it (not dropped) are timed again next."""
     say = progress or (lambda _m: None)
     todo = [(role, prec, prof.missing(role, prec, ns)) for (role, prec), ns in wanted.items()]
     todo = [t for t in todo if t[2]]
@@ -334,7 +344,11 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     todo.sort(key=lambda t: (t[0] != "target", WEIGHT_BYTES.get(t[1], math.inf)))  # (stable: ties as asked)
     kept: dict[str, tuple[str, object]] = {}  # role -> (precision, model): the fastest one loaded so far
     probe: Optional[SpellProbe] = None
-    for done, (role, prec, sizes) in enumerate(todo, 1):
+    pending: Optional[float] = None  # the spell (GB/s) the last probed row read on both sides, away from the profile's
+    done = 0
+    while done < len(todo):
+        role, prec, sizes = todo[done]
+        done += 1
         why = _ruled_out(prof, role, prec, sizes, prune_factor, forward_bytes)
         if why is not None:
             say(f"[{done}/{len(todo)}] the {role} at {prec} is not loaded: {why}")
@@ -372,9 +386,20 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                 mixed = prof.meta.setdefault("mixed_spells", [])
                 if key in mixed:
                     mixed.remove(key)  # (measured anew)
-                if probe.in_spell(before) and probe.in_spell(after):
-                    if not mixed:
-                        del prof.meta["mixed_spells"]
+                elsewhere = not (probe.in_spell(before) or probe.in_spell(after)) and same_spell(before, after)
+                seen, pending = pending, round((before + after) / 2, 2) if elsewhere else None
+                if (seen and pending and same_spell(seen, pending)
+                        and spell_moves > len(prof.meta.get("spell_moved_from", ()))):
+                    again = _move_spell(prof, probe, pending, key, todo[:done - 1])
+                    todo[done:done] = again
+                    pending = None
+                    say(f"    {role} {prec}: memory read {before:.0f} / {after:.0f} GB/s around it, the spell it read "
+                        f"{seen:.0f} in before, not the profile's {prof.meta['spell_moved_from'][-1]:.0f}: the "
+                        f"profile moves to it" + (f"; timed again there: {', '.join(f'{r} {p}' for r, p, _ in again)}"
+                                                  if again else ""))
+                if key in prof.dropped or (probe.in_spell(before) and probe.in_spell(after)):
+                    if not mixed:  # (a dropped row, slower than the best by prune_factor at both ends, stays dropped
+                        del prof.meta["mixed_spells"]  # in either spell: its two times are not measured again)
                     break
                 around = (f"memory read {before:.0f} / {after:.0f} GB/s around it against the profile's "
                           f"{probe.reference:.0f}")
@@ -409,6 +434,27 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     return len(todo)
 
 
+def _move_spell(prof: MachineProfile, probe: SpellProbe, gb_per_s: float, moving: str,
+                before: Sequence[tuple[str, str, Sequence[int]]]) -> list[tuple[str, str, Sequence[int]]]:
+    """Move ``prof`` (and ``probe``'s reference) to the spell of ``gb_per_s``, where the row ``moving``
+    ("role:precision") was just timed; the probed rows of ``before`` (``measure_into``'s todo entries timed so far)
+    that were not dropped are emptied and returned, to be timed again in it."""
+    prof.meta.setdefault("spell_moved_from", []).append(probe.reference)
+    probe.reference = prof.meta["read_gb_per_s"] = gb_per_s
+    probed = prof.meta.get("row_gb_per_s", {})
+    again = [(role, prec, sizes) for role, prec, sizes in before  # (a dropped row stays: dropped in either spell)
+             if f"{role}:{prec}" in probed and f"{role}:{prec}" != moving and f"{role}:{prec}" not in prof.dropped]
+    for role, prec, _ in again:
+        key = f"{role}:{prec}"
+        table = getattr(prof, role)
+        table[prec] = [None] * len(prof.ns)
+        prof.dropped.pop(key, None)
+        del probed[key]
+        if key in prof.meta.get("mixed_spells", ()):
+            prof.meta["mixed_spells"].remove(key)
+    return again
+
+
 def measure_profile(load: ModelLoader, precisions: Sequence[str], key: str, ns: Sequence[int] = DEFAULT_NS,
                     prefix_len: int = PREFIX_LEN, prune_factor: float = 2.0, progress: Optional[Progress] = None,
                     draft_precisions: Optional[Sequence[str]] = None) -> MachineProfile:
@@ -417,7 +463,7 @@ def measure_profile(load: ModelLoader, precisions: Sequence[str], key: str, ns: 
     prof = empty_profile(key, prefix_len)
     wanted = {(role, p): ns for role, precs in (("target", precisions), ("draft", draft_precisions or precisions))
               for p in precs}
-    measure_into(prof, load, wanted, prune_factor, progress)
+    measure_into(prof, load, wanted, prune_factor, progress, spell_moves=SPELL_MOVES)
     return prof
 
 
@@ -470,10 +516,19 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
                         or any(n not in prof.ns or prof.other[prof.ns.index(n)] is None for n in t_ns)):
         raise NotMeasuredYet(f"the machine profile of {pair_name} on {device} is not measured yet")
     rows_before = (repr(prof.target), repr(prof.draft), repr(prof.other))
+    from_nothing = not any(t is not None for table in (prof.target, prof.draft) for row in table.values() for t in row)
+    moves_before = len(prof.meta.get("spell_moved_from", ()))
     with measured.watch() as w:  # (written only when the machine was quiet while it was measured)
-        timed = measure_into(prof, load, wanted, progress=progress, turn=turn, forward_bytes=forward_bytes)
+        timed = measure_into(prof, load, wanted, progress=progress, turn=turn, forward_bytes=forward_bytes,
+                             spell_moves=moves_before + SPELL_MOVES if from_nothing else 0)
     if rows_before == (repr(prof.target), repr(prof.draft), repr(prof.other)) and path.is_file() and not refresh:
         return prof  # nothing was timed: the stored rows stand, whatever the machine's load just now
+    if len(prof.meta.get("spell_moved_from", ())) > moves_before:  # (measured in the spell the memory went to)
+        if path != profile_path(key):
+            path = next((p for p, s in stored if s.read_gb_per_s and same_spell(s.read_gb_per_s, prof.read_gb_per_s)),
+                        spell_profile_path(key, prof.read_gb_per_s))
+        if read_gb_per_s and not same_spell(read_gb_per_s, prof.read_gb_per_s):
+            prof.other_spell = read_gb_per_s
     verdict = w.verdict()
     # another spell's profile exists to price that spell: rows that never were measured in it make it worse than
     # the nearest spell's (the first profile is kept as measured: auto needs one)
