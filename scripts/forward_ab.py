@@ -20,7 +20,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from dyntree_core.bench.result_file import write_result
+    from dyntree_core.bench.worktree import base_worktree
 
     if args.kernels:
         compare_policies(args)
@@ -70,18 +70,13 @@ def main() -> None:
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                 capture_output=True, text=True, check=True).stdout.strip())
     rounds = []
-    with tempfile.TemporaryDirectory() as tmp:
-        wt = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), base_rev], cwd=ROOT, check=True)
-        try:
-            for r in range(args.rounds):
-                base = run_side(wt, args.role, args.ns)
-                this = run_side(ROOT, args.role, args.ns)
-                rounds.append({"base": base, "this": this})
-                print(f"round {r + 1}: " + "  ".join(f"t({n}) {base[str(n)]:.1f} -> {this[str(n)]:.1f}"
-                                                     for n in args.ns), flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=ROOT, check=False)
+    with base_worktree(ROOT, base_rev) as wt:
+        for r in range(args.rounds):
+            base = run_side(wt, args.role, args.ns)
+            this = run_side(ROOT, args.role, args.ns)
+            rounds.append({"base": base, "this": this})
+            print(f"round {r + 1}: " + "  ".join(f"t({n}) {base[str(n)]:.1f} -> {this[str(n)]:.1f}"
+                                                 for n in args.ns), flush=True)
     ratios = {str(n): statistics.median(x["this"][str(n)] / x["base"][str(n)] for x in rounds) for n in args.ns}
     medians = {side: {str(n): statistics.median(x[side][str(n)] for x in rounds) for n in args.ns}
                for side in ("base", "this")}

@@ -66,27 +66,23 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from dyntree_core.bench.result_file import write_result
+    from dyntree_core.bench.worktree import base_worktree
     from dyntree_core.paths import cache_root
 
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True, capture_output=True,
                               text=True).stdout.strip()
     shared = cache_root()
     rounds = []
-    with tempfile.TemporaryDirectory() as tmp:
-        wt = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), base_rev], cwd=ROOT, check=True)
-        try:
-            for r in range(args.rounds):
-                pair = {}
-                for side, root in (("base", wt), ("this", ROOT)) if r % 2 == 0 else (("this", ROOT), ("base", wt)):
-                    pair[side] = run_side(root, shared)
-                    g = pair[side]
-                    print(f"round {r + 1} {side}: {g['seconds']:.0f} s, probe {g['probe_gb_per_s']} GB/s, profile "
-                          f"{g['profile_gb_per_s']} GB/s (moved from {g['moved_from']}), measured again "
-                          f"{g['measured_again']}x, kept mixed {g['kept_as_measured']}x; {g['plan']}", flush=True)
-                rounds.append(pair)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=ROOT, check=False)
+    with base_worktree(ROOT, base_rev) as wt:
+        for r in range(args.rounds):
+            pair = {}
+            for side, root in (("base", wt), ("this", ROOT)) if r % 2 == 0 else (("this", ROOT), ("base", wt)):
+                pair[side] = run_side(root, shared)
+                g = pair[side]
+                print(f"round {r + 1} {side}: {g['seconds']:.0f} s, probe {g['probe_gb_per_s']} GB/s, profile "
+                      f"{g['profile_gb_per_s']} GB/s (moved from {g['moved_from']}), measured again "
+                      f"{g['measured_again']}x, kept mixed {g['kept_as_measured']}x; {g['plan']}", flush=True)
+            rounds.append(pair)
     med = {side: statistics.median(x[side]["seconds"] for x in rounds) for side in ("base", "this")}
     print(f"median seconds: base {med['base']:.0f}, this {med['this']:.0f}")
     if args.json:

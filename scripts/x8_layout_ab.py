@@ -26,7 +26,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DYNTREE_KERNELS", "table")
 
 from dyntree_core.quant import native  # noqa: E402
+from dyntree_core.bench.worktree import base_worktree  # noqa: E402
 
 BASE_KERNELS = """
 import json
@@ -60,14 +60,9 @@ def layout(x8: dict) -> None:
 
 
 def base_kernels(rev: str) -> tuple[native.NativeKernels, dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        wt = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), rev], cwd=ROOT, check=True)
-        try:
-            out = subprocess.run([sys.executable, "-c", BASE_KERNELS], cwd=wt, capture_output=True, text=True,
-                                 check=True, env={**os.environ, "PYTHONPATH": str(wt)}).stdout
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=ROOT, check=False)
+    with base_worktree(ROOT, rev) as wt:
+        out = subprocess.run([sys.executable, "-c", BASE_KERNELS], cwd=wt, capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONPATH": str(wt)}).stdout
     got = json.loads(out.strip().splitlines()[-1])
     x8 = {k: tuple(v) for k, v in got["x8"].items()}
     with layout(x8):
