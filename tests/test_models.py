@@ -282,8 +282,13 @@ def test_load_pair_at_int8_and_int4(tmp_path: Path) -> None:
 
     d = tiny_checkpoint(tmp_path / "d", 64, seed=1)
     t = tiny_checkpoint(tmp_path / "t", 64, seed=2)
-    pair = load_pair(str(d), str(t), require_tokenizer=False, precision="int8", draft_precision="int4")
+    lines: list[str] = []
+    pair = load_pair(str(d), str(t), require_tokenizer=False, precision="int8", draft_precision="int4",
+                     progress=lines.append)
     assert (model_precision(pair.target), model_precision(pair.draft)) == ("int8", "int4")
+    # the app's load line names each model as its load starts (a load from the packed cache says nothing else)
+    starts = [x for x in lines if ": loading " in x]
+    assert starts == [f"the draft: loading {d.name} at int4 ...", f"the target: loading {t.name} at int8 ..."]
     assert pair.vocab_size == 64 and "draft int4, target int8" in pair.description
     with pytest.raises(load_mod.ModelLoadError, match="float16 is for CUDA"):
         load_pair(str(d), str(t), require_tokenizer=False, precision="float16")

@@ -521,7 +521,9 @@ def load_pair(
             "(read from their configs before loading any weights); speculative decoding needs the same vocabulary "
             "(pick a draft from the target's model family)"
         )
+    say = progress or (lambda _m: None)
     t0 = time.perf_counter()
+    say(f"the draft: loading {dsrc.name} at {dprec} ...")  # (a load from the packed cache says no more under 1 s)
     dmodel = load_model(dsrc, dtype, device, dprec, progress)
     times["draft"] = time.perf_counter() - t0
     # fail before loading the target if the draft's logits already disagree with the target config
@@ -532,6 +534,7 @@ def load_pair(
             f"{tsrc.name!r} has {tcfg_vocab} (config vocab_size); speculative decoding needs the same vocabulary"
         )
     t0 = time.perf_counter()
+    say(f"the target: loading {tsrc.name} at {tprec} ...")
     tmodel = load_model(tsrc, dtype, device, tprec, progress)
     times["target"] = time.perf_counter() - t0
     dl, tl = logit_dim(dmodel), logit_dim(tmodel)
