@@ -641,7 +641,7 @@ def test_a_profile_from_nothing_moves_to_the_spell_the_memory_stays_in(tmp_path,
     after the other read one spell away from the profile's on both sides, a profile measured from nothing moves
     there: the second is kept, the rows timed before it are timed again next (before the rows after it). One row's
     probes alone move nothing (a fast spell of 6 s had moved a profile that then waited out every later row), and it
-    moves once: a later row outside the new spell is measured again as before."""
+    moves at most ``spell_moves`` times: a later row outside the last spell is measured again as before."""
     from dyntree_core.planning import profiling
 
     probes = iter([50.0,  # the profile's spell
@@ -649,7 +649,8 @@ def test_a_profile_from_nothing_moves_to_the_spell_the_memory_stays_in(tmp_path,
                    33.0, 32.0,  # int8: both probes in another spell: once is not enough -> again after a wait
                    32.0, 33.0,  # ... the same spell again -> the profile moves to 32.5
                    32.0, 33.0,  # int4 timed again there
-                   50.0, 51.0,  # bfloat16: outside the new spell; no second move -> again after a wait
+                   50.0, 51.0,  # bfloat16: outside the new spell -> again after a wait
+                   50.5, 50.0,  # ... the same spell again, but spell_moves=1 allows no second move -> again
                    32.5, 32.0])  # ... back in it
     monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(probes))
     monkeypatch.setattr(profiling, "PROBE_BYTES", 1 << 12)
@@ -659,17 +660,28 @@ def test_a_profile_from_nothing_moves_to_the_spell_the_memory_stays_in(tmp_path,
     times = {"int4": {n: 0.03 * n for n in ns}, "int8": {n: 0.05 * n for n in ns},
              "bfloat16": {n: 0.055 * n for n in ns}}
     gb = lambda role, p: 1 << 30  # noqa: E731
-    prof, timed, msgs = _measure_table(monkeypatch, tmp_path, times, sizes=ns, forward_bytes=gb,
-                                       spell_moves=profiling.SPELL_MOVES)
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path, times, sizes=ns, forward_bytes=gb, spell_moves=1)
     assert next(probes, None) is None
-    assert [p for p, _ in timed] == ["int4"] * 3 + ["int8"] * 6 + ["int4"] * 3 + ["bfloat16"] * 6
+    assert [p for p, _ in timed] == ["int4"] * 3 + ["int8"] * 6 + ["int4"] * 3 + ["bfloat16"] * 9
     assert prof.meta["read_gb_per_s"] == 32.5 and prof.meta["spell_moved_from"] == [50.0]
     assert prof.meta["row_gb_per_s"] == {"target:int8": [32.0, 33.0], "target:int4": [32.0, 33.0],
                                          "target:bfloat16": [32.5, 32.0]}
-    assert waits == [profiling.SPELL_WAIT_S] * 2 and "mixed_spells" not in prof.meta
+    assert waits == [profiling.SPELL_WAIT_S] * 3 and "mixed_spells" not in prof.meta
     assert all(prof.target[p] == [times[p][n] for n in ns] for p in times)
     assert any("the spell it read 32 in before, not the profile's 50: the profile moves to it; timed again there: "
                "target int4" in m for m in msgs)
+
+    # the product's SPELL_MOVES = 2: the memory back in the first spell for two attempts moves the profile back
+    assert profiling.SPELL_MOVES == 2
+    back = iter([50.0, 50.0, 49.0, 33.0, 32.0, 32.0, 33.0, 32.0, 33.0, 50.0, 51.0, 50.5, 50.0, 50.0, 50.5, 49.5, 50.0])
+    monkeypatch.setattr(profiling, "read_gb_per_s", lambda **_kw: next(back))
+    prof, timed, msgs = _measure_table(monkeypatch, tmp_path / "back", times, sizes=ns, forward_bytes=gb,
+                                       spell_moves=profiling.SPELL_MOVES)
+    assert next(back, None) is None and prof.meta["spell_moved_from"] == [50.0, 32.5]
+    assert prof.meta["read_gb_per_s"] == 50.25 and "mixed_spells" not in prof.meta
+    assert [p for p, _ in timed] == (["int4"] * 3 + ["int8"] * 6 + ["int4"] * 3 + ["bfloat16"] * 6 + ["int4"] * 3
+                                     + ["int8"] * 3)  # (each row once, in the order it was first timed)
+    assert any("the profile moves to it; timed again there: target int4, target int8" in m for m in msgs)
 
     # one row in another spell, then the profile's again (a short fast spell); probes that disagree (the memory
     # changing while a row was timed); without spell_moves, the same spell on every probe: none moves the profile

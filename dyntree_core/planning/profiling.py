@@ -53,8 +53,10 @@ SPELL_WAIT_S = 5.0
 #: two rows or attempts one after the other all read it, away from the profile's): the rows it had are measured again
 #: there, instead of every later row waiting out SPELL_RETRIES for a spell that does not come back (the browser test's
 #: Zen 4 run: 59 GB/s at the Run's probe, 35 for the next two minutes: 140 s of waits in a 164 s measurement). One
-#: row's probes alone are not enough: a fast spell of 6 s moved a profile that then waited out every later row.
-SPELL_MOVES = 1
+#: row's probes alone are not enough: a fast spell of 6 s moved a profile that then waited out every later row. Two
+#: moves, not one: the memory going back after the first move left a row mixed (6 alternated rounds, Zen 4: median
+#: 43 against 47 s, rows measured again 3 against 6, rows mixed 0 against 1)
+SPELL_MOVES = 2
 #: rows whose forward reads less than this are not probed (their time is not the memory's)
 SPELL_MIN_BYTES = 64 << 20
 #: the probe's buffer: beyond any cache
@@ -442,8 +444,9 @@ def _move_spell(prof: MachineProfile, probe: SpellProbe, gb_per_s: float, moving
     prof.meta.setdefault("spell_moved_from", []).append(probe.reference)
     probe.reference = prof.meta["read_gb_per_s"] = gb_per_s
     probed = prof.meta.get("row_gb_per_s", {})
-    again = [(role, prec, sizes) for role, prec, sizes in before  # (a dropped row stays: dropped in either spell)
-             if f"{role}:{prec}" in probed and f"{role}:{prec}" != moving and f"{role}:{prec}" not in prof.dropped]
+    again = list({f"{role}:{prec}": (role, prec, sizes) for role, prec, sizes in before  # (once each: a row timed
+                  if f"{role}:{prec}" in probed and f"{role}:{prec}" != moving  # again after a first move is in
+                  and f"{role}:{prec}" not in prof.dropped}.values())  # ``before`` twice; a dropped row stays)
     for role, prec, _ in again:
         key = f"{role}:{prec}"
         table = getattr(prof, role)
