@@ -347,7 +347,7 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
     kept: dict[str, tuple[str, object]] = {}  # role -> (precision, model): the fastest one loaded so far
     probe: Optional[SpellProbe] = None
     pending: Optional[float] = None  # the spell (GB/s) the last probed row read on both sides, away from the profile's
-    done = 0
+    moves = done = 0
     while done < len(todo):
         role, prec, sizes = todo[done]
         done += 1
@@ -390,11 +390,10 @@ def measure_into(prof: MachineProfile, load: ModelLoader, wanted: dict[tuple[str
                     mixed.remove(key)  # (measured anew)
                 elsewhere = not (probe.in_spell(before) or probe.in_spell(after)) and same_spell(before, after)
                 seen, pending = pending, round((before + after) / 2, 2) if elsewhere else None
-                if (seen and pending and same_spell(seen, pending)
-                        and spell_moves > len(prof.meta.get("spell_moved_from", ()))):
+                if seen and pending and same_spell(seen, pending) and moves < spell_moves:
                     again = _move_spell(prof, probe, pending, key, todo[:done - 1])
                     todo[done:done] = again
-                    pending = None
+                    moves, pending = moves + 1, None
                     say(f"    {role} {prec}: memory read {before:.0f} / {after:.0f} GB/s around it, the spell it read "
                         f"{seen:.0f} in before, not the profile's {prof.meta['spell_moved_from'][-1]:.0f}: the "
                         f"profile moves to it" + (f"; timed again there: {', '.join(f'{r} {p}' for r, p, _ in again)}"
@@ -444,18 +443,17 @@ def _move_spell(prof: MachineProfile, probe: SpellProbe, gb_per_s: float, moving
     prof.meta.setdefault("spell_moved_from", []).append(probe.reference)
     probe.reference = prof.meta["read_gb_per_s"] = gb_per_s
     probed = prof.meta.get("row_gb_per_s", {})
-    again = list({f"{role}:{prec}": (role, prec, sizes) for role, prec, sizes in before  # (once each: a row timed
-                  if f"{role}:{prec}" in probed and f"{role}:{prec}" != moving  # again after a first move is in
-                  and f"{role}:{prec}" not in prof.dropped}.values())  # ``before`` twice; a dropped row stays)
-    for role, prec, _ in again:
+    again: dict[str, tuple[str, str, Sequence[int]]] = {}
+    for role, prec, sizes in before:
         key = f"{role}:{prec}"
-        table = getattr(prof, role)
-        table[prec] = [None] * len(prof.ns)
-        prof.dropped.pop(key, None)
+        if key in probed and key != moving and key not in prof.dropped:  # (a dropped row stays: dropped in either spell)
+            again.setdefault(key, (role, prec, sizes))  # (a row timed again after a first move is in ``before`` twice)
+    for key, (role, prec, _) in again.items():
+        getattr(prof, role)[prec] = [None] * len(prof.ns)
         del probed[key]
         if key in prof.meta.get("mixed_spells", ()):
             prof.meta["mixed_spells"].remove(key)
-    return again
+    return list(again.values())
 
 
 def measure_profile(load: ModelLoader, precisions: Sequence[str], key: str, ns: Sequence[int] = DEFAULT_NS,
@@ -523,7 +521,7 @@ def load_or_measure_profile(load: ModelLoader, pair_name: str, device: str, prec
     moves_before = len(prof.meta.get("spell_moved_from", ()))
     with measured.watch() as w:  # (written only when the machine was quiet while it was measured)
         timed = measure_into(prof, load, wanted, progress=progress, turn=turn, forward_bytes=forward_bytes,
-                             spell_moves=moves_before + SPELL_MOVES if from_nothing else 0)
+                             spell_moves=SPELL_MOVES if from_nothing else 0)
     if rows_before == (repr(prof.target), repr(prof.draft), repr(prof.other)) and path.is_file() and not refresh:
         return prof  # nothing was timed: the stored rows stand, whatever the machine's load just now
     if len(prof.meta.get("spell_moved_from", ())) > moves_before:  # (measured in the spell the memory went to)
